@@ -1,0 +1,180 @@
+"""The one object that moves bytes between ranks, and counts every call, byte and second.
+
+``Comm`` wraps a ``Dup()`` of a communicator (COMM_WORLD by default) so hpcopt's traffic never
+mixes with the user's. Every operation takes a ``label`` (what the traffic is for: "average",
+"eval", ...) and ``comm.stats`` holds calls, bytes and seconds per (operation, label). There is
+no attribute pass-through: the raw communicator is ``comm.mpi``, so uncounted traffic is easy
+to find. A trailing ``_`` means the buffer is updated in place.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .backend import CPU, Backend
+
+#: Largest piece handed to one MPI_Allreduce by ``average_``/``allreduce_``, in bytes.
+#: MPICH's single Allreduce loses bandwidth above ~16 MB on shared memory; issuing 4 MB slices
+#: keeps it near its peak (see benchmarks/allreduce.py, which re-measures the sweep).
+ALLREDUCE_SLICE_BYTES = 4 << 20
+
+
+@dataclass
+class OpCounter:
+    """Calls, payload bytes and wall seconds of one (operation, label) pair."""
+
+    calls: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class CommStats:
+    """Counters per (operation, label); ``totals()`` sums them over operations or labels."""
+
+    counters: dict[tuple[str, str], OpCounter] = field(default_factory=dict)
+
+    def record(self, op: str, label: str, nbytes: int, seconds: float) -> None:
+        counter = self.counters.get((op, label))
+        if counter is None:
+            counter = self.counters[(op, label)] = OpCounter()
+        counter.calls += 1
+        counter.bytes += nbytes
+        counter.seconds += seconds
+
+    def totals(self, label: str | None = None, op: str | None = None) -> OpCounter:
+        """Sum over all counters matching ``label`` and ``op`` (None matches anything)."""
+        total = OpCounter()
+        for (o, lab), c in self.counters.items():
+            if (label is None or lab == label) and (op is None or o == op):
+                total.calls += c.calls
+                total.bytes += c.bytes
+                total.seconds += c.seconds
+        return total
+
+    def labels(self) -> list[str]:
+        return sorted({label for _, label in self.counters})
+
+    def as_rows(self) -> list[tuple[str, str, int, int, float]]:
+        """(op, label, calls, bytes, seconds) sorted by op and label."""
+        return [(o, lab, c.calls, c.bytes, c.seconds) for (o, lab), c in sorted(self.counters.items())]
+
+    def reset(self) -> None:
+        self.counters.clear()
+
+
+def _slices(n: int, itemsize: int, slice_bytes: int) -> Iterator[slice]:
+    step = max(1, slice_bytes // itemsize)
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+class Comm:
+    """Counted collectives and point-to-point calls on flat buffers."""
+
+    def __init__(self, mpi_comm: MPI.Comm | None = None, backend: Backend = CPU,
+                 slice_bytes: int = ALLREDUCE_SLICE_BYTES) -> None:
+        self.mpi: MPI.Comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
+        self.backend = backend
+        self.slice_bytes = slice_bytes
+        self.stats = CommStats()
+        self._scalar = np.zeros(1, dtype=np.float64)
+
+    @property
+    def rank(self) -> int:
+        return self.mpi.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.mpi.Get_size()
+
+    def free(self) -> None:
+        """Release the duplicated communicator (idempotent)."""
+        if self.mpi != MPI.COMM_NULL:
+            self.mpi.Free()
+
+    # -- collectives on flat buffers -------------------------------------------------------
+
+    def allreduce_(self, buf: Any, op: MPI.Op = MPI.SUM, label: str = "other") -> Any:
+        """In-place allreduce of a 1-D contiguous buffer, issued in slices of ``slice_bytes``."""
+        start = time.perf_counter()
+        self.backend.synchronize()
+        if buf.nbytes <= self.slice_bytes:
+            self.mpi.Allreduce(MPI.IN_PLACE, buf, op=op)
+        else:
+            for s in _slices(buf.shape[0], buf.itemsize, self.slice_bytes):
+                self.mpi.Allreduce(MPI.IN_PLACE, buf[s], op=op)
+        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
+        return buf
+
+    def average_(self, buf: Any, label: str = "average") -> Any:
+        """``buf <- (1/N) sum_i buf_i`` in place: one counted allreduce and one in-place scale."""
+        self.allreduce_(buf, MPI.SUM, label)
+        if self.size > 1:
+            buf /= self.size
+        return buf
+
+    def bcast_(self, buf: Any, root: int = 0, label: str = "bcast") -> Any:
+        """Overwrite ``buf`` on every rank with root's copy."""
+        start = time.perf_counter()
+        self.backend.synchronize()
+        self.mpi.Bcast(buf, root=root)
+        self.stats.record("bcast", label, buf.nbytes, time.perf_counter() - start)
+        return buf
+
+    def allreduce_scalar(self, value: float, op: MPI.Op = MPI.SUM, label: str = "scalar") -> float:
+        """Reduce one float over ranks (through a preallocated float64 buffer)."""
+        self._scalar[0] = value
+        self.allreduce_(self._scalar, op, label)
+        return float(self._scalar[0])
+
+    def allreduce_host_(self, values: np.ndarray, op: MPI.Op = MPI.SUM, label: str = "scalar") -> np.ndarray:
+        """Reduce a small host array of statistics in place (one call for many scalars)."""
+        start = time.perf_counter()
+        self.mpi.Allreduce(MPI.IN_PLACE, values, op=op)
+        self.stats.record("allreduce", label, values.nbytes, time.perf_counter() - start)
+        return values
+
+    def barrier(self, label: str = "barrier") -> None:
+        start = time.perf_counter()
+        self.mpi.Barrier()
+        self.stats.record("barrier", label, 0, time.perf_counter() - start)
+
+    def agree_errors(self, message: str | None, label: str = "preflight") -> list[tuple[int, str]]:
+        """Every rank's error message (or None), gathered on every rank: (rank, message) pairs.
+
+        Lets all ranks leave together, with the same exit code, when any of them found a
+        problem before training starts.
+        """
+        start = time.perf_counter()
+        messages = self.mpi.allgather(message)
+        self.stats.record("allgather", label, 0, time.perf_counter() - start)
+        return [(r, m) for r, m in enumerate(messages) if m is not None]
+
+    # -- point to point --------------------------------------------------------------------
+
+    def isend(self, buf: Any, dest: int, tag: int, label: str = "p2p") -> MPI.Request:
+        """Non-blocking send of a contiguous buffer (counted when posted)."""
+        start = time.perf_counter()
+        self.backend.synchronize()
+        request = self.mpi.Isend(buf, dest=dest, tag=tag)
+        self.stats.record("send", label, buf.nbytes, time.perf_counter() - start)
+        return request
+
+    def irecv_(self, buf: Any, source: int, tag: int, label: str = "p2p") -> MPI.Request:
+        """Non-blocking receive into a preallocated buffer (counted when posted)."""
+        start = time.perf_counter()
+        request = self.mpi.Irecv(buf, source=source, tag=tag)
+        self.stats.record("recv", label, buf.nbytes, time.perf_counter() - start)
+        return request
+
+    def waitall(self, requests: Sequence[MPI.Request], label: str = "p2p") -> None:
+        """Complete requests; the time spent waiting is counted under ('wait', label)."""
+        start = time.perf_counter()
+        MPI.Request.Waitall(list(requests))
+        self.stats.record("wait", label, 0, time.perf_counter() - start)

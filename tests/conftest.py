@@ -1,0 +1,45 @@
+"""Shared test set-up.
+
+Under ``mpiexec ... pytest --with-mpi`` a failing test on one rank would leave the other ranks
+waiting in the next collective forever. The hook below prints the failure (prefixed with the
+rank) and aborts the whole MPI job at once, turning a hang into a failure in well under a second.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+
+def _world_size() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size() if MPI.Is_initialized() else 1
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or not item.config.getoption("with_mpi", default=False):
+        return
+    if _world_size() > 1:
+        from mpi4py import MPI
+
+        rank = MPI.COMM_WORLD.Get_rank()
+        text = str(report.longrepr)
+        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
+        sys.stderr.write(f"[rank {rank}] FAILED {item.nodeid}: aborting all ranks\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.fixture
+def comm():
+    """A counted hpcopt Comm over a duplicate of COMM_WORLD, freed after the test."""
+    from hpcopt.comm import Comm
+
+    c = Comm()
+    yield c
+    c.free()
