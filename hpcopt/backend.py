@@ -45,6 +45,15 @@ class Backend:
 CPU = Backend("cpu", np)
 
 
+def array_module(array: Any) -> ModuleType:
+    """numpy or cupy, whichever ``array`` belongs to (cupy is only imported for cupy arrays)."""
+    if isinstance(array, np.ndarray) or np.isscalar(array):
+        return np
+    import cupy  # pragma: no cover - GPU only
+
+    return cupy.get_array_module(array)  # pragma: no cover - GPU only
+
+
 def get_backend(device: str = "cpu") -> Backend:
     """The backend for ``device`` ('cpu' or 'gpu'); a clear error when CuPy or a GPU is missing."""
     if device == "cpu":

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
 from .backend import CPU, Backend
+from .errors import UserError
+
+T = TypeVar("T")
 
 #: Largest piece handed to one MPI_Allreduce by ``average_``/``allreduce_``, in bytes.
 #: MPICH's single Allreduce loses bandwidth above ~16 MB on shared memory; issuing 4 MB slices
@@ -178,3 +181,32 @@ class Comm:
         start = time.perf_counter()
         MPI.Request.Waitall(list(requests))
         self.stats.record("wait", label, 0, time.perf_counter() - start)
+
+
+def node_layout(mpi_comm: MPI.Comm) -> tuple[int, int]:
+    """(rank on this node, ranks on this node), from a shared-memory split of ``mpi_comm``."""
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def agreed(build: Callable[[], T], comm: Comm) -> T:
+    """Run ``build`` on every rank; if it raised UserError on any rank, raise it on all ranks.
+
+    Used around set-up work that has no collective inside (parsing, loading, building), so that
+    a problem found on one rank (a file missing on one node) ends every rank together with
+    exit code 2 instead of leaving the others waiting in the first collective.
+    """
+    message, result = None, None
+    try:
+        result = build()
+    except UserError as exc:
+        message = str(exc)
+    errors = comm.agree_errors(message)
+    if errors:
+        rank, text = errors[0]
+        same = all(m == text for _, m in errors)
+        raise UserError(text if same or rank == 0 else f"rank {rank}: {text}", everywhere=True)
+    return result  # type: ignore[return-value]

@@ -7,7 +7,7 @@ rank) and aborts the whole MPI job at once, turning a hang into a failure in wel
 
 from __future__ import annotations
 
-import sys
+import os
 
 import pytest
 
@@ -28,10 +28,9 @@ def pytest_runtest_makereport(item, call):
         from mpi4py import MPI
 
         rank = MPI.COMM_WORLD.Get_rank()
-        text = str(report.longrepr)
-        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
-        sys.stderr.write(f"[rank {rank}] FAILED {item.nodeid}: aborting all ranks\n")
-        sys.stderr.flush()
+        lines = [*str(report.longrepr).splitlines(), f"FAILED {item.nodeid}: aborting all ranks"]
+        # straight to file descriptor 2: pytest may be capturing sys.stderr at this point
+        os.write(2, "".join(f"[rank {rank}] {line}\n" for line in lines).encode())
         MPI.COMM_WORLD.Abort(1)
 
 

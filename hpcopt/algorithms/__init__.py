@@ -1,0 +1,1 @@
+"""Distributed optimization algorithms: hyper-parameters, state, and one step at a time."""

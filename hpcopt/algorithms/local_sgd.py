@@ -1,0 +1,135 @@
+"""Parallel Restarted SGD (local SGD with periodic model averaging).
+
+Yu, Yang, Zhu, "Parallel Restarted SGD with Faster Convergence and Less Communication", AAAI 2019.
+Every rank i runs, from the common x_0 (broadcast from rank 0)::
+
+    g_i = stochastic gradient at x_i                 (local minibatch)
+    b_i <- mu b_i + g_i ;  d_i = g_i + mu b_i (Nesterov) | b_i (heavy ball) | g_i (mu = 0)
+    x_i <- x_i - lr_t d_i                            (no communication)
+    every I_i local steps: x_i <- (1/N) sum_j x_j    (one allreduce of d values, label "average")
+
+I = 1 is parallel mini-batch SGD. With ``local_steps`` each rank i runs its own I_i steps per round
+before the common averaging (the paper's heterogeneous-worker variant). Momentum buffers at a
+round follow ``momentum_policy``: ``keep`` (local, as PyTorch and the authors' code),
+``average`` (one more allreduce, label "momentum") or ``reset`` (zeroed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..comm import Comm
+from ..errors import UserError
+from .schedules import Schedule
+
+Array = Any
+Oracle = Callable[[Array, Array], Any]
+
+MOMENTUM_POLICIES = ("keep", "average", "reset")
+AVERAGE_LABEL = "average"
+MOMENTUM_LABEL = "momentum"
+
+
+@dataclass
+class LocalSGDState:
+    """Everything a PR-SGD rank carries between steps (the checkpoint saves exactly this)."""
+
+    x: Array
+    grad: Array
+    momentum: Array | None
+    step: int = 0            # local steps taken on this rank
+    rounds: int = 0          # averaging rounds completed
+    steps_in_round: int = 0  # local steps since the last averaging
+
+
+@dataclass(frozen=True)
+class LocalSGD:
+    """PR-SGD hyper-parameters, validated at construction."""
+
+    schedule: Schedule
+    interval: int = 1
+    momentum: float = 0.0
+    nesterov: bool = False
+    momentum_policy: str = "keep"
+    local_steps: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.interval < 1:
+            raise UserError(f"interval I must be >= 1, got {self.interval}")
+        if not 0 <= self.momentum < 1:
+            raise UserError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and self.momentum == 0:
+            raise UserError("nesterov needs momentum > 0")
+        if self.momentum_policy not in MOMENTUM_POLICIES:
+            raise UserError(f"unknown momentum_policy {self.momentum_policy!r} "
+                            f"(choose from {', '.join(MOMENTUM_POLICIES)})")
+        if any(k < 1 for k in self.local_steps):
+            raise UserError(f"local_steps must all be >= 1, got {self.local_steps}")
+
+    def interval_of(self, rank: int) -> int:
+        """I_i: the local steps rank ``rank`` runs per round."""
+        return self.local_steps[rank] if self.local_steps else self.interval
+
+    def steps_for(self, total_steps: int, rank: int, size: int) -> int:
+        """Local steps rank ``rank`` runs so that every rank completes floor(T/I) rounds.
+
+        Homogeneous: T. Heterogeneous: floor(T/I) * I_i (a partial last round is dropped).
+        """
+        if self.local_steps and len(self.local_steps) != size:
+            raise UserError(f"local_steps has {len(self.local_steps)} entries for {size} ranks")
+        rounds, rest = divmod(total_steps, self.interval)
+        return rounds * self.interval_of(rank) + (0 if self.local_steps else rest)
+
+    def clock(self, state: LocalSGDState) -> int | None:
+        """A counter every rank passes through in the same order, or None between its ticks.
+
+        Collectives outside the algorithm (logging, evaluation) may only run at its ticks: the
+        local step when all ranks step together, the round with per-rank ``local_steps``.
+        """
+        if not self.local_steps:
+            return state.step
+        return state.rounds if state.steps_in_round == 0 else None
+
+    def clock_ticks(self, total_steps: int) -> int:
+        """How many ticks of ``clock`` a run of T nominal steps has."""
+        return total_steps // self.interval if self.local_steps else total_steps
+
+    def init(self, x0: Array, comm: Comm) -> LocalSGDState:
+        """State from x0; x0 is broadcast from rank 0 so every rank starts from the same model."""
+        comm.bcast_(x0, root=0, label="init")
+        xp = comm.backend.xp
+        momentum = xp.zeros_like(x0) if self.momentum > 0 else None
+        return LocalSGDState(x=x0, grad=xp.zeros_like(x0), momentum=momentum)
+
+    def step(self, state: LocalSGDState, oracle: Oracle, comm: Comm) -> Any:
+        """One local step, then the averaging round if this rank's I_i steps are done.
+
+        Returns the minibatch loss at the point where the gradient was taken.
+        """
+        loss = oracle(state.x, state.grad)
+        direction = state.grad
+        if state.momentum is not None:
+            state.momentum *= self.momentum
+            state.momentum += state.grad
+            if self.nesterov:
+                state.grad += self.momentum * state.momentum
+            else:
+                direction = state.momentum
+        state.x -= self.schedule(state.step) * direction
+        state.step += 1
+        state.steps_in_round += 1
+        if state.steps_in_round == self.interval_of(comm.rank):
+            self.average(state, comm)
+        return loss
+
+    def average(self, state: LocalSGDState, comm: Comm) -> None:
+        """The restart: x_i <- mean_j x_j, and the momentum policy."""
+        comm.average_(state.x, label=AVERAGE_LABEL)
+        if state.momentum is not None:
+            if self.momentum_policy == "average":
+                comm.average_(state.momentum, label=MOMENTUM_LABEL)
+            elif self.momentum_policy == "reset":
+                state.momentum[...] = 0
+        state.rounds += 1
+        state.steps_in_round = 0

@@ -1,0 +1,236 @@
+"""Run configuration: frozen dataclasses, merged from a TOML file and command-line flags.
+
+A TOML file has one table per section (``[data]``, ``[model]``, ``[algorithm]``, ``[run]``);
+every field is also a flag (``batch_size`` -> ``--batch-size``). Flags win over the file, the
+file over the defaults. Unknown sections or keys and values of the wrong type are errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ALGORITHMS = ("prsgd",)
+DTYPES = ("float32", "float64")
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise UserError(f"{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "mnist5k"
+    path: str = ""
+    partition: str = "iid"
+    batch_size: int = 32
+    test_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise UserError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0 < self.test_fraction < 1:
+            raise UserError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = "mlp"
+    hidden: tuple[int, ...] = (128,)
+    activation: str = "relu"
+
+    def __post_init__(self) -> None:
+        if self.model != "mlp":
+            raise UserError(f"unknown model {self.model!r} (choose from mlp)")
+        if any(h < 1 for h in self.hidden):
+            raise UserError(f"hidden sizes must be >= 1, got {self.hidden}")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    algorithm: str = "prsgd"
+    lr: float = 0.05
+    interval: int = 8
+    schedule: str = "constant"
+    decay: float = 0.1
+    milestones: tuple[int, ...] = ()
+    momentum: float = 0.0
+    nesterov: bool = False
+    momentum_policy: str = "keep"
+    local_steps: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise UserError(f"unknown algorithm {self.algorithm!r} (choose from {', '.join(ALGORITHMS)})")
+        _positive("lr", self.lr)
+        if self.interval < 1:
+            raise UserError(f"interval I must be >= 1, got {self.interval}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    epochs: float = 10.0
+    steps: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    eval_every: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise UserError(f"seed must be >= 0, got {self.seed}")
+        if self.steps < 0 or self.epochs < 0 or (self.steps == 0 and self.epochs == 0):
+            raise UserError("give a positive number of steps or epochs")
+        if self.dtype not in DTYPES:
+            raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.eval_every < 0:
+            raise UserError(f"eval_every must be >= 0, got {self.eval_every}")
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {section.name: dataclasses.asdict(getattr(self, section.name)) for section in fields(self)}
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]
+
+
+def option_index() -> dict[str, tuple[str, dataclasses.Field]]:
+    """Field name -> (section, field) over all sections; names are unique across sections."""
+    index: dict[str, tuple[str, dataclasses.Field]] = {}
+    for section, cls in SECTIONS.items():
+        for f in fields(cls):
+            assert f.name not in index, f"option {f.name} defined twice"
+            index[f.name] = (section, f)
+    return index
+
+
+def _field_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def coerce(name: str, value: Any, annotation: Any) -> Any:
+    """Check (TOML values) or parse (flag strings) ``value`` against a field's type."""
+    origin = typing.get_origin(annotation)
+    if origin is tuple:
+        item_type = typing.get_args(annotation)[0]
+        if isinstance(value, str):
+            items = [v for v in (s.strip() for s in value.split(",")) if v]
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            raise UserError(f"{name} must be a list, got {value!r}")
+        return tuple(coerce(name, item, item_type) for item in items)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise UserError(f"{name} must be true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, bool):
+            raise UserError(f"{name} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise UserError(f"{name} must be an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise UserError(f"{name} must be a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise UserError(f"{name} must be a string, got {value!r}")
+    raise TypeError(f"unsupported option type {annotation} for {name}")  # pragma: no cover
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML config file; a missing or malformed file is a UserError."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise UserError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"config file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read config file {path}: {exc.strerror}") from None
+
+
+def build_config(file_values: dict[str, Any] | None = None,
+                 overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults <- TOML tables <- flag overrides (field name -> raw value), all validated."""
+    index = option_index()
+    chosen: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    for section, table in (file_values or {}).items():
+        if section not in SECTIONS:
+            raise UserError(f"unknown config section [{section}] (sections: {', '.join(SECTIONS)})")
+        if not isinstance(table, dict):
+            raise UserError(f"config section [{section}] must be a table")
+        for key, value in table.items():
+            if key not in index or index[key][0] != section:
+                raise UserError(f"unknown key {key!r} in [{section}]")
+            chosen[section][key] = value
+    for key, value in (overrides or {}).items():
+        if key not in index:
+            raise UserError(f"unknown option {key!r}")
+        chosen[index[key][0]][key] = value
+    parts = {}
+    for section, cls in SECTIONS.items():
+        values = {k: coerce(k, v, _field_type(cls, k)) for k, v in chosen[section].items()}
+        parts[section] = cls(**values)
+    return Config(**parts)
+
+
+def to_toml(config: Config) -> str:
+    """The resolved config as TOML text (stored in traces and checkpoints)."""
+    lines = []
+    for section, values in config.to_dict().items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+__all__ = ["Config", "DataConfig", "ModelConfig", "AlgorithmConfig", "RunConfig", "build_config",
+           "read_toml", "to_toml", "option_index", "coerce"]

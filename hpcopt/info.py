@@ -1,0 +1,53 @@
+"""``hpcopt info``: versions, MPI library, world size, threads, GPU and HDF5 support."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+
+from mpi4py import MPI
+
+from . import __version__
+from .comm import Comm, node_layout
+from .mpi_support import cuda_aware_mpi, launcher_size, parallel_hdf5
+from .threads import configure_threads
+
+PACKAGES = ("numpy", "mpi4py", "h5py", "threadpoolctl", "cupy-cuda12x", "matplotlib", "mlxtend",
+            "scikit-learn")
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def info_lines(comm: Comm) -> list[str]:
+    local_rank, local_size = node_layout(comm.mpi)
+    threads = configure_threads(local_size)
+    expected = launcher_size()
+    size_note = ""
+    if expected is not None and expected != comm.size:
+        size_note = (f"  <-- the launcher started {expected} processes but they do not share one "
+                     "MPI world: mpiexec and mpi4py come from different MPI libraries")
+    aware, why = cuda_aware_mpi()
+    aware_text = {True: "yes", False: "no", None: "unknown"}[aware]
+    library = MPI.Get_library_version().strip().splitlines()[0]
+    lines = [
+        f"hpcopt          {__version__}",
+        f"python          {platform.python_version()} ({platform.machine()})",
+        *(f"{name:<15} {_version(name)}" for name in PACKAGES),
+        f"MPI library     {library} (MPI {'.'.join(map(str, MPI.Get_version()))})",
+        f"world size      {comm.size} ({local_size} rank(s) on this node){size_note}",
+        f"threads         {threads.describe()}",
+        f"CUDA-aware MPI  {aware_text} ({why})",
+        f"parallel HDF5   {'yes (h5py mpio driver)' if parallel_hdf5() else 'no (one writer per file)'}",
+    ]
+    return lines
+
+
+def print_info(comm: Comm) -> None:
+    lines = info_lines(comm)
+    if comm.rank == 0:
+        print("\n".join(lines), flush=True)

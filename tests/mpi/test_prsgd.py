@@ -1,0 +1,84 @@
+"""PR-SGD under MPI at any world size: exact agreement with the serial float64 reference."""
+
+import numpy as np
+import pytest
+
+from hpcopt.build import build_run
+from hpcopt.config import build_config
+from hpcopt.train import train
+from tests.reference import minibatch_sgd_reference, prsgd_reference
+
+pytestmark = pytest.mark.mpi
+
+
+def small_config(**overrides):
+    base = dict(dataset="digits", hidden="12", batch_size="8", steps="23", dtype="float64",
+                lr="0.1", interval="4", progress="false", seed="3")
+    base.update({k: str(v) for k, v in overrides.items()})
+    return build_config(None, base)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"interval": 1},
+    {"interval": 5, "schedule": "step", "milestones": "7,15", "decay": 0.5},
+    {"momentum": 0.9, "momentum_policy": "keep"},
+    {"momentum": 0.9, "nesterov": "true", "momentum_policy": "average"},
+    {"momentum": 0.5, "momentum_policy": "reset", "partition": "block"},
+    {"schedule": "sqrt_nt", "lr": 0.5},
+])
+def test_distributed_run_matches_serial_reference(comm, overrides):
+    config = small_config(**overrides)
+    _, state = train(config, comm, verbose=False)
+    expected = prsgd_reference(config, comm.size)
+    np.testing.assert_allclose(state.x, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_heterogeneous_local_steps_match_reference(comm):
+    steps = ",".join(str(2 + r) for r in range(comm.size))
+    config = small_config(local_steps=steps, interval=3, steps=12)
+    summary, state = train(config, comm, verbose=False)
+    assert summary.rounds == 4
+    assert summary.steps == 4 * (2 + comm.rank)
+    np.testing.assert_allclose(state.x, prsgd_reference(config, comm.size), rtol=1e-10, atol=1e-12)
+
+
+def test_interval_one_is_parallel_minibatch_sgd(comm):
+    config = small_config(interval=1, steps=15)
+    _, state = train(config, comm, verbose=False)
+    np.testing.assert_allclose(state.x, minibatch_sgd_reference(config, comm.size),
+                               rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("steps,interval", [(23, 4), (24, 4), (7, 1), (5, 8)])
+def test_averaging_traffic_is_exactly_floor_t_over_i_rounds_of_d_values(comm, steps, interval):
+    config = small_config(steps=steps, interval=interval, dtype="float32")
+    summary, state = train(config, comm, verbose=False)
+    rows = [r for r in comm.stats.as_rows() if r[1] == "average"]
+    rounds = steps // interval
+    d = state.x.size
+    assert summary.rounds == rounds
+    if rounds == 0:
+        assert rows == []
+    else:
+        assert rows == [("allreduce", "average", rounds, rounds * d * 4, pytest.approx(rows[0][4]))]
+
+
+def test_parameter_buffer_is_never_reallocated(comm):
+    config = small_config(momentum=0.9, momentum_policy="average")
+    parts = build_run(config, comm)
+    state = parts.algorithm.init(parts.x0, comm)
+    pointers = (state.x.ctypes.data, state.grad.ctypes.data, state.momentum.ctypes.data)
+    for _ in range(parts.local_steps):
+        parts.algorithm.step(state, parts.problem.oracle, comm)
+    assert state.x is parts.x0
+    assert (state.x.ctypes.data, state.grad.ctypes.data, state.momentum.ctypes.data) == pointers
+
+
+def test_every_rank_ends_with_the_same_model_and_learns(comm):
+    config = small_config(steps=150, interval=4, lr=0.1, hidden="32", batch_size=16)
+    summary, state = train(config, comm, verbose=False)
+    gathered = comm.mpi.allgather(state.x.copy())
+    for other in gathered:
+        np.testing.assert_array_equal(other, gathered[0])
+    assert summary.final.accuracy > 0.8  # digits, 10 classes: chance is 0.1
