@@ -207,6 +207,6 @@ def agreed(build: Callable[[], T], comm: Comm) -> T:
     errors = comm.agree_errors(message)
     if errors:
         rank, text = errors[0]
-        same = all(m == text for _, m in errors)
-        raise UserError(text if same or rank == 0 else f"rank {rank}: {text}", everywhere=True)
+        everyone_agrees = len(errors) == comm.size and all(m == text for _, m in errors)
+        raise UserError(text if everyone_agrees else f"rank {rank}: {text}", everywhere=True)
     return result  # type: ignore[return-value]

