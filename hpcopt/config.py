@@ -48,7 +48,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = "mlp"
-    hidden: tuple[int, ...] = (128,)
+    hidden: tuple[int, ...] = (512, 256)
     activation: str = "relu"
 
     def __post_init__(self) -> None:
@@ -61,7 +61,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class AlgorithmConfig:
     algorithm: str = "prsgd"
-    lr: float = 0.05
+    lr: float = 0.1
     interval: int = 8
     schedule: str = "constant"
     decay: float = 0.1
@@ -82,7 +82,7 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class RunConfig:
     seed: int = 0
-    epochs: float = 10.0
+    epochs: float = 40.0
     steps: int = 0
     device: str = "cpu"
     dtype: str = "float32"
