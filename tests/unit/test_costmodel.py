@@ -1,0 +1,53 @@
+"""The alpha-beta cost model: formulas, profiles, fitting."""
+
+import math
+
+import numpy as np
+import pytest
+
+from hpcopt.costmodel import (NetworkProfile, fit_allreduce, get_profile,
+                              predict_allreduce_seconds)
+from hpcopt.errors import UserError
+
+
+def test_formulas():
+    net = NetworkProfile("x", alpha=1e-6, beta=1e-9)
+    assert net.p2p(1000) == pytest.approx(1e-6 + 1e-6)
+    assert net.allreduce(8e6, 4, "ring") == pytest.approx(6e-6 + 1.5 * 8e6 * 1e-9)
+    assert net.allreduce(8e6, 4, "tree") == pytest.approx(2 * (1e-6 + 8e6 * 1e-9))
+    assert net.allreduce(8, 8, "auto") == net.allreduce(8, 8, "tree")      # latency bound
+    assert net.allreduce(8e8, 8, "auto") == net.allreduce(8e8, 8, "ring")  # bandwidth bound
+    assert net.allreduce(1e9, 1) == 0.0
+    assert net.bandwidth == pytest.approx(1e9)
+
+
+def test_named_and_custom_profiles():
+    assert get_profile("ib100").bandwidth == pytest.approx(12.5e9)
+    custom = get_profile("alpha=2e-6,bandwidth=5e9")
+    assert (custom.alpha, custom.beta) == (2e-6, pytest.approx(2e-10))
+    assert get_profile("alpha=1e-6,beta=1e-9").beta == 1e-9
+    for bad in ("nonet", "alpha=x,beta=1", "alpha=1", "alpha=1,beta=1,bandwidth=2", "gamma=1,alpha=1,beta=1"):
+        with pytest.raises(UserError):
+            get_profile(bad)
+    with pytest.raises(UserError):
+        NetworkProfile("neg", -1.0, 1.0)
+
+
+def test_fit_recovers_the_parameters_of_synthetic_measurements():
+    true = NetworkProfile("t", alpha=3e-6, beta=1 / 6e9)
+    sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+    rng = np.random.default_rng(0)
+    times = [true.allreduce(n, 2, "ring") * (1 + 0.01 * rng.standard_normal()) for n in sizes]
+    fitted = fit_allreduce(sizes, times, ranks=2)
+    assert fitted.alpha == pytest.approx(true.alpha, rel=0.1)
+    assert fitted.beta == pytest.approx(true.beta, rel=0.05)
+    with pytest.raises(UserError):
+        fit_allreduce([1], [1e-6], ranks=2)
+
+
+def test_prediction_for_a_run():
+    net = get_profile("eth10")
+    assert predict_allreduce_seconds(0, 0, 4, net) == 0.0
+    one = net.allreduce(4e5, 4)
+    assert predict_allreduce_seconds(10, 4e6, 4, net) == pytest.approx(10 * one)
+    assert math.isfinite(one)
