@@ -22,9 +22,10 @@ from .errors import UserError
 T = TypeVar("T")
 
 #: Largest piece handed to one MPI_Allreduce by ``average_``/``allreduce_``, in bytes.
-#: MPICH's single Allreduce loses bandwidth above ~16 MB on shared memory; issuing 4 MB slices
-#: keeps it near its peak (see benchmarks/allreduce.py, which re-measures the sweep).
-ALLREDUCE_SLICE_BYTES = 4 << 20
+#: MPICH's single Allreduce loses bandwidth above ~16 MB on shared memory (2-3x slower at
+#: 32-64 MB); slices keep it near its peak. Measured with benchmarks/allreduce.py (slice sweep,
+#: 2 ranks, one per core): 2 MB best, 1 and 4 MB within 5-8%, unsliced 2x slower.
+ALLREDUCE_SLICE_BYTES = 2 << 20
 
 
 @dataclass
@@ -104,14 +105,15 @@ class Comm:
     # -- collectives on flat buffers -------------------------------------------------------
 
     def allreduce_(self, buf: Any, op: MPI.Op = MPI.SUM, label: str = "other") -> Any:
-        """In-place allreduce of a 1-D contiguous buffer, issued in slices of ``slice_bytes``."""
+        """In-place allreduce of a contiguous buffer, issued in slices of at most ``slice_bytes``."""
         start = time.perf_counter()
         self.backend.synchronize()
         if buf.nbytes <= self.slice_bytes:
             self.mpi.Allreduce(MPI.IN_PLACE, buf, op=op)
         else:
-            for s in _slices(buf.shape[0], buf.itemsize, self.slice_bytes):
-                self.mpi.Allreduce(MPI.IN_PLACE, buf[s], op=op)
+            flat = buf.reshape(-1)  # a view: slices of any-shaped contiguous buffers
+            for s in _slices(flat.size, flat.itemsize, self.slice_bytes):
+                self.mpi.Allreduce(MPI.IN_PLACE, flat[s], op=op)
         self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
         return buf
 
