@@ -1,32 +1,53 @@
-"""OSU-style allreduce benchmark: raw mpi4py vs ``hpcopt.comm.Comm.average_`` vs pickled tensors.
+"""OSU-style allreduce benchmark: raw MPI Allreduce vs ``Comm.average_`` (mpi, shm, auto) vs pickle.
 
 Run under MPI (rank 0 prints)::
 
-    mpiexec -n 2 python benchmarks/allreduce.py
-    mpiexec -n 4 python benchmarks/allreduce.py --max-bytes 256M --json docs/results/allreduce-4.json
+    mpiexec -n 2 python benchmarks/allreduce.py --max-bytes 256M
+    mpiexec -n 4 python benchmarks/allreduce.py --max-bytes 256M --fake-node-size 2 \
+        --json docs/results/allreduce-4.json
 
 For every message size (``--min-bytes`` .. ``--max-bytes``, by a factor ``--factor``) it times,
-median over repetitions after warm-up, the max over ranks of each rank's time:
+median over repetitions after warm-up, the max over ranks of each rank's time, for:
 
+  copy1   rank 0 alone copies the buffer (``np.copyto``): the machine's memory-copy bandwidth,
+          the ceiling of any averaging that has to read and write the whole buffer
+  copyN   every rank copies its buffer at the same time (memory bandwidth shared by all ranks)
   raw     ``comm.Allreduce(MPI.IN_PLACE, buf)`` then ``buf /= n`` (one call, unsliced)
-  hpcopt  ``Comm.average_(buf)`` (issued in slices of ``ALLREDUCE_SLICE_BYTES``)
+  slX     the same issued in slices of X bytes (``--main-slices``; only where X < size)
+  mpi     ``Comm(averaging="mpi").average_(buf)`` (slices of ``ALLREDUCE_SLICE_BYTES``)
+  shm     ``Comm(averaging="shm").average_(buf)``: node-local shared-memory averaging
+          (hpcopt/shm_average.py)
+  auto    ``Comm(averaging="auto").average_(buf)``: what hpcopt does by default
+  ownK    with ``--fake-node-size K``: the shm path on fake nodes of K ranks, the node sums
+  leadK   allreduced across nodes by every slice owner (own) or by node leaders only (lead)
   pickle  the same bytes as ~10 separate tensors of an MLP-like layout, each reduced with the
           lowercase, pickle-based ``comm.allreduce(t, op=MPI.SUM)`` and then divided by n
 
-The three are interleaved within each repetition (rotating order) so that machine noise hits
-them alike. A barrier precedes each timed call. Bandwidths follow nccl-tests: algbw =
-bytes / time, busbw = algbw * 2(n-1)/n.
+All cases are interleaved within each repetition (in a random order, the same on every rank)
+so that machine noise hits them alike. A barrier precedes each timed call. Bandwidths follow nccl-tests: algbw =
+bytes / time, busbw = algbw * 2(n-1)/n. Ratios are paired: the median over repetitions of
+the ratio of two times of the same repetition ("x" = speed-up, higher is better); "best plain" is
+the plain MPI case (raw, slX, mpi) with the lowest median at that size; auto/mpi compares the
+default with what ``Comm.average_`` did before the shm path (below the threshold both run the same
+code, so it shows the noise; raw also lacks Comm's counters, worth ~0.5 us per call). The targets of the
+shared-memory path are checked at the end (at 32 and 64 MB: shm >= 2x raw, >= 1.3x the best
+sliced Allreduce, >= 0.5x copy1; at every size: auto >= 0.95x the best plain), and the crossover
+size (smallest size from which shm beats the best plain at every larger size) is printed: that is
+what ``hpcopt.shm_average.SHM_AVERAGE_MIN_BYTES`` should be.
 
 Repetitions per size: as many rounds as ``--budget`` seconds allow (between ``--min-reps`` and
 ``--max-reps``), estimated from the slowest rank's warm-up round; ``--reps`` fixes the number.
 The pickle path is skipped above ``--pickle-max-bytes`` (64 MB) and the table says so.
 
-A second table sweeps the slice size of a raw sliced Allreduce (no scaling) at the big sizes,
-to measure the best value of ``hpcopt.comm.ALLREDUCE_SLICE_BYTES`` instead of guessing it.
-Its ``rel`` column is paired: in each round every slice size runs once, each time is divided
-by that round's fastest, and the median over rounds is taken, so drifts in machine load cancel.
+Two sweeps follow (paired ``rel`` columns: in each round every variant runs once, each time is
+divided by that round's fastest, and the median over rounds is taken, so drifts in machine load
+cancel):
+- the slice size of a raw sliced Allreduce (no scaling), to measure the best value of
+  ``hpcopt.comm.ALLREDUCE_SLICE_BYTES``;
+- the chunk size of the shared-memory path (``--chunks``), to measure the best value of
+  ``hpcopt.shm_average.SHM_CHUNK_BYTES``.
 The load average is printed at start and end; on a shared machine, rerun when it exceeds the
-rank count. A full default run takes ~35-60 s at 2 ranks.
+rank count. A full run to 256 MB takes a few minutes at 2 ranks.
 """
 
 from __future__ import annotations
@@ -49,10 +70,16 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from hpcopt.comm import ALLREDUCE_SLICE_BYTES, Comm  # noqa: E402
+from hpcopt.shm_average import SHM_AVERAGE_MIN_BYTES, SHM_CHUNK_BYTES, ShmAverager  # noqa: E402
 
 KB, MB = 1 << 10, 1 << 20
 DEFAULT_SLICES = (256 * KB, 1 * MB, 2 * MB, 4 * MB, 8 * MB, 16 * MB, 0)  # 0 = unsliced
 DEFAULT_SWEEP_SIZES = (16 * MB, 32 * MB, 64 * MB)
+DEFAULT_MAIN_SLICES = (1 * MB, 2 * MB, 4 * MB)
+DEFAULT_CHUNKS = (256 * KB, 512 * KB, 1 * MB, 2 * MB, 4 * MB, 8 * MB)
+DEFAULT_CHUNK_SWEEP_SIZES = (4 * MB, 32 * MB, 64 * MB)
+TARGET_SIZES = (32 * MB, 64 * MB)
+PLAIN = ("raw", "mpi")  # + every "sl..." case
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -121,11 +148,14 @@ class Timer:
 
 def run_interleaved(timer: Timer, cases: dict[str, callable], reps: int, warmup: int,
                     budget: float, min_reps: int, max_reps: int) -> dict[str, np.ndarray]:
-    """Warm each case up, then rounds over all cases in rotating order.
+    """Warm each case up, then rounds over all cases, each round in a fresh random order.
 
-    ``reps`` > 0 fixes the number of rounds; otherwise it is chosen from the slowest rank's
-    last warm-up round so that the rounds take about ``budget`` seconds (the same number on
-    every rank, since it comes from an allreduce).
+    The order is the same on every rank (seeded by the round number). A random order rather than
+    a rotation: a rotation keeps every case right after the same neighbour, and what the
+    previous call leaves behind (cache contents, how far apart the ranks leave it) then biases
+    the comparison. ``reps`` > 0 fixes the number of rounds; otherwise it is chosen from the
+    slowest rank's last warm-up round so that the rounds take about ``budget`` seconds (the same
+    number on every rank, since it comes from an allreduce).
     """
     names = list(cases)
     last_round = np.zeros(1)
@@ -136,16 +166,15 @@ def run_interleaved(timer: Timer, cases: dict[str, callable], reps: int, warmup:
         reps = reps_for(float(last_round[0]), budget, min_reps, max_reps)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(reps):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            times[name].append(timer(cases[name]))
+        for i in np.random.default_rng(r).permutation(len(names)):
+            times[names[i]].append(timer(cases[names[i]]))
     return timer.max_over_ranks(times)
 
 
-# -- the three paths -------------------------------------------------------------------------
+# -- the paths -------------------------------------------------------------------------------
 
 def make_raw(mpi: MPI.Comm, buf: np.ndarray):
-    n = mpi.Get_size()
+    n = float(mpi.Get_size())  # a float: numpy divides by a Python int ~1 us slower
 
     def raw() -> None:
         mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
@@ -154,11 +183,45 @@ def make_raw(mpi: MPI.Comm, buf: np.ndarray):
     return raw
 
 
-def make_hpcopt(comm: Comm, buf: np.ndarray):
-    def hp() -> None:
+def make_sliced_average(mpi: MPI.Comm, buf: np.ndarray, slice_bytes: int):
+    n = float(mpi.Get_size())
+    step = max(1, slice_bytes // buf.itemsize)
+    views = [buf[i:i + step] for i in range(0, buf.shape[0], step)]
+
+    def sliced() -> None:
+        for v in views:
+            mpi.Allreduce(MPI.IN_PLACE, v, op=MPI.SUM)
+        np.divide(buf, n, out=buf)
+
+    return sliced
+
+
+def make_average(comm: Comm, buf: np.ndarray):
+    def average() -> None:
         comm.average_(buf)
 
-    return hp
+    return average
+
+
+def aligned_empty(length: int, dtype: np.dtype, align: int = 64) -> np.ndarray:
+    """An uninitialised array whose data start on an ``align``-byte boundary.
+
+    For the copy ceiling: glibc 2.36's memcpy on this AMD EPYC (``rep movsb`` below ~512 KB) runs
+    at ~2.4 GB/s instead of ~30 GB/s when the destination is 16 bytes off a 64-byte boundary and
+    the source is not, which numpy's own allocations can produce; the ceiling should measure the
+    memory, not that.
+    """
+    raw = np.empty(length * dtype.itemsize + align, dtype=np.uint8)
+    skip = (-raw.__array_interface__["data"][0]) % align
+    return raw[skip:skip + length * dtype.itemsize].view(dtype)
+
+
+def make_copy(rank: int, src: np.ndarray, dst: np.ndarray, everyone: bool):
+    def copy() -> None:
+        if everyone or rank == 0:
+            np.copyto(dst, src)
+
+    return copy
 
 
 def make_pickle(mpi: MPI.Comm, tensors: list[np.ndarray]):
@@ -188,20 +251,86 @@ def make_sliced(mpi: MPI.Comm, buf: np.ndarray, slice_bytes: int):
     return sliced
 
 
+def make_sliced(mpi: MPI.Comm, buf: np.ndarray, slice_bytes: int):
+    if slice_bytes == 0 or slice_bytes >= buf.nbytes:
+        def whole() -> None:
+            mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        return whole
+    step = max(1, slice_bytes // buf.itemsize)
+    views = [buf[i:i + step] for i in range(0, buf.shape[0], step)]
+
+    def sliced() -> None:
+        for v in views:
+            mpi.Allreduce(MPI.IN_PLACE, v, op=MPI.SUM)
+
+    return sliced
+
+
+def paired(times: dict[str, np.ndarray], a: str, b: str) -> float:
+    """Median over rounds of time(a) / time(b): > 1 means b is faster than a by that factor."""
+    return float(np.median(times[a] / times[b]))
+
+
+def sweep_table(say, mpi: MPI.Comm, title: list[str], sizes: list[int], variants: list[int],
+                make, args, budget: float, busfactor: float) -> list[dict]:
+    """Paired sweep over ``variants`` (slice or chunk sizes) at each size; prints and returns rows."""
+    dtype = np.dtype(args.dtype)
+    rows: list[dict] = []
+    for line in title:
+        say(line)
+    say(f"{'size':>9} {'reps':>4} | " + " ".join(f"{fmt_bytes(v):>19}" for v in variants))
+    for nbytes in sizes:
+        length = nbytes // dtype.itemsize
+        # Zeros: repeated unscaled sums of anything else would grow to inf (same add speed,
+        # but zeros keep the buffer finite and free of denormals whatever the rep count).
+        buf = np.zeros(length, dtype=dtype)
+        cases = {f"{v:012d}": make(buf, v) for v in variants}
+        times = run_interleaved(Timer(mpi), cases, args.reps, args.warmup,
+                                budget, args.min_reps, args.max_reps)
+        reps = len(next(iter(times.values())))
+        med = {v: float(np.median(times[f"{v:012d}"])) for v in variants}
+        table = np.array([times[f"{v:012d}"] for v in variants])  # (variants, rounds)
+        rel_rounds = table / table.min(axis=0, keepdims=True)
+        rel = {v: float(np.median(rel_rounds[i])) for i, v in enumerate(variants)}
+        best = min(rel, key=rel.get)
+        cells = [f"{med[v] * 1e6:7.0f} {nbytes / med[v] / 1e9 * busfactor:4.1f} {rel[v]:4.2f}"
+                 + ("*" if v == best else " ") for v in variants]
+        say(f"{fmt_bytes(nbytes):>9} {reps:>4} | " + " ".join(f"{c:>19}" for c in cells), flush=True)
+        rows.append({"bytes": nbytes, "reps": reps, "median_s": {str(k): v for k, v in med.items()},
+                     "rel": {str(k): v for k, v in rel.items()},
+                     "all_s": {str(int(k)): v.tolist() for k, v in times.items()},
+                     "best": best})
+        del buf, cases
+    return rows
+
+
+def geometric_choice(rows: list[dict], variants: list[int]) -> tuple[dict[int, float], int | None]:
+    """Geometric mean of rel over sizes per variant, and the variant with the lowest one."""
+    if not rows:
+        return {}, None
+    score = {v: float(np.exp(np.mean([np.log(r["rel"][str(v)]) for r in rows]))) for v in variants}
+    return score, min(score, key=score.get)
+
+
 # -- checks ----------------------------------------------------------------------------------
 
-def sanity_check(mpi: MPI.Comm, comm: Comm, dtype: np.dtype) -> None:
-    """average_ must equal the mean over ranks (a wrong benchmark is worse than none)."""
+def sanity_check(mpi: MPI.Comm, comms: dict[str, Comm], dtype: np.dtype) -> None:
+    """Every averaging path must equal the mean over ranks (a wrong benchmark is worse than none)."""
     n, rank = mpi.Get_size(), mpi.Get_rank()
-    length = (comm.slice_bytes // dtype.itemsize) * 2 + 7  # several slices and a ragged tail
-    buf = (np.arange(length) % 97 + rank).astype(dtype)
-    expected = (np.arange(length) % 97 + (n - 1) / 2).astype(dtype)
-    comm.average_(buf)
-    if not np.allclose(buf, expected, rtol=1e-5, atol=1e-5):
-        raise SystemExit(f"rank {rank}: average_ gave a wrong result; benchmark aborted")
+    for name, comm in comms.items():
+        for length in (comm.slice_bytes // dtype.itemsize * 2 + 7, 1001):  # slices, ragged tail
+            buf = (np.arange(length) % 97 + rank).astype(dtype)
+            expected = (np.arange(length) % 97 + (n - 1) / 2).astype(dtype)
+            comm.average_(buf)
+            if not np.allclose(buf, expected, rtol=1e-5, atol=1e-5):
+                raise SystemExit(f"rank {rank}: average_ ({name}) gave a wrong result; benchmark aborted")
 
 
 # -- main ------------------------------------------------------------------------------------
+
+def byte_list(text: str) -> list[int]:
+    return [parse_bytes(x) for x in text.split(",") if x.strip()]
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -217,23 +346,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-reps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--pickle-max-bytes", type=parse_bytes, default=64 * MB,
-                   help="skip the pickle path above this size (slow)")
+                   help="skip the pickle path above this size (slow; 0: never run it)")
+    p.add_argument("--main-slices", default=",".join(str(s) for s in DEFAULT_MAIN_SLICES),
+                   help="comma list of slice sizes of the raw sliced Allreduce in the main table")
+    p.add_argument("--fake-node-size", type=int, default=0,
+                   help="also time the shm path on fake nodes of this many ranks, node sums "
+                        "allreduced by all slice owners (ownK) and by node leaders only (leadK)")
     p.add_argument("--sweep-sizes", default=",".join(str(s) for s in DEFAULT_SWEEP_SIZES),
                    help="comma list of sizes for the slice sweep ('' to skip)")
     p.add_argument("--slices", default=",".join(str(s) for s in DEFAULT_SLICES),
                    help="comma list of slice sizes; 0 = unsliced")
-    p.add_argument("--no-main", action="store_true", help="only the slice sweep")
+    p.add_argument("--chunk-sweep-sizes", default=",".join(str(s) for s in DEFAULT_CHUNK_SWEEP_SIZES),
+                   help="comma list of sizes for the shm chunk sweep ('' to skip)")
+    p.add_argument("--chunks", default=",".join(str(s) for s in DEFAULT_CHUNKS),
+                   help="comma list of chunk sizes of the shm path")
+    p.add_argument("--no-main", action="store_true", help="only the sweeps")
     p.add_argument("--json", type=Path, default=None, help="also write raw numbers here")
     args = p.parse_args(argv)
 
     mpi = MPI.COMM_WORLD.Dup()
     n, rank = mpi.Get_size(), mpi.Get_rank()
     dtype = np.dtype(args.dtype)
-    comm = Comm()
+    comms = {mode: Comm(averaging=mode) for mode in ("mpi", "shm", "auto")}
+    fake = args.fake_node_size
+    if fake:
+        for inter in ("owners", "leaders"):
+            c = comms[f"{ {'owners': 'own', 'leaders': 'lead'}[inter]}{fake}"] = Comm(averaging="shm")
+            c.averager = ShmAverager(c.mpi, ranks_per_node=fake, inter=inter)
     say = print if rank == 0 else (lambda *a, **k: None)
     busfactor = 2 * (n - 1) / n
 
-    sanity_check(mpi, comm, dtype)
+    sanity_check(mpi, comms, dtype)
     t_start = time.perf_counter()
 
     sizes = []
@@ -241,27 +384,46 @@ def main(argv: list[str] | None = None) -> int:
     while s <= args.max_bytes:
         sizes.append(s)
         s *= args.factor
+    main_slices = byte_list(args.main_slices)
 
     say(f"# hpcopt allreduce benchmark: {n} rank(s), {dtype.name}, "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}")
     load_start = os.getloadavg()
+    shm = comms["shm"].averager
     say(f"# host {platform.node()}, {os.cpu_count()} cpu(s), load average {load_start[0]:.2f} at start; "
-        f"Comm.slice_bytes = {fmt_bytes(comm.slice_bytes)}; times = median over reps of max over ranks")
+        f"Comm.slice_bytes = {fmt_bytes(comms['mpi'].slice_bytes)}; times = median over reps of max over ranks")
+    say(f"# shm path: {shm.nodes} node(s) of {shm.min_node_size}..{shm.max_node_size} rank(s), "
+        f"chunks of {fmt_bytes(SHM_CHUNK_BYTES)}; auto takes it from {fmt_bytes(SHM_AVERAGE_MIN_BYTES)} up"
+        + (f"; fake nodes of {fake} rank(s) for own{fake}/lead{fake}" if fake else ""))
 
     results: list[dict] = []
+    checks: list[str] = []
+    crossover = None
     if not args.no_main:
+        extra = [f"own{fake}", f"lead{fake}"] if fake else []
+        bw_names = ["copy1", "copyN", "raw", "sl*", "mpi", "shm", "auto", *extra, "pickle"]
         say("")
-        say(f"{'size':>9} {'reps':>4} | {'raw us':>10} {'hpcopt us':>10} {'pickle us':>10} |"
-            f" {'raw algbw':>9} {'hp algbw':>9} {'hp busbw':>9} {'pk busbw':>9} |"
-            f" {'hp/raw':>6} {'hp/pk':>6}")
-        say(f"{'':>9} {'':>4} | {'':>10} {'':>10} {'':>10} |"
-            f" {'GB/s':>9} {'GB/s':>9} {'GB/s':>9} {'GB/s':>9} |")
+        say("# algbw GB/s per case (sl* = best sliced raw Allreduce: its slice size follows);"
+            " x = paired speed-up")
+        say(f"{'size':>9} {'reps':>4} | " + " ".join(f"{nm:>7}" for nm in bw_names) + f" {'sl*':>5} |"
+            f" {'shm/raw':>7} {'shm/sl*':>7} {'shm/cp1':>7} {'auto/bp':>7} {'auto/mpi':>8}"
+            + (f" {'own/lead':>8}" if fake else ""))
         for nbytes in sizes:
             length = nbytes // dtype.itemsize
             rng = np.random.default_rng(rank)
-            buf_raw = rng.random(length, dtype=dtype)
-            buf_hp = buf_raw.copy()
-            cases = {"raw": make_raw(mpi, buf_raw), "hpcopt": make_hpcopt(comm, buf_hp)}
+            buf = rng.random(length, dtype=dtype)  # one buffer for every averaging case
+            src, dst = aligned_empty(length, dtype), aligned_empty(length, dtype)
+            src[:] = buf
+            dst[:] = 0  # touch every page before timing
+            cases = {"copy1": make_copy(rank, src, dst, False), "copyN": make_copy(rank, src, dst, True),
+                     "raw": make_raw(mpi, buf)}
+            sliced_names = []
+            for sl in main_slices:
+                if 0 < sl < nbytes:
+                    sliced_names.append(f"sl{fmt_bytes(sl).replace(' ', '')}")
+                    cases[sliced_names[-1]] = make_sliced_average(mpi, buf, sl)
+            for name, comm in comms.items():
+                cases[name] = make_average(comm, buf)
             pickled = nbytes <= args.pickle_max_bytes
             if pickled:
                 tensors = [rng.random(k, dtype=dtype) for k in mlp_layout(length)]
@@ -270,61 +432,93 @@ def main(argv: list[str] | None = None) -> int:
                                     args.budget, args.min_reps, args.max_reps)
             reps = len(times["raw"])
             med = {k: float(np.median(v)) for k, v in times.items()}
-            row = {"bytes": nbytes, "reps": reps, "median_s": med,
+            best_sliced = min(sliced_names, key=med.get) if sliced_names else "raw"
+            best_plain = min([*PLAIN, *sliced_names], key=med.get)
+            ratios = {"shm/raw": paired(times, "raw", "shm"), "shm/sliced": paired(times, best_sliced, "shm"),
+                      "shm/copy1": paired(times, "copy1", "shm"),
+                      "shm/best_plain": paired(times, best_plain, "shm"),
+                      "auto/best_plain": paired(times, best_plain, "auto"),
+                      "auto/mpi": paired(times, "mpi", "auto")}
+            if fake:
+                ratios["own/lead"] = paired(times, f"lead{fake}", f"own{fake}")
+            row = {"bytes": nbytes, "reps": reps, "median_s": med, "best_sliced": best_sliced,
+                   "best_plain": best_plain, "ratios": ratios,
                    "all_s": {k: v.tolist() for k, v in times.items()},
                    "n_tensors_pickle": len(mlp_layout(length)) if pickled else None}
             results.append(row)
-            gb = lambda t: nbytes / t / 1e9  # noqa: E731
-            pk = f"{med['pickle'] * 1e6:10.1f}" if pickled else f"{'skipped':>10}"
-            pkbw = f"{gb(med['pickle']) * busfactor:9.2f}" if pickled else f"{'-':>9}"
-            hppk = f"{med['hpcopt'] / med['pickle']:6.3f}" if pickled else f"{'-':>6}"
-            say(f"{fmt_bytes(nbytes):>9} {reps:>4} | {med['raw'] * 1e6:10.1f} {med['hpcopt'] * 1e6:10.1f} {pk} |"
-                f" {gb(med['raw']):9.2f} {gb(med['hpcopt']):9.2f} {gb(med['hpcopt']) * busfactor:9.2f} {pkbw} |"
-                f" {med['hpcopt'] / med['raw']:6.3f} {hppk}", flush=True)
-            del buf_raw, buf_hp, cases
-        if any(r["bytes"] > args.pickle_max_bytes for r in results):
+            gb = {k: nbytes / t / 1e9 for k, t in med.items()}
+            gb["sl*"] = gb[best_sliced] if sliced_names else float("nan")
+            cells = [f"{gb[nm]:7.2f}" if nm in gb and not np.isnan(gb[nm]) else f"{'-':>7}" for nm in bw_names]
+            slname = best_sliced[2:] if sliced_names else "-"
+            say(f"{fmt_bytes(nbytes):>9} {reps:>4} | " + " ".join(cells) + f" {slname:>5} |"
+                f" {ratios['shm/raw']:6.2f}x {ratios['shm/sliced']:6.2f}x {ratios['shm/copy1']:6.2f}x"
+                f" {ratios['auto/best_plain']:6.2f}x {ratios['auto/mpi']:7.2f}x" + (f" {ratios['own/lead']:7.2f}x" if fake else ""),
+                flush=True)
+            del buf, src, dst, cases
+        if args.pickle_max_bytes <= 0:
+            say("# pickle path not run (--pickle-max-bytes 0)")
+        elif any(r["bytes"] > args.pickle_max_bytes for r in results):
             say(f"# pickle path skipped above {fmt_bytes(args.pickle_max_bytes)} (--pickle-max-bytes)")
 
-    sweep_sizes = [parse_bytes(x) for x in args.sweep_sizes.split(",") if x.strip()]
-    sweep_sizes = [s for s in sweep_sizes if s <= args.max_bytes]
-    slices = [parse_bytes(x) for x in args.slices.split(",") if x.strip()]
-    sweep: list[dict] = []
-    score: dict[int, float] = {}
-    choice = None
+        # Crossover: the smallest size from which shm beats the best plain Allreduce at every size.
+        faster = [r["ratios"]["shm/best_plain"] > 1.0 for r in results]
+        for i in range(len(results)):
+            if all(faster[i:]):
+                crossover = results[i]["bytes"]
+                break
+        say(f"# crossover: shm faster than the best plain Allreduce from "
+            f"{fmt_bytes(crossover) if crossover else 'no size'} up (shm/best-plain: "
+            + ", ".join(f"{fmt_bytes(r['bytes'])} {r['ratios']['shm/best_plain']:.2f}" for r in results)
+            + f"); hpcopt's SHM_AVERAGE_MIN_BYTES = {fmt_bytes(SHM_AVERAGE_MIN_BYTES)}")
+        for r in results:
+            ok = r["ratios"]["auto/best_plain"] >= 0.95
+            if not ok or r["bytes"] in TARGET_SIZES:
+                checks.append(f"{fmt_bytes(r['bytes'])}: auto {r['ratios']['auto/best_plain']:.2f}x best plain "
+                              f"({r['best_plain']}) {'>=' if ok else '<'} 0.95 {'ok' if ok else 'MISSED'}"
+                              f" (auto {r['ratios']['auto/mpi']:.2f}x Comm mpi)")
+            if r["bytes"] in TARGET_SIZES and n == 2:
+                for key, goal in (("shm/raw", 2.0), ("shm/sliced", 1.3), ("shm/copy1", 0.5)):
+                    got = r["ratios"][key]
+                    checks.append(f"{fmt_bytes(r['bytes'])}: {key} {got:.2f}x (goal {goal}x) "
+                                  f"{'ok' if got >= goal else 'MISSED'}")
+        if n != 2:
+            checks.append("32/64 MB speed-up goals are for 2 ranks: not checked here")
+        elif not any(r["bytes"] in TARGET_SIZES for r in results):
+            checks.append("32/64 MB not in this run")
+        say("# targets: " + "; ".join(checks))
+
+    slices = byte_list(args.slices)
+    sweep_sizes = [s for s in byte_list(args.sweep_sizes) if s <= args.max_bytes]
+    sweep = []
     if sweep_sizes:
         say("")
-        say("# slice sweep: raw sliced Allreduce (no scaling). Per cell: median us, busbw GB/s, and")
-        say("# rel = median over rounds of time / fastest slice size of that round (paired, so")
-        say("# robust to drift). * = lowest rel")
-        say(f"{'size':>9} {'reps':>4} | " + " ".join(f"{fmt_bytes(sl):>19}" for sl in slices))
-        for nbytes in sweep_sizes:
-            length = nbytes // dtype.itemsize
-            # Zeros: repeated unscaled sums of anything else would grow to inf (same add speed,
-            # but zeros keep the buffer finite and free of denormals whatever the rep count).
-            buf = np.zeros(length, dtype=dtype)
-            cases = {f"{sl:012d}": make_sliced(mpi, buf, sl) for sl in slices}
-            times = run_interleaved(Timer(mpi), cases, args.reps, args.warmup,
-                                    3 * args.budget, args.min_reps, args.max_reps)
-            reps = len(next(iter(times.values())))
-            med = {int(k): float(np.median(v)) for k, v in times.items()}
-            table = np.array([times[f"{sl:012d}"] for sl in slices])  # (slices, rounds)
-            rel_rounds = table / table.min(axis=0, keepdims=True)
-            rel = {sl: float(np.median(rel_rounds[i])) for i, sl in enumerate(slices)}
-            best = min(rel, key=rel.get)
-            cells = [f"{med[sl] * 1e6:7.0f} {nbytes / med[sl] / 1e9 * busfactor:4.1f} {rel[sl]:4.2f}"
-                     + ("*" if sl == best else " ") for sl in slices]
-            say(f"{fmt_bytes(nbytes):>9} {reps:>4} | " + " ".join(f"{c:>19}" for c in cells), flush=True)
-            sweep.append({"bytes": nbytes, "reps": reps, "median_s": {str(k): v for k, v in med.items()},
-                          "rel": {str(k): v for k, v in rel.items()},
-                          "all_s": {str(int(k)): v.tolist() for k, v in times.items()},
-                          "best_slice_bytes": best})
-            del buf, cases
-        # Overall choice: the slice size with the lowest geometric mean of rel over sweep sizes.
-        score = {sl: float(np.exp(np.mean([np.log(r["rel"][str(sl)]) for r in sweep]))) for sl in slices}
-        choice = min(score, key=score.get)
+        sweep = sweep_table(say, mpi, [
+            "# slice sweep: raw sliced Allreduce (no scaling). Per cell: median us, busbw GB/s, and",
+            "# rel = median over rounds of time / fastest slice size of that round (paired, so",
+            "# robust to drift). * = lowest rel"], sweep_sizes, slices,
+            lambda buf, sl: make_sliced(mpi, buf, sl), args, 3 * args.budget, busfactor)
+    score, choice = geometric_choice(sweep, slices)
+    if choice is not None:
         say("# rel, geometric mean over sweep sizes: "
             + ", ".join(f"{fmt_bytes(sl)} {score[sl]:.3f}" for sl in slices))
         say(f"# best slice size overall: {fmt_bytes(choice)} (hpcopt now uses {fmt_bytes(ALLREDUCE_SLICE_BYTES)})")
+
+    chunks = byte_list(args.chunks)
+    chunk_sizes = [s for s in byte_list(args.chunk_sweep_sizes) if s <= args.max_bytes]
+    chunk_sweep = []
+    averagers: dict[int, ShmAverager] = {}
+    if chunk_sizes and chunks:
+        averagers = {ch: ShmAverager(mpi, chunk_bytes=ch) for ch in chunks}
+        say("")
+        chunk_sweep = sweep_table(say, mpi, [
+            "# chunk sweep: shm averaging (ShmAverager.average_) per chunk size. Per cell: median us,",
+            "# busbw GB/s, paired rel as above. * = lowest rel"], chunk_sizes, chunks,
+            lambda buf, ch: (lambda: averagers[ch].average_(buf)), args, 2 * args.budget, busfactor)
+    chunk_score, chunk_choice = geometric_choice(chunk_sweep, chunks)
+    if chunk_choice is not None:
+        say("# rel, geometric mean over sweep sizes: "
+            + ", ".join(f"{fmt_bytes(ch)} {chunk_score[ch]:.3f}" for ch in chunks))
+        say(f"# best chunk size overall: {fmt_bytes(chunk_choice)} (hpcopt now uses {fmt_bytes(SHM_CHUNK_BYTES)})")
 
     load_end = os.getloadavg()
     say(f"# total {time.perf_counter() - t_start:.1f} s; load average {load_end[0]:.2f} at end "
@@ -335,12 +529,19 @@ def main(argv: list[str] | None = None) -> int:
             "ranks": n, "dtype": dtype.name, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
             "mpi4py": __import__("mpi4py").__version__, "host": platform.node(), "cpus": os.cpu_count(),
             "loadavg_start": load_start, "loadavg_end": load_end,
-            "hpcopt_slice_bytes": comm.slice_bytes, "timing": "median over reps of max over ranks",
-            "pickle_max_bytes": args.pickle_max_bytes, "main": results, "slice_sweep": sweep,
-            "slice_score": {str(k): v for k, v in score.items()}, "best_slice_bytes": choice,
+            "hpcopt_slice_bytes": ALLREDUCE_SLICE_BYTES, "shm_chunk_bytes": SHM_CHUNK_BYTES,
+            "shm_average_min_bytes": SHM_AVERAGE_MIN_BYTES, "fake_node_size": fake,
+            "timing": "median over reps of max over ranks", "pickle_max_bytes": args.pickle_max_bytes,
+            "main": results, "crossover_bytes": crossover, "targets": checks,
+            "slice_sweep": sweep, "slice_score": {str(k): v for k, v in score.items()},
+            "best_slice_bytes": choice, "chunk_sweep": chunk_sweep,
+            "chunk_score": {str(k): v for k, v in chunk_score.items()}, "best_chunk_bytes": chunk_choice,
         }, indent=1))
         say(f"# wrote {args.json}")
-    comm.free()
+    for a in averagers.values():
+        a.free()
+    for c in comms.values():
+        c.free()
     mpi.Free()
     return 0
 

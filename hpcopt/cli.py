@@ -1,10 +1,11 @@
-"""Command line: ``hpcopt train|info`` (run under ``mpiexec -n N python -m hpcopt ...``)."""
+"""Command line: ``hpcopt train|resume|report|info`` (under ``mpiexec -n N python -m hpcopt ...``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 import traceback
 import typing
 from typing import Any, Sequence
@@ -20,6 +21,11 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
+#: Defaults of the command line that differ from the config's (the Python API writes no files
+#: unless asked; a command-line run gets a new run directory).
+CLI_DEFAULTS = {"out": "runs/{time}"}
+
+
 def _flag_help(section: str, default: Any) -> str:
     if isinstance(default, tuple):
         default = ",".join(str(v) for v in default) or "none"
@@ -28,7 +34,7 @@ def _flag_help(section: str, default: Any) -> str:
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name, (section, f) in option_index().items():
-        default = getattr(SECTIONS[section](), name)
+        default = CLI_DEFAULTS.get(name, getattr(SECTIONS[section](), name))
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE",
                             help=_flag_help(section, default))
 
@@ -39,7 +45,20 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train a model (defaults: MLP on MNIST-5k with PR-SGD)")
     train.add_argument("--config", help="TOML file with [data], [model], [algorithm], [run] tables")
+    train.add_argument("--resume", metavar="CKPT",
+                       help="continue from a checkpoint file or run directory (see 'resume')")
     _add_config_flags(train)
+    resume = sub.add_parser("resume", help="continue a run from a checkpoint, on as many ranks "
+                            "as wrote it; flags may change only where files go, how often, "
+                            "what is printed, evaluation, and the number of steps")
+    resume.add_argument("checkpoint", metavar="CKPT",
+                        help="a checkpoint file, or a run directory (its newest checkpoint)")
+    resume.add_argument("--config", help="TOML file (same rules as flags)")
+    _add_config_flags(resume)
+    report = sub.add_parser("report", help="plots and a table comparing run traces "
+                            "(needs matplotlib: pip install 'hpcopt[plot]')")
+    report.add_argument("runs", nargs="+", metavar="RUN", help="trace files (trace.h5) or run directories")
+    report.add_argument("--out", default="report", help="output directory (default: report)")
     sub.add_parser("info", help="versions, MPI library, world size, threads, GPU and HDF5 support")
     return parser
 
@@ -51,13 +70,33 @@ def _rank() -> int:
 
 
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config | None]:
-    """Command-line arguments and, for ``train``, the resolved configuration."""
+    """Command-line arguments and, for ``train`` and ``resume``, the resolved configuration.
+
+    Resuming starts from the checkpoint's config; options given in a file or as flags replace
+    its values (``train`` checks they are safe to change), and the run directory defaults to
+    the checkpoint's. ``args.resume`` is then the checkpoint file.
+    """
     args = make_parser().parse_args(argv)
-    if args.command != "train":
+    if args.command not in ("train", "resume"):
         return args, None
     overrides = {k: v for k, v in vars(args).items() if k in option_index() and v is not None}
     file_values = read_toml(args.config) if args.config else None
-    return args, build_config(file_values, overrides)
+    if args.command == "resume":
+        args.resume = args.checkpoint
+    if not args.resume:
+        run_table = (file_values or {}).get("run")
+        in_file = set(run_table) if isinstance(run_table, dict) else set()
+        defaults = {k: v for k, v in CLI_DEFAULTS.items() if k not in in_file}
+        return args, build_config(file_values, {**defaults, **overrides})
+    from .io.checkpoint import stored_config
+
+    build_config(file_values)  # reject unknown keys in the file
+    given: dict[str, Any] = {"out": ""}
+    for table in (file_values or {}).values():
+        given.update(table)
+    given.update(overrides)
+    args.resume, stored = stored_config(args.resume)
+    return args, build_config(stored.to_dict(), given)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -71,9 +110,16 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         print_info(comm)
         return 0
+    if args.command == "report":
+        from .report import write_report
+
+        written = agreed(lambda: write_report(args.runs, args.out) if comm.rank == 0 else [], comm)
+        for path in written:
+            print(f"wrote {path}", flush=True)
+        return 0
     from .train import train
 
-    train(config, comm)
+    train(config, comm, resume=args.resume)
     return 0
 
 
@@ -109,6 +155,7 @@ def _abort(text: str, code: int) -> None:
     """Write ``text`` to stderr and end the whole MPI job with exit status ``code``."""
     sys.stderr.write(text)
     sys.stderr.flush()
+    time.sleep(0.2)  # let the launcher forward the message before MPI_Abort tears the job down
     from mpi4py import MPI
 
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:

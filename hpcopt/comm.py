@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from .backend import CPU, Backend
 from .errors import UserError
+from .shm_average import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
 
 T = TypeVar("T")
 
@@ -26,6 +27,11 @@ T = TypeVar("T")
 #: 32-64 MB); slices keep it near its peak. Measured with benchmarks/allreduce.py (slice sweep,
 #: 2 ranks, one per core): 2 MB best, 1 and 4 MB within 5-8%, unsliced 2x slower.
 ALLREDUCE_SLICE_BYTES = 2 << 20
+
+#: How ``Comm.average_`` averages: "mpi" (sliced MPI Allreduce), "shm" (node-local shared memory +
+#: inter-node allreduce, hpcopt/shm_average.py) or "auto" (shm from SHM_AVERAGE_MIN_BYTES up when
+#: every node holds several ranks, else mpi).
+AVERAGING_MODES = ("auto", "mpi", "shm")
 
 
 @dataclass
@@ -82,10 +88,16 @@ class Comm:
     """Counted collectives and point-to-point calls on flat buffers."""
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, backend: Backend = CPU,
-                 slice_bytes: int = ALLREDUCE_SLICE_BYTES) -> None:
+                 slice_bytes: int = ALLREDUCE_SLICE_BYTES, averaging: str = "auto") -> None:
+        if averaging not in AVERAGING_MODES:
+            raise ValueError(f"averaging must be one of {AVERAGING_MODES}, got {averaging!r}")
         self.mpi: MPI.Comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
         self.backend = backend
         self.slice_bytes = slice_bytes
+        self.averaging = averaging
+        #: The shared-memory averager, made on the first average_ that may use it (collective);
+        #: tests may set one beforehand (e.g. ``ShmAverager(c.mpi, ranks_per_node=2)``).
+        self.averager: ShmAverager | None = None
         self.stats = CommStats()
         self._scalar = np.zeros(1, dtype=np.float64)
 
@@ -98,7 +110,10 @@ class Comm:
         return self.mpi.Get_size()
 
     def free(self) -> None:
-        """Release the duplicated communicator (idempotent)."""
+        """Release the shared-memory averager and the duplicated communicator (idempotent)."""
+        if self.averager is not None:
+            self.averager.free()
+            self.averager = None
         if self.mpi != MPI.COMM_NULL:
             self.mpi.Free()
 
@@ -118,11 +133,36 @@ class Comm:
         return buf
 
     def average_(self, buf: Any, label: str = "average") -> Any:
-        """``buf <- (1/N) sum_i buf_i`` in place: one counted allreduce and one in-place scale."""
-        self.allreduce_(buf, MPI.SUM, label)
-        if self.size > 1:
-            buf /= self.size
+        """``buf <- (1/N) sum_i buf_i`` in place: one counted allreduce and one in-place scale.
+
+        Counted as one ("allreduce", label) call of ``buf.nbytes`` whichever path runs; every
+        rank ends with bitwise identical values on both paths.
+        """
+        averager = self._averager_for(buf)
+        if averager is None:
+            self.allreduce_(buf, MPI.SUM, label)
+            size = self.size
+            if size > 1:
+                buf /= size
+            return buf
+        start = time.perf_counter()
+        self.backend.synchronize()
+        averager.average_(buf)
+        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
         return buf
+
+    def _averager_for(self, buf: Any) -> ShmAverager | None:
+        """The shared-memory averager if ``buf`` should take that path (same answer on all ranks)."""
+        mode = self.averaging  # cheapest tests first: this runs before every small average_
+        if mode == "mpi" or (mode == "auto" and buf.nbytes < SHM_AVERAGE_MIN_BYTES):
+            return None
+        if not shm_supported(buf) or (mode == "auto" and self.size == 1):
+            return None
+        if self.averager is None:
+            self.averager = ShmAverager(self.mpi)
+        if mode == "auto" and not self.averager.worthwhile:
+            return None
+        return self.averager
 
     def bcast_(self, buf: Any, root: int = 0, label: str = "bcast") -> Any:
         """Overwrite ``buf`` on every rank with root's copy."""

@@ -88,6 +88,11 @@ class RunConfig:
     dtype: str = "float32"
     eval_every: int = 0
     progress: bool = True
+    out: str = ""               # run directory ({time}: the start time); "" = no files
+    checkpoint_every: int = 0   # clock ticks between checkpoints; 0 = only the final one
+    keep_checkpoints: int = 3   # the newest K checkpoints are kept, older ones deleted
+    trace: bool = True          # write OUT/trace.h5
+    trace_every: int = 8        # clock ticks per trace row (and per check for SIGTERM)
 
     def __post_init__(self) -> None:
         if self.seed < 0:
@@ -96,8 +101,12 @@ class RunConfig:
             raise UserError("give a positive number of steps or epochs")
         if self.dtype not in DTYPES:
             raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.eval_every < 0:
-            raise UserError(f"eval_every must be >= 0, got {self.eval_every}")
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("keep_checkpoints", "trace_every"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,31 @@ def build_config(file_values: dict[str, Any] | None = None,
     return Config(**parts)
 
 
+#: Options a resumed run may change: where files go and how often, what is printed, evaluation,
+#: and the length of the run (not with the sqrt_nt schedule, whose step size depends on it).
+RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_every", "progress",
+               "eval_every", "steps", "epochs")
+
+
+def check_resume(stored: Config, config: Config) -> None:
+    """UserError if ``config`` differs from a checkpoint's ``stored`` config in an option that
+    would change the computation (anything outside RESUME_SAFE)."""
+    old, new = stored.to_dict(), config.to_dict()
+    for section, values in new.items():
+        for key, value in values.items():
+            before = old[section][key]
+            if value == before:
+                continue
+            if key in ("steps", "epochs") and config.algorithm.schedule == "sqrt_nt":
+                why = " (the sqrt_nt step size depends on the number of steps)"
+            elif key in RESUME_SAFE:
+                continue
+            else:
+                why = f"; a resumed run may change only {', '.join(RESUME_SAFE)}"
+            raise UserError(f"cannot change {key} when resuming: the checkpoint has "
+                            f"{_toml_value(before)}, asked for {_toml_value(value)}{why}")
+
+
 def to_toml(config: Config) -> str:
     """The resolved config as TOML text (stored in traces and checkpoints)."""
     lines = []
@@ -233,4 +267,4 @@ def _toml_value(value: Any) -> str:
 
 
 __all__ = ["Config", "DataConfig", "ModelConfig", "AlgorithmConfig", "RunConfig", "build_config",
-           "read_toml", "to_toml", "option_index", "coerce"]
+           "read_toml", "to_toml", "option_index", "coerce", "check_resume", "RESUME_SAFE"]

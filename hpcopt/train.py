@@ -1,9 +1,32 @@
-"""The training loop: steps, periodic evaluation of the averaged model, progress, summary."""
+"""The training loop: steps, trace rows, evaluation, checkpoints, resume, progress, summary.
+
+Everything outside the algorithm's own communication happens at ticks of ``algorithm.clock``
+(the only points every rank passes in the same order), in this order at a tick t:
+
+1. evaluation of the averaged model, when ``eval_every`` divides t (label "eval");
+2. a trace row, when ``trace_every`` or ``eval_every`` divides t: the window's reduction (one
+   small non-blocking collective, label "trace") starts, and the previous row's finishes. It
+   carries the SIGTERM flag, so ranks agree to stop at the same tick (the first row tick after
+   a finished row shows the flag) without any extra collective;
+3. a checkpoint, when ``checkpoint_every`` divides t, at the last tick, or when stopping (the
+   rows in flight are finished first, so a checkpoint counts every row before it).
+
+After the last tick: a row for a partial last window, the "final" average when the run ended
+mid-round, the final evaluation. A resumed run restores the state at a checkpoint's tick and
+then performs exactly the operations the uninterrupted run performs after that tick, so on the
+same number of ranks its losses, parameters and trace are bitwise the same.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import signal
+import threading
 import time
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,7 +35,11 @@ from mpi4py import MPI
 from .algorithms.local_sgd import AVERAGE_LABEL, LocalSGDState
 from .build import RunParts, build_run
 from .comm import Comm, agreed, node_layout
-from .config import Config
+from .config import Config, check_resume, to_toml
+from .errors import UserError
+from .io import checkpoint as ckpt_io
+from .io import versions
+from .io import trace as trace_io
 from .problems.classification import Evaluation
 from .progress import Progress
 from .threads import ThreadChoice, configure_threads
@@ -20,11 +47,11 @@ from .threads import ThreadChoice, configure_threads
 
 @dataclass
 class Summary:
-    """What a finished run reports (identical on every rank)."""
+    """What a run reports (identical on every rank). ``final`` is None when it was stopped."""
 
     steps: int
     rounds: int
-    final: Evaluation
+    final: Evaluation | None
     train_loss: float
     wall_seconds: float
     comm_seconds: float            # mean over ranks
@@ -34,20 +61,26 @@ class Summary:
     workers: int
     samples_per_second: float      # all ranks together
     threads: ThreadChoice
+    out: str = ""
+    checkpoint: str = ""           # the newest checkpoint written
+    stopped: bool = False          # stopped early by SIGTERM (a checkpoint was written)
     history: list[tuple[int, Evaluation]] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
+        first = (f"test accuracy     {self.final.accuracy:.4f} (loss {self.final.loss:.4f}, "
+                 f"{self.final.samples} samples)" if self.final else
+                 "stopped           by SIGTERM before the end; resume from the checkpoint below")
         return [
-            f"test accuracy     {self.final.accuracy:.4f} (loss {self.final.loss:.4f}, "
-            f"{self.final.samples} samples)",
-            f"train loss        {self.train_loss:.4f} (last progress window, mean over ranks)",
+            first,
+            f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",
             f"steps             {self.steps} per rank, {self.rounds} averaging rounds",
             f"communicated      {_megabytes(self.bytes_per_rank)} per rank "
             f"({_megabytes(self.average_bytes_per_rank)} averaging the {self.parameters:,} parameters)",
             f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
             f"throughput        {self.samples_per_second:,.0f} samples/s over {self.workers} rank(s)",
             f"threads           {self.threads.describe()}",
+            f"files             {self.out or 'none'} (checkpoint {self.checkpoint or 'none'})",
         ]
 
 
@@ -65,75 +98,320 @@ def evaluate_average(parts: RunParts, state: LocalSGDState, scratch: Any, comm: 
     return parts.problem.evaluate(model, state.grad, parts.test_features, parts.test_labels, comm)
 
 
-def train(config: Config, comm: Comm | None = None, verbose: bool = True) -> tuple[Summary, LocalSGDState]:
-    """Run PR-SGD as configured; returns the summary and this rank's final state.
+class _StopSignal:
+    """While training (and when there is a run directory to checkpoint to), SIGTERM (what
+    Slurm sends before the time limit) only sets a flag."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.raised = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "_StopSignal":
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.raised = True
+
+    def __exit__(self, *_: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+@dataclass
+class _Run:
+    """A run in progress on this rank: its parts, state, files and clocks."""
+
+    config: Config
+    parts: RunParts
+    comm: Comm
+    state: LocalSGDState
+    window: trace_io.Window
+    out: Path | None                     # None: no files (no trace, no checkpoints)
+    run_id: str
+    writer: trace_io.TraceWriter | None  # rank 0 only, when tracing
+    wall_before: float                   # seconds of earlier segments (resumed runs)
+    start: float = 0.0
+    checkpoint: str = ""
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.start
+
+    def row(self, tick: int, evaluation: Evaluation | None, stop: bool) -> list[trace_io.Row]:
+        """Collective: finish the previous row's reduction and start this tick's; the rows
+        finished (written to the trace on rank 0)."""
+        finished = self.window.complete(self.comm)
+        state = self.state
+        fields = {"step": state.step, "rounds": state.rounds, "wall": self.wall(),
+                  "lr": self.parts.algorithm.schedule(max(state.step - 1, 0)),
+                  "eval_loss": evaluation.loss if evaluation else np.nan,
+                  "eval_accuracy": evaluation.accuracy if evaluation else np.nan}
+        row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm))
+        self.window.post(self.comm, stop, row)
+        return self._publish(finished)
+
+    def finish_rows(self) -> list[trace_io.Row]:
+        """Collective: finish the reductions in flight; the rows finished."""
+        return self._publish(self.window.complete(self.comm))
+
+    def _publish(self, rows: list[trace_io.Row]) -> list[trace_io.Row]:
+        if self.writer is not None:
+            for row in rows:
+                assert row.stats is not None
+                stats = {"loss_mean": row.stats.loss_mean, "loss_max": row.stats.loss_max,
+                         "grad_norm": row.stats.grad_norm, "grad_norm_max": row.stats.grad_norm_max}
+                self.writer.append({**row.fields, **stats}, row.comm)
+        return rows
+
+    def save(self, tick: int, scratch: Any) -> None:
+        """Collective: write the checkpoint of this tick (rank 0 writes, then prunes old ones).
+        Rows in flight must be finished first (``finish_rows``)."""
+        if self.writer is not None:
+            self.writer.flush()  # the checkpoint counts only rows that are on disk
+        state, comm = self.state, self.comm
+        model = state.x
+        if state.steps_in_round:
+            scratch[...] = state.x
+            model = comm.average_(scratch, label=ckpt_io.LABEL)
+        assert self.out is not None
+        path = ckpt_io.checkpoint_path(self.out, tick)
+        ckpt_io.save(path, comm, self.config, self.parts.model.layout, state,
+                     self.parts.problem.sampler, self.window.fold(), model, tick, self.run_id,
+                     self.writer.rows if self.writer else 0, self.wall())
+        if comm.rank == 0:
+            ckpt_io.prune(path.parent, self.config.run.keep_checkpoints)
+        self.checkpoint = str(path)
+
+
+def train(config: Config, comm: Comm | None = None, verbose: bool = True,
+          resume: str | Path | None = None) -> tuple[Summary, LocalSGDState]:
+    """Run PR-SGD as configured (continuing from checkpoint ``resume`` when given); returns the
+    summary and this rank's final state.
 
     At the end every rank holds the averaged model: if the last round was partial, one more
     average is taken on the label "final" (so the "average" label counts exactly floor(T/I)).
+    Files go to the run directory ``config.run.out`` (``{time}`` in it becomes the start time;
+    empty: no files, the default here, while the command line defaults to ``runs/{time}``):
+    ``trace.h5`` and ``checkpoints/step-<tick>.h5``. A resumed run always has one (by default
+    the checkpoint's). With a run directory, SIGTERM makes the ranks agree at the next trace
+    row, write a checkpoint and return with ``summary.stopped`` set.
     """
     comm = comm or Comm()
     threads = configure_threads(node_layout(comm.mpi)[1])
+    ckpt = agreed(lambda: _read_checkpoint(resume, comm), comm) if resume else None
     parts = agreed(lambda: build_run(config, comm), comm)
     comm.backend = parts.backend
     algorithm, backend = parts.algorithm, parts.backend
+    state = algorithm.init(parts.x0, comm)
+    window = trace_io.Window(backend)
+    total = algorithm.clock_ticks(parts.total_steps)
+    if ckpt is not None:
+        window_state = agreed(lambda: _restore(ckpt, config, parts, state, total, comm), comm)
+        window.restore(window_state)
+    out, run_id = _run_directory(config, ckpt, comm)
+    config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out or "")))
+    writer = agreed(lambda: _trace_writer(config, parts, out, run_id, ckpt, comm), comm)
+    run = _Run(config, parts, comm, state, window, out, run_id, writer,
+               ckpt.wall_seconds if ckpt else 0.0)
     show = verbose and config.run.progress and comm.rank == 0
     if show:
-        print(_header(parts, comm, threads), flush=True)
-    state = algorithm.init(parts.x0, comm)
-    progress = Progress(algorithm.clock_ticks(parts.total_steps), show)
-    scratch = backend.xp.empty_like(state.x)
-    history: list[tuple[int, Evaluation]] = []
-    window = np.zeros(2)
-    losses: list[Any] = []
-    comm.barrier(label="start")
-    start = time.perf_counter()
-    for _ in range(parts.local_steps):
-        losses.append(algorithm.step(state, parts.problem.oracle, comm))
-        tick = algorithm.clock(state)
-        if tick is None:
-            continue
-        if progress.due(tick):
-            window[:] = (float(backend.xp.stack(losses).sum()), len(losses))
-            losses.clear()
-            comm.allreduce_host_(window, label="log")
-            progress.report(tick, f"loss {window[0] / window[1]:.4f} | rounds {state.rounds}")
-        if config.run.eval_every and tick % config.run.eval_every == 0:
-            history.append((tick, evaluate_average(parts, state, scratch, comm)))
-    if state.steps_in_round:
-        comm.average_(state.x, label="final")
-        state.steps_in_round = 0
-    backend.synchronize()
-    wall = time.perf_counter() - start
-    final = evaluate_average(parts, state, scratch, comm)
-    summary = _summarize(parts, state, comm, threads, final, wall, window, history)
+        print(_header(parts, comm, threads, out, ckpt), flush=True)
+    try:
+        with _StopSignal(out is not None) as stop_signal:
+            summary = _loop(run, ckpt, total, stop_signal, threads, show)
+    finally:
+        if writer is not None:
+            writer.close()
     if show:
         print("summary\n  " + "\n  ".join(summary.lines()), flush=True)
+    if summary.stopped and verbose and comm.rank == 0:
+        print(f"hpcopt: SIGTERM: stopped at step {state.step} after writing {summary.checkpoint}; "
+              f"continue with: mpiexec -n {comm.size} python -m hpcopt resume {summary.checkpoint}",
+              flush=True)
     return summary, state
 
 
-def _summarize(parts: RunParts, state: LocalSGDState, comm: Comm, threads: ThreadChoice,
-               final: Evaluation, wall: float, window: np.ndarray,
-               history: list[tuple[int, Evaluation]]) -> Summary:
+def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _StopSignal,
+          threads: ThreadChoice, show: bool) -> Summary:
+    config, parts, comm, state, window = run.config, run.parts, run.comm, run.state, run.window
+    algorithm = parts.algorithm
+    every, eval_every = config.run.trace_every, config.run.eval_every
+    oracle = window.traced(parts.problem.oracle)
+    scratch = parts.backend.xp.empty_like(state.x)
+    progress = Progress(total, show)
+    history: list[tuple[int, Evaluation]] = []
+    train_loss, report_due, stopped = float("nan"), False, False
+    tick = ckpt.tick if ckpt else 0
+    tracing = config.run.trace and run.out is not None
+
+    def row_due(t: int) -> bool:
+        return t % every == 0 or bool(eval_every and t % eval_every == 0)
+
+    def arm(t: int) -> bool:  # take ||g|| on the steps up to tick t when it ends a traced row
+        return tracing and (row_due(t) or t == total)
+
+    comm.barrier(label="start")
+    if ckpt is not None:
+        ckpt_io.restore_counters(ckpt, comm)
+    run.start = time.perf_counter()
+    progress.start -= run.wall_before
+    window.armed = arm(tick + 1)
+    for _ in range(parts.local_steps - state.step):
+        window.add(algorithm.step(state, oracle, comm))
+        tick_now = algorithm.clock(state)
+        if tick_now is None:
+            continue
+        tick = tick_now
+        report_due = progress.due(tick) or report_due
+        evaluation = None
+        if eval_every and tick % eval_every == 0:
+            evaluation = evaluate_average(parts, state, scratch, comm)
+            history.append((tick, evaluation))
+        rows = run.row(tick, evaluation, stop_signal.raised) if row_due(tick) else []
+        stopped = tick < total and any(r.stats.stop for r in rows)
+        save = run.out and (stopped or tick == total or (config.run.checkpoint_every and
+                                                         tick % config.run.checkpoint_every == 0))
+        if save or stopped:
+            rows += run.finish_rows()
+        for row in rows:
+            train_loss = row.stats.loss_mean
+            if report_due:
+                progress.report(row.tick, f"loss {train_loss:.4f} | rounds {row.fields['rounds']}")
+                report_due = False
+        if save:
+            run.save(tick, scratch)
+        if stopped:
+            break
+        window.armed = arm(tick + 1)
+    final = None
+    if not stopped:
+        if window.steps or window.losses:
+            run.row(tick, None, False)
+        for row in run.finish_rows():
+            train_loss = row.stats.loss_mean
+        if state.steps_in_round:
+            comm.average_(state.x, label="final")
+            state.steps_in_round = 0
+        parts.backend.synchronize()
+        final = evaluate_average(parts, state, scratch, comm)
+    summary = _summarize(run, final, train_loss, history, threads, stopped)
+    if run.writer is not None and final is not None:
+        run.writer.finish({"step": state.step, "rounds": state.rounds, "wall": run.wall(),
+                           "bytes": sum(c[1] for c in trace_io.comm_totals(comm).values()),
+                           "eval_loss": final.loss, "eval_accuracy": final.accuracy,
+                           "eval_samples": final.samples, "checkpoint": run.checkpoint})
+    return summary
+
+
+def _read_checkpoint(path: str | Path, comm: Comm) -> ckpt_io.Checkpoint:
+    return ckpt_io.read_checkpoint(path, comm.rank, comm.size)
+
+
+def _restore(ckpt: ckpt_io.Checkpoint, config: Config, parts: RunParts, state: LocalSGDState,
+             total: int, comm: Comm) -> np.ndarray:
+    """Check that ``ckpt`` fits this run, then load this rank's part; the trace window to go on."""
+    path = ckpt.path
+    check_resume(ckpt.config, config)
+    if ckpt.layout != parts.model.layout:
+        raise UserError(f"{path}: its model ({_describe(ckpt.layout)}) does not match the model "
+                        f"its config describes ({_describe(parts.model.layout)})")
+    if ckpt.tick >= total:
+        raise UserError(f"{path} is at step {ckpt.tick} of {total}: the run is complete "
+                        "(pass --steps N with N larger to train further)")
+    probe = LocalSGDState(None, None, None, *(int(v) for v in ckpt.counters[comm.rank]))
+    if parts.algorithm.clock(probe) != ckpt.tick:
+        raise UserError(f"{path}: its counters do not match its tick {ckpt.tick}")
+    return ckpt_io.restore(ckpt, comm.rank, state, parts.problem.sampler, comm.backend)
+
+
+def _describe(layout: Any) -> str:
+    return ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in layout.entries)
+
+
+def _run_directory(config: Config, ckpt: ckpt_io.Checkpoint | None,
+                   comm: Comm) -> tuple[Path | None, str]:
+    """(run directory, run id): for a resumed run from the config or the checkpoint; for a new
+    one rank 0 fills in ``{time}`` (never an existing directory), draws an id, and broadcasts
+    both (label "setup"). (None, "") when no files are written."""
+    if ckpt is not None:
+        out = Path(config.run.out) if config.run.out else ckpt_io.run_directory(ckpt.path, ckpt.config)
+        return out, ckpt.run_id
+    if not config.run.out:
+        return None, ""
+    text = ""
+    if comm.rank == 0:
+        out = Path(config.run.out)
+        if "{time}" in config.run.out:
+            stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            out = _unused(Path(config.run.out.replace("{time}", stamp)))
+        text = f"{uuid.uuid4().hex} {out}"
+    buffer = np.zeros(4096, dtype=np.uint8)
+    encoded = text.encode("utf-8")[:buffer.size]
+    buffer[:len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+    comm.bcast_(buffer, root=0, label="setup")
+    run_id, out_text = bytes(buffer).rstrip(b"\0").decode("utf-8").split(" ", 1)
+    return Path(out_text), run_id
+
+
+def _unused(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def _trace_writer(config: Config, parts: RunParts, out: Path | None, run_id: str,
+                  ckpt: ckpt_io.Checkpoint | None, comm: Comm) -> trace_io.TraceWriter | None:
+    """Rank 0 makes the run directory and, when tracing, opens the trace (UserError if a new
+    run would overwrite another run's files)."""
+    if comm.rank != 0 or out is None:
+        return None
+    try:
+        (out / ckpt_io.SUBDIR).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory {out}: {exc.strerror}") from None
+    path = out / trace_io.FILE_NAME
+    if ckpt is None and (path.exists() or ckpt_io.has_checkpoints(out)):
+        raise UserError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
+                        "or choose another --out")
+    if not config.run.trace:
+        return None
+    attrs = {**versions(), "run_id": run_id, "world_size": comm.size,
+             "algorithm": config.algorithm.algorithm, "config": to_toml(config),
+             "parameters": parts.model.layout.size,
+             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    resume_at = (ckpt.trace_rows, ckpt.tick) if ckpt else None
+    return trace_io.TraceWriter(path, attrs, resume_at)
+
+
+def _summarize(run: _Run, final: Evaluation | None, train_loss: float,
+               history: list[tuple[int, Evaluation]], threads: ThreadChoice, stopped: bool) -> Summary:
+    comm, state, parts = run.comm, run.state, run.parts
     totals = comm.stats.totals()
     local = np.array([totals.seconds, totals.bytes, comm.stats.totals(AVERAGE_LABEL).bytes,
                       state.step * parts.config.data.batch_size])
     comm.allreduce_host_(local, label="summary")
-    wall = float(comm.allreduce_host_(np.array([wall]), op=MPI.MAX, label="summary")[0])
+    wall = float(comm.allreduce_host_(np.array([run.wall()]), op=MPI.MAX, label="summary")[0])
     size = comm.size
-    train_loss = window[0] / window[1] if window[1] else float("nan")
     return Summary(steps=state.step, rounds=state.rounds, final=final, train_loss=train_loss,
                    wall_seconds=wall, comm_seconds=local[0] / size, bytes_per_rank=local[1] / size,
                    average_bytes_per_rank=local[2] / size, parameters=parts.model.layout.size,
                    workers=size, samples_per_second=local[3] / wall if wall else 0.0,
-                   threads=threads, history=history)
+                   threads=threads, out=str(run.out or ""), checkpoint=run.checkpoint, stopped=stopped,
+                   history=history)
 
 
-def _header(parts: RunParts, comm: Comm, threads: ThreadChoice) -> str:
+def _header(parts: RunParts, comm: Comm, threads: ThreadChoice, out: Path | None,
+            ckpt: ckpt_io.Checkpoint | None) -> str:
     cfg = parts.config
     sizes = "-".join(str(s) for s in (parts.test_features.shape[1], *cfg.model.hidden,
                                       parts.dataset.num_classes))
+    resumed = f"\nresuming from {ckpt.path} at step {ckpt.tick}" if ckpt else ""
     return (f"hpcopt train: {cfg.algorithm.algorithm} on {cfg.data.dataset} "
             f"({parts.dataset.x_train.shape[0]} train / {parts.dataset.x_test.shape[0]} test), "
             f"mlp {sizes} ({parts.model.layout.size:,} parameters, {cfg.run.dtype}), "
             f"{comm.size} rank(s), I={cfg.algorithm.interval}, batch {cfg.data.batch_size}/rank, "
-            f"{parts.total_steps} steps, {threads.describe()}")
+            f"{parts.total_steps} steps, {threads.describe()}\nrun directory {out or 'none'}{resumed}")

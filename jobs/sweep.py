@@ -73,6 +73,8 @@ def load_sweep(path: Path) -> tuple[dict, dict, dict]:
         for key in values:
             if key not in known and not (table == "sweep" and key == "ranks"):
                 raise SweepError(f"[{table}] {key!r} is not an hpcopt train option")
+            if key in ("out", "resume"):
+                raise SweepError(f"[{table}] {key!r} is set by the sweep (one run directory per job)")
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
             raise SweepError(f"[sweep] {key} must be a non-empty list")
@@ -148,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as exc:
         print(f"sweep: error: {exc}", file=sys.stderr)
         return 2
+    if not args.dry_run:  # schedulers do not create the directory of a job's log file
+        (args.out / "logs").mkdir(parents=True, exist_ok=True)
     for job in jobs:
         if not args.dry_run:
-            job.path.parent.mkdir(parents=True, exist_ok=True)
             job.path.write_text(job.script)
             job.path.chmod(0o755)
         print(job.path)

@@ -9,5 +9,9 @@
 set -euo pipefail
 cd "$${PBS_O_WORKDIR:-.}"
 source "$${HPCOPT_SITE:-${site}}"
-mkdir -p "${out}"
-mpiexec -n ${ranks} ${launcher_flags} python -m hpcopt train ${args}
+# A run directory that already holds checkpoints (a resubmitted job) is resumed.
+if ls "${out}"/checkpoints/step-*.h5 >/dev/null 2>&1; then
+    mpiexec -n ${ranks} ${launcher_flags} python -m hpcopt resume "${out}"
+else
+    mpiexec -n ${ranks} ${launcher_flags} python -m hpcopt train ${args} --out "${out}"
+fi

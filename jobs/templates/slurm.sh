@@ -12,5 +12,9 @@ ${gpu_directives}
 # environment, account) belong in the site file, not here.
 set -euo pipefail
 source "$${HPCOPT_SITE:-${site}}"
-mkdir -p "${out}"
-srun ${launcher_flags} python -m hpcopt train ${args}
+# A run directory that already holds checkpoints (a requeued or resubmitted job) is resumed.
+if ls "${out}"/checkpoints/step-*.h5 >/dev/null 2>&1; then
+    srun ${launcher_flags} python -m hpcopt resume "${out}"
+else
+    srun ${launcher_flags} python -m hpcopt train ${args} --out "${out}"
+fi

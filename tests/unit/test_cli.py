@@ -98,11 +98,13 @@ def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback():
     assert "[rank 0]" not in result.stderr
 
 
-def test_train_and_info_succeed_on_a_small_run():
-    result = launch(["train", "--dataset", "digits", "--steps", "40", "--interval", "4"])
+def test_train_and_info_succeed_on_a_small_run(tmp_path):
+    result = launch(["train", "--dataset", "digits", "--steps", "40", "--interval", "4",
+                     "--out", str(tmp_path / "run")])
     assert result.returncode == 0, result.stderr
     assert "summary" in result.stdout and "test accuracy" in result.stdout
     assert result.stdout.count("summary") == 1  # rank 0 only
+    assert (tmp_path / "run" / "trace.h5").is_file()
     info = launch(["info"])
     assert info.returncode == 0, info.stderr
     assert "world size      2" in info.stdout

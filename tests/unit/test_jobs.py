@@ -66,6 +66,7 @@ def test_every_template_renders_to_valid_bash(tmp_path, scheduler, gpus):
     ("[sweep]\ninterval = 4\n", "non-empty list"),
     ("[sweep]\nranks = [0]\n", "positive"),
     ("[jobs]\n", "unknown table"),
+    ("[train]\nout = 'x'\n", "set by the sweep"),
     ("[job]\nranks_per_node = 4\ngpus_per_node = 2\n", "one rank per GPU"),
 ])
 def test_bad_sweep_files_are_refused(tmp_path, text, message):
@@ -96,3 +97,9 @@ def test_rendered_slurm_script_runs_end_to_end_with_a_stand_in_srun(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "summary" in result.stdout and "2 rank(s)" in result.stdout
     assert "I=4" in result.stdout
+    run_dir = out / "runs" / "t-n2-I4"
+    assert (run_dir / "trace.h5").is_file() and (out / "logs").is_dir()
+    # submitted again (a requeue), the same script resumes the finished run and says so
+    again = subprocess.run(["bash", str(out / "t-n2-I4.sh")], capture_output=True, text=True,
+                           env=env, timeout=120, cwd=tmp_path)
+    assert again.returncode == 2 and "the run is complete" in again.stderr

@@ -1,0 +1,130 @@
+"""HDF5 files a run leaves behind: checkpoints (``checkpoint.py``) and the run trace (``trace.py``).
+
+Both are plain HDF5 that h5py opens without hpcopt; their layouts are in docs/formats.md. Files
+are data only: numbers, strings, TOML and JSON text, read with tomllib and json, never pickle.
+h5py is imported inside functions, so ``import hpcopt`` does not load it. Readers turn every
+problem with a file into one ``UserError`` line that names the file.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    import h5py
+
+    from ..config import Config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: Exceptions h5py and numpy raise on a damaged file or an unexpected object; readers map them
+#: to UserError.
+READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
+
+
+def open_for_reading(path: str | Path, what: str) -> "h5py.File":
+    """Open an HDF5 file read-only, or raise a UserError saying why it cannot be a ``what``.
+
+    File locking is off so that a trace can be read while its run is still writing it.
+    """
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} not found: {path}" if not path.exists() else f"{path} is not a file")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(HDF5_SIGNATURE))
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if head != HDF5_SIGNATURE:
+        raise UserError(f"{path} is not an HDF5 file (expected a {what})")
+    try:
+        return h5py.File(path, "r", locking=False)
+    except READ_ERRORS:
+        raise UserError(f"{path} is a damaged or truncated HDF5 file (expected a {what})") from None
+
+
+def check_format(attrs: Any, path: Path, name: str, version: int, what: str) -> None:
+    """The file's ``format`` attribute must be ``name`` and ``format_version`` exactly ``version``."""
+    found = attrs.get("format")
+    if found != name:
+        raise UserError(f"{path} is not an hpcopt {what} (format attribute {found!r}, expected {name!r})")
+    found_version = attrs.get("format_version")
+    if not is_int(found_version) or int(found_version) != version:
+        shown = found_version.item() if hasattr(found_version, "item") else found_version
+        raise UserError(f"{path} has {what} format version {shown!r}; "
+                        f"this hpcopt reads version {version}")
+
+
+def is_int(value: Any) -> bool:
+    """An integer (Python or NumPy), not a bool."""
+    import numpy as np
+
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def text_attr(attrs: Any, key: str, path: Path) -> str:
+    """A string attribute, required."""
+    value = attrs.get(key)
+    if not isinstance(value, str):
+        raise UserError(f"{path}: attribute {key!r} is missing or not text")
+    return value
+
+
+def int_attr(attrs: Any, key: str, path: Path, minimum: int = 0) -> int:
+    """An integer attribute >= ``minimum``, required."""
+    value = attrs.get(key)
+    if not is_int(value) or int(value) < minimum:
+        raise UserError(f"{path}: attribute {key!r} is missing or not an integer >= {minimum}")
+    return int(value)
+
+
+def json_attr(attrs: Any, key: str, path: Path) -> Any:
+    """A JSON text attribute, parsed (data only)."""
+    try:
+        return json.loads(text_attr(attrs, key, path))
+    except json.JSONDecodeError:
+        raise UserError(f"{path}: attribute {key!r} is not valid JSON") from None
+
+
+def config_from_toml(text: str, path: Path) -> "Config":
+    """The run configuration stored as TOML text, parsed and validated."""
+    from ..config import build_config
+
+    try:
+        return build_config(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: the stored config is not valid TOML ({exc})") from None
+    except UserError as exc:
+        raise UserError(f"{path}: the stored config is invalid: {exc}") from None
+
+
+def versions() -> dict[str, str]:
+    """Versions of hpcopt and the libraries that wrote a file (stored as attributes)."""
+    import h5py
+    import mpi4py
+    import numpy as np
+    from mpi4py import MPI
+
+    from .. import __version__
+
+    return {
+        "hpcopt_version": __version__,
+        "python_version": platform.python_version(),
+        "numpy_version": np.__version__,
+        "h5py_version": h5py.version.version,
+        "hdf5_version": h5py.version.hdf5_version,
+        "mpi4py_version": mpi4py.__version__,
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+    }

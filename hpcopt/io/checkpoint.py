@@ -1,0 +1,389 @@
+"""Checkpoints: one HDF5 file holds everything needed to continue a run bit for bit.
+
+Contents (layout: docs/formats.md): the averaged model (flat and under its layer names), each
+rank's model when the ranks' models differ (mid-round), each rank's momentum buffer, the
+algorithm's counters, each rank's sampler position (with the seed in the config, that is the
+whole random state: every draw comes from a stream keyed by (seed, purpose, rank, epoch, ...)),
+the trace window in progress, rank 0's communication counters, the resolved config as TOML,
+the world size, versions and a format version.
+
+Writing is atomic: the file is written as ``NAME.tmp``, flushed, fsynced, renamed to ``NAME``
+and the directory fsynced, so a crash or kill at any moment leaves the previous checkpoint
+intact; readers never take a ``.tmp`` file. Rank 0 is the only writer: the small per-rank
+tables are gathered, and per-rank vectors arrive one rank at a time (a writer holds one model
+in memory, not N), all on the label "checkpoint". Reading validates everything it returns and
+raises one UserError line for any problem, so a bad file is never partly loaded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..algorithms.local_sgd import LocalSGDState
+from ..backend import Backend
+from ..comm import Comm, OpCounter
+from ..config import Config, to_toml
+from ..data.sampler import MinibatchSampler
+from ..errors import UserError
+from ..flat import ParamLayout
+from . import (READ_ERRORS, check_format, config_from_toml, int_attr, json_attr, open_for_reading,
+               text_attr, versions)
+
+FORMAT = "hpcopt-checkpoint"
+VERSION = 1
+LABEL = "checkpoint"
+TMP_SUFFIX = ".tmp"
+NAME_PATTERN = re.compile(r"^step-(\d+)\.h5$")
+SUBDIR = "checkpoints"
+COUNTER_COLUMNS = ("step", "rounds", "steps_in_round")
+SAMPLER_COLUMNS = ("epoch", "position", "batch_size", "shard_size", "seed", "rank")
+WINDOW_COLUMNS = ("loss_sum", "steps")
+PER_RANK = ("x", "momentum")
+RNG_NOTE = ("every random draw comes from hpcopt.rng.stream(seed, purpose, *key), a pure function "
+            "of its key; a rank's random state is the seed (config) and its sampler row")
+_TAG = 7301
+
+CommRow = tuple[str, str, int, int, float]
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint in memory. ``rows[name]`` holds per-rank vectors of ``ranks``."""
+
+    config: Config
+    world_size: int
+    tick: int                 # the algorithm's clock when it was taken
+    run_id: str
+    trace_rows: int           # rows of the run's trace that precede it
+    wall_seconds: float       # run time so far (rank 0's clock)
+    layout: ParamLayout
+    model: np.ndarray         # (d,) the averaged model
+    counters: np.ndarray      # (N, 3) int64, COUNTER_COLUMNS
+    sampler: np.ndarray       # (N, 6) int64, SAMPLER_COLUMNS
+    window: np.ndarray        # (N, 2) float64, WINDOW_COLUMNS
+    comm: list[CommRow] = field(default_factory=list)   # rank 0's (op, label, calls, bytes, seconds)
+    rows: dict[str, np.ndarray] = field(default_factory=dict)  # "x", "momentum": (len(ranks), d)
+    ranks: tuple[int, ...] = ()
+    path: Path = Path()       # where it was read from
+
+
+def checkpoint_path(out: Path, tick: int) -> Path:
+    return out / SUBDIR / f"step-{tick:09d}.h5"
+
+
+def run_directory(path: Path, config: Config) -> Path:
+    """The run directory of a checkpoint: the folder above ``checkpoints/`` when it lies in
+    one (so a moved run directory still works), else the one its config names."""
+    path = Path(path).resolve()
+    return path.parent.parent if path.parent.name == SUBDIR else Path(config.run.out)
+
+
+def has_checkpoints(out: Path) -> bool:
+    return bool(_complete(out / SUBDIR))
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """``path`` itself if it is a file; for a directory (a run's or its ``checkpoints``), the
+    newest complete checkpoint in it. Partial files (``*.tmp``) are never chosen."""
+    path = Path(path)
+    if path.name.endswith(TMP_SUFFIX):
+        raise UserError(f"{path} is an incomplete checkpoint (a write that did not finish)")
+    if not path.is_dir():
+        return path
+    for directory in (path / SUBDIR, path):
+        found = _complete(directory)
+        if found:
+            return found[-1][1]
+    raise UserError(f"no checkpoint in {path}")
+
+
+def _complete(directory: Path) -> list[tuple[int, Path]]:
+    """(tick, path) of the complete checkpoints in ``directory``, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := NAME_PATTERN.match(p.name))]
+    return sorted(found)
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints, and leftovers of interrupted writes."""
+    for _, path in _complete(directory)[:-keep]:
+        path.unlink(missing_ok=True)
+    for path in directory.glob(f"*{TMP_SUFFIX}"):
+        path.unlink(missing_ok=True)
+
+
+class CheckpointWriter:
+    """Writes one checkpoint file atomically; rows of per-rank vectors are added one at a time.
+
+    ``with CheckpointWriter(path, ckpt, names) as w: w.row(name, rank, values); ...; w.commit(comm)``
+    writes everything in ``ckpt`` except ``rows`` and ``comm`` on entry; ``commit`` adds the
+    communication counters, then closes, fsyncs and renames. Leaving the block without
+    ``commit`` (an exception) deletes the temporary file; a killed process leaves it behind,
+    where readers ignore it and the next ``prune`` deletes it.
+    """
+
+    def __init__(self, path: Path, ckpt: Checkpoint, names: Sequence[str]) -> None:
+        self.path, self.ckpt, self.names = path, ckpt, tuple(names)
+        self.tmp = path.with_name(path.name + TMP_SUFFIX)
+        self.committed = False
+
+    def __enter__(self) -> "CheckpointWriter":
+        import h5py
+
+        ckpt, d = self.ckpt, self.ckpt.model.size
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = h5py.File(self.tmp, "w")
+        self.file.attrs.update({
+            "format": FORMAT, "format_version": VERSION, **versions(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "algorithm": ckpt.config.algorithm.algorithm, "config": to_toml(ckpt.config),
+            "run_id": ckpt.run_id, "world_size": ckpt.world_size, "tick": ckpt.tick,
+            "trace_rows": ckpt.trace_rows, "wall_seconds": ckpt.wall_seconds,
+        })
+        model = self.file.create_group("model")
+        model.attrs["layout"] = json.dumps([[name, list(shape)] for name, shape in ckpt.layout.entries])
+        model.create_dataset("flat", data=ckpt.model)
+        for name, view in ckpt.layout.views(ckpt.model).items():
+            model.create_dataset(f"params/{name}", data=view)
+        ranks = self.file.create_group("ranks")
+        ranks.attrs["rng"] = RNG_NOTE
+        for name, data, columns in (("counters", ckpt.counters, COUNTER_COLUMNS),
+                                    ("sampler", ckpt.sampler, SAMPLER_COLUMNS),
+                                    ("window", ckpt.window, WINDOW_COLUMNS)):
+            ranks.create_dataset(name, data=data).attrs["columns"] = json.dumps(columns)
+        for name in self.names:
+            ranks.create_dataset(name, (ckpt.world_size, d), dtype=ckpt.model.dtype)
+        return self
+
+    def row(self, name: str, rank: int, values: np.ndarray) -> None:
+        self.file[f"ranks/{name}"][rank] = values
+
+    def commit(self, comm: Sequence[CommRow]) -> None:
+        """Add the counters, then flush, fsync, rename over ``path`` and fsync the directory."""
+        self.file.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm])
+        self.file.flush()
+        self.file.close()
+        _fsync(self.tmp)
+        os.replace(self.tmp, self.path)
+        _fsync(self.path.parent)
+        self.committed = True
+
+    def __exit__(self, *_: Any) -> None:
+        if not self.committed:
+            if self.file.id.valid:
+                self.file.close()
+            self.tmp.unlink(missing_ok=True)
+
+
+def write_checkpoint(path: Path, ckpt: Checkpoint) -> None:
+    """Write a checkpoint held entirely in memory (``rows`` of every rank)."""
+    with CheckpointWriter(path, ckpt, list(ckpt.rows)) as writer:
+        for name, rows in ckpt.rows.items():
+            for rank in range(ckpt.world_size):
+                writer.row(name, rank, rows[rank])
+        writer.commit(ckpt.comm)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def read_checkpoint(path: str | Path, rank: int | None = None,
+                    world_size: int | None = None) -> Checkpoint:
+    """Read and validate a checkpoint: every rank's vectors, or only those of ``rank`` (of a
+    run on ``world_size`` ranks, which must be the size that wrote it).
+
+    Raises UserError (one line, naming the file) for anything wrong; nothing in the file is
+    executed or unpickled (TOML and JSON text, numbers).
+    """
+    path = find_checkpoint(path)
+    with open_for_reading(path, "checkpoint") as f:
+        try:
+            return _read(f, path, rank, world_size)
+        except READ_ERRORS as exc:
+            raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def stored_config(path: str | Path) -> tuple[Path, Config]:
+    """(the checkpoint file, its config), reading nothing else: for merging command-line flags."""
+    path = find_checkpoint(path)
+    with open_for_reading(path, "checkpoint") as f:
+        try:
+            check_format(f.attrs, path, FORMAT, VERSION, "checkpoint")
+            return path, config_from_toml(text_attr(f.attrs, "config", path), path)
+        except READ_ERRORS as exc:
+            raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def _read(f: Any, path: Path, rank: int | None, world_size: int | None) -> Checkpoint:
+    attrs = f.attrs
+    check_format(attrs, path, FORMAT, VERSION, "checkpoint")
+    config = config_from_toml(text_attr(attrs, "config", path), path)
+    size = int_attr(attrs, "world_size", path, minimum=1)
+    if world_size is not None and world_size != size:
+        raise UserError(f"{path} was written by a run on {size} rank(s); this run has {world_size}: "
+                        f"resume it on {size} (mpiexec -n {size} ...)")
+    wall = attrs.get("wall_seconds")
+    if not isinstance(wall, (float, np.floating)) or not np.isfinite(wall) or wall < 0:
+        raise UserError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")
+    if rank is not None and not 0 <= rank < size:
+        raise UserError(f"{path} was written by {size} rank(s); it has no rank {rank}")
+    layout = _layout(f, path)
+    dtype = np.dtype(config.run.dtype)
+    model = _finite(_array(f, "model/flat", path, dtype, (layout.size,))[()], "model/flat", path)
+    for name, shape in layout.entries:
+        _array(f, f"model/params/{name}", path, dtype, shape)
+    counters = _array(f, "ranks/counters", path, np.int64, (size, len(COUNTER_COLUMNS)))[()]
+    sampler = _array(f, "ranks/sampler", path, np.int64, (size, len(SAMPLER_COLUMNS)))[()]
+    window = _finite(_array(f, "ranks/window", path, np.float64, (size, len(WINDOW_COLUMNS)))[()],
+                     "ranks/window", path)
+    if (counters < 0).any() or (counters[:, 1:] != counters[0, 1:]).any():
+        raise UserError(f"{path}: ranks/counters are inconsistent (negative, or ranks in different rounds)")
+    expected = {"x": bool(counters[0, 2]), "momentum": config.algorithm.momentum > 0}
+    ranks = tuple(range(size)) if rank is None else (rank,)
+    rows = {}
+    for name in PER_RANK:
+        if (f"ranks/{name}" in f) != expected[name]:
+            raise UserError(f"{path}: ranks/{name} is {'missing' if expected[name] else 'unexpected'}")
+        if expected[name]:
+            data = _array(f, f"ranks/{name}", path, dtype, (size, layout.size))
+            rows[name] = _finite(data[()] if rank is None else data[rank:rank + 1], f"ranks/{name}", path)
+    return Checkpoint(config=config, world_size=size, tick=int_attr(attrs, "tick", path),
+                      run_id=text_attr(attrs, "run_id", path),
+                      trace_rows=int_attr(attrs, "trace_rows", path), wall_seconds=float(wall),
+                      layout=layout, model=model, counters=counters, sampler=sampler, window=window,
+                      comm=_comm_rows(f, path), rows=rows, ranks=ranks, path=path)
+
+
+def _array(f: Any, name: str, path: Path, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """The dataset ``name``, after checking that it exists with this dtype and shape."""
+    obj = f.get(name)
+    if obj is None or not hasattr(obj, "dtype"):
+        raise UserError(f"{path}: dataset /{name} is missing")
+    if obj.dtype != np.dtype(dtype) or obj.shape != tuple(shape):
+        raise UserError(f"{path}: /{name} has dtype {obj.dtype} and shape {obj.shape}, "
+                        f"expected {np.dtype(dtype)} and {tuple(shape)}")
+    return obj
+
+
+def _finite(values: np.ndarray, name: str, path: Path) -> np.ndarray:
+    if not np.isfinite(values).all():
+        raise UserError(f"{path}: /{name} contains NaN or infinite values")
+    return values
+
+
+def _layout(f: Any, path: Path) -> ParamLayout:
+    entries = json_attr(f["model"].attrs, "layout", path) if "model" in f else None
+    try:
+        if not isinstance(entries, list) or not entries:
+            raise ValueError
+        items = []
+        for name, shape in entries:
+            if not isinstance(name, str) or not all(isinstance(n, int) and n > 0 for n in shape):
+                raise ValueError
+            items.append((name, tuple(shape)))
+        return ParamLayout.from_items(items)
+    except (ValueError, TypeError):
+        raise UserError(f"{path}: /model attribute 'layout' is missing or malformed") from None
+
+
+def _comm_rows(f: Any, path: Path) -> list[CommRow]:
+    rows = json_attr(f["comm"].attrs, "counters", path) if "comm" in f else None
+    ok = isinstance(rows, list) and all(
+        isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], str)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r[2:4])
+        and isinstance(r[4], (int, float)) for r in rows)
+    if not ok:
+        raise UserError(f"{path}: /comm attribute 'counters' is missing or malformed")
+    return [(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
+
+
+# -- a distributed run <-> a checkpoint ---------------------------------------------------------
+
+def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: LocalSGDState,
+         sampler: MinibatchSampler, window: np.ndarray, model: Any, tick: int, run_id: str,
+         trace_rows: int, wall_seconds: float) -> None:
+    """Collective (every rank, at the same clock tick): rank 0 writes ``path`` atomically.
+
+    ``model`` is the averaged model (every rank holds it). Each rank's ``x`` is stored only
+    while the ranks' models differ (``steps_in_round > 0``); momentum always, when used.
+    Rank 0's counters are stored after all of this checkpoint's traffic.
+    """
+    to_host = comm.backend.to_host
+    ints = np.array([state.step, state.rounds, state.steps_in_round,
+                     *(sampler.state()[k] for k in SAMPLER_COLUMNS)], dtype=np.int64)
+    all_ints, all_window = _gather(comm, ints), _gather(comm, window)
+    names = [n for n, keep in (("x", state.steps_in_round > 0), ("momentum", state.momentum is not None)) if keep]
+    if comm.rank != 0:
+        copies = [to_host(getattr(state, n)) for n in names]
+        comm.waitall([comm.isend(c, 0, _TAG + i, LABEL) for i, c in enumerate(copies)], LABEL)
+        return
+    ckpt = Checkpoint(config=config, world_size=comm.size, tick=tick, run_id=run_id,
+                      trace_rows=trace_rows, wall_seconds=wall_seconds, layout=layout,
+                      model=to_host(model), counters=all_ints[:, :3], sampler=all_ints[:, 3:],
+                      window=all_window)
+    buffer = np.empty(state.x.shape, dtype=ckpt.model.dtype)
+    try:
+        with CheckpointWriter(path, ckpt, names) as writer:
+            for i, name in enumerate(names):
+                writer.row(name, 0, to_host(getattr(state, name)))
+                for source in range(1, comm.size):
+                    comm.waitall([comm.irecv_(buffer, source, _TAG + i, LABEL)], LABEL)
+                    writer.row(name, source, buffer)
+            writer.commit(comm.stats.as_rows())
+    except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
+        raise UserError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+
+
+def _gather(comm: Comm, values: np.ndarray) -> np.ndarray:
+    """Every rank's ``values`` stacked on rank 0 (one buffer Gather, counted on "checkpoint")."""
+    start = time.perf_counter()
+    out = np.empty((comm.size, values.size), dtype=values.dtype) if comm.rank == 0 else None
+    comm.mpi.Gather(values, out, root=0)
+    comm.stats.record("gather", LABEL, values.nbytes, time.perf_counter() - start)
+    return out  # type: ignore[return-value]
+
+
+def restore(ckpt: Checkpoint, rank: int, state: LocalSGDState, sampler: MinibatchSampler,
+            backend: Backend) -> np.ndarray:
+    """Put this rank's part of ``ckpt`` (read for ``rank``) into a fresh run; returns the trace
+    window to continue. The sampler is restored first: it is the only step that can refuse
+    (UserError), and it changes nothing when it does."""
+    sampler.restore(dict(zip(SAMPLER_COLUMNS, (int(v) for v in ckpt.sampler[rank]))))
+    row = ckpt.ranks.index(rank)
+    source = ckpt.rows["x"][row] if "x" in ckpt.rows else ckpt.model
+    state.x[...] = backend.asarray(source)
+    if state.momentum is not None:
+        state.momentum[...] = backend.asarray(ckpt.rows["momentum"][row])
+    state.step, state.rounds, state.steps_in_round = (int(v) for v in ckpt.counters[rank])
+    return ckpt.window[rank].copy()
+
+
+def restore_counters(ckpt: Checkpoint, comm: Comm) -> None:
+    """Continue the communication counters from the checkpoint (rank 0's, on every rank), so
+    the trace's cumulative columns go on as in the uninterrupted run. Called just before the
+    first step: the resumed process's own start-up traffic is not part of them."""
+    comm.stats.reset()
+    for op, label, calls, nbytes, seconds in ckpt.comm:
+        comm.stats.counters[(op, label)] = OpCounter(calls, nbytes, seconds)
+
+
+__all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint", "stored_config",
+           "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "prune", "save",
+           "restore", "restore_counters", "FORMAT", "VERSION"]

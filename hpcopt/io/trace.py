@@ -1,0 +1,372 @@
+"""The run trace: one HDF5 table per run (``OUT/trace.h5``), a row every few clock ticks.
+
+A row holds, for the window of steps since the previous row: the step, averaging rounds, mean
+and max loss over ranks, the gradient norm, the learning rate, wall time, the evaluation when
+one was made at that tick, and rank 0's cumulative communication calls, bytes and seconds per
+label. In the file: ``/rows``, one compound dataset (a field per column), and ``/comm/calls``,
+``/comm/bytes``, ``/comm/seconds``, (rows x labels) with the labels in ``/comm``'s ``labels``
+attribute; four datasets, so appending a chunk of rows costs four writes. Layout and meaning
+of every column: docs/formats.md.
+
+Cost: each rank keeps its per-step losses on the device and reduces one window per row in one
+small non-blocking collective (an Iallgather of 3 numbers a rank, finished at the next row;
+label "trace"), only at ticks of the algorithm's clock; only rank 0 touches the file, appending
+rows in chunks and flushing them, so after a crash (even kill -9) the file opens and holds
+every flushed row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..backend import Backend
+from ..comm import Comm
+from ..config import Config
+from ..errors import UserError
+from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_reading, text_attr
+
+FORMAT = "hpcopt-trace"
+VERSION = 1
+FILE_NAME = "trace.h5"
+LABEL = "trace"
+#: Row columns and their dtypes: the fields of the compound dataset ``/rows``.
+COLUMNS = {"step": "int64", "rounds": "int64", "loss_mean": "float64", "loss_max": "float64",
+           "grad_norm": "float64", "grad_norm_max": "float64", "lr": "float64",
+           "wall": "float64", "eval_loss": "float64", "eval_accuracy": "float64"}
+ROW_DTYPE = np.dtype(list(COLUMNS.items()))
+#: ``/comm/<name>`` (rows x labels): rank 0's counters per label, summed over operations,
+#: cumulative since the start of the run.
+COMM_COLUMNS = {"calls": "int64", "bytes": "int64", "seconds": "float64"}
+CHUNK_ROWS = 256
+
+Oracle = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """A window reduced over ranks: means and maxima of each rank's value, and the stop flag."""
+
+    loss_mean: float
+    loss_max: float
+    grad_norm: float
+    grad_norm_max: float
+    stop: bool
+
+
+@dataclass
+class Row:
+    """A trace row: what is known at its tick, and the window's statistics once reduced."""
+
+    tick: int
+    fields: dict[str, Any]                   # COLUMNS except the window statistics
+    comm: dict[str, tuple[int, int, float]]  # rank 0's ``comm_totals`` at its tick
+    stats: WindowStats | None = None
+
+
+@dataclass
+class _Posted:
+    row: Row
+    request: Any
+    mine: np.ndarray
+    everyone: np.ndarray
+
+
+class Window:
+    """This rank's statistics since the last row, and the rows whose reduction is in flight.
+
+    Every step adds its minibatch loss, a 0-d device array kept until the row (no per-step
+    transfer). While ``armed`` the traced oracle keeps ||g||^2 of the newest stochastic
+    gradient (one dot product on the device); the loop arms it for the steps that lead to a
+    row tick, so a row's gradient norm is the one of the row's last step. The loss sum is a
+    left fold in float64 over the steps in order: folding at a checkpoint and continuing
+    after a resume gives the same bits as one fold.
+
+    A row's reduction over ranks is one non-blocking collective (label "trace"): ``post``
+    starts an Iallgather of each rank's (mean loss, gradient norm, stop flag), 24 bytes a
+    rank, and ``complete`` finishes it, normally at the next row tick, so no rank ever waits
+    for it on the step path. Every rank then takes means and maxima in rank order: the same
+    bits everywhere, and in every run on as many ranks.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.losses: list[Any] = []
+        self.loss_sum = 0.0
+        self.steps = 0
+        self.armed = False
+        self._grad_sq: Any = None
+        self._posted: list[_Posted] = []
+
+    def traced(self, oracle: Oracle) -> Oracle:
+        """``oracle`` that also keeps ||g||^2 when armed."""
+        dot = self.backend.xp.dot
+
+        def run(x: Any, grad: Any) -> Any:
+            loss = oracle(x, grad)
+            if self.armed:
+                self._grad_sq = dot(grad, grad)
+            return loss
+
+        return run
+
+    def add(self, loss: Any) -> None:
+        self.losses.append(loss)
+
+    def fold(self) -> np.ndarray:
+        """Fold the kept losses into the sum (one device-to-host copy); ``[loss_sum, steps]``."""
+        if self.losses:
+            if self.backend.is_gpu:
+                values = self.backend.to_host(self.backend.xp.stack(self.losses)).astype(np.float64)
+            else:  # np.stack of 0-d arrays costs ~2 us each; conversion to float64 is exact
+                values = np.array(self.losses, dtype=np.float64)
+            for value in values.tolist():
+                self.loss_sum += value
+            self.steps += len(self.losses)
+            self.losses.clear()
+        return np.array([self.loss_sum, self.steps], dtype=np.float64)
+
+    def restore(self, folded: np.ndarray) -> None:
+        """Continue from ``fold()``'s result (saved in a checkpoint)."""
+        self.loss_sum, self.steps = float(folded[0]), int(folded[1])
+
+    def post(self, comm: Comm, stop: bool, row: Row) -> None:
+        """End the window: start its reduction over ranks (collective) for ``row``."""
+        self.fold()
+        mean = self.loss_sum / self.steps if self.steps else math.nan
+        norm = math.sqrt(float(self._grad_sq)) if self._grad_sq is not None else math.nan
+        mine = np.array([mean, norm, 1.0 if stop else 0.0])
+        everyone = np.empty((comm.size, mine.size))
+        start = time.perf_counter()
+        request = comm.mpi.Iallgather(mine, everyone)
+        comm.stats.record("iallgather", LABEL, mine.nbytes, time.perf_counter() - start)
+        self._posted.append(_Posted(row, request, mine, everyone))
+        self.loss_sum, self.steps, self._grad_sq = 0.0, 0, None
+
+    def complete(self, comm: Comm) -> list[Row]:
+        """Finish every posted reduction (collective); their rows, oldest first, with stats."""
+        if not self._posted:
+            return []
+        posted, self._posted = self._posted, []
+        comm.waitall([p.request for p in posted], label=LABEL)
+        for p in posted:
+            means, maxima = p.everyone.sum(axis=0) / comm.size, p.everyone.max(axis=0)
+            p.row.stats = WindowStats(means[0], maxima[0], means[1], maxima[1], bool(maxima[2] > 0))
+        return [p.row for p in posted]
+
+
+def comm_totals(comm: Comm) -> dict[str, tuple[int, int, float]]:
+    """label -> (calls, bytes, seconds) of this rank, summed over operations."""
+    totals: dict[str, list] = {}
+    for (_, label), counter in comm.stats.counters.items():
+        entry = totals.setdefault(label, [0, 0, 0.0])
+        entry[0] += counter.calls
+        entry[1] += counter.bytes
+        entry[2] += counter.seconds
+    return {label: (c, b, s) for label, (c, b, s) in totals.items()}
+
+
+class TraceWriter:
+    """Rank 0's appender for a trace file; rows are buffered and written in chunks.
+
+    Buffered rows reach the file, followed by an HDF5 flush, every ``flush_rows`` rows, when
+    ``flush_seconds`` have passed since the last flush, and whenever ``flush()`` is called
+    (the run calls it before every checkpoint, so a checkpoint never counts unwritten rows).
+
+    ``resume_at`` None starts a new file (``attrs`` become its attributes). A resumed run
+    passes (rows, step) of its checkpoint: an existing trace of the same ``run_id`` is cut back
+    to its first ``rows`` rows (dropping the interrupted run's rows after the checkpoint) and
+    appended to; a missing one is started anew. Either way ``step`` is added to the
+    ``resumed_at`` attribute.
+    """
+
+    def __init__(self, path: Path, attrs: dict[str, Any], resume_at: tuple[int, int] | None = None,
+                 flush_rows: int = 64, flush_seconds: float = 10.0) -> None:
+        import h5py
+
+        self.path, self.flush_rows, self.flush_seconds = path, flush_rows, flush_seconds
+        self._rows: list[tuple[dict[str, float], dict[str, tuple[int, int, float]]]] = []
+        self._last_flush = time.monotonic()
+        if resume_at is not None and path.exists():
+            _check_resumable(path, attrs["run_id"], resume_at[0])
+            self.file = h5py.File(path, "a")
+            self.labels = json.loads(self.file["comm"].attrs["labels"])
+            self._truncate(resume_at[0])
+            self.file.attrs["resumed_at"] = _resumed(self.file.attrs.get("resumed_at"), resume_at[1])
+            self.file.attrs["config"] = attrs["config"]  # a resumed run may run longer
+            return
+        if path.exists():
+            raise UserError(f"{path} exists: it belongs to an earlier run "
+                            "(resume that run, or choose another --out)")
+        self.file = h5py.File(path, "w")
+        self.file.attrs.update({"format": FORMAT, "format_version": VERSION, **attrs,
+                                "resumed_at": _resumed(None, resume_at[1]) if resume_at else "[]"})
+        self.file.create_dataset("rows", (0,), maxshape=(None,), dtype=ROW_DTYPE, chunks=(CHUNK_ROWS,))
+        comm = self.file.create_group("comm")
+        comm.attrs["labels"] = "[]"
+        for name, dtype in COMM_COLUMNS.items():
+            comm.create_dataset(name, (0, 0), maxshape=(None, None), dtype=dtype, chunks=(CHUNK_ROWS, 8))
+        self.labels: list[str] = []
+        self.rows_on_disk = 0
+        self.file.flush()
+
+    @property
+    def rows(self) -> int:
+        """Rows written so far, buffered ones included."""
+        return self.rows_on_disk + len(self._rows)
+
+    def append(self, row: dict[str, float], comm: dict[str, tuple[int, int, float]]) -> None:
+        """Add a row (every name in COLUMNS) with rank 0's ``comm_totals``."""
+        self._rows.append((row, comm))
+        if len(self._rows) >= self.flush_rows or \
+                time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows and flush the file."""
+        try:
+            self._write()
+        except OSError as exc:  # a full disk, a lost mount: every earlier flushed row is intact
+            raise UserError(f"cannot write the trace {self.path}: {exc.strerror or exc}") from None
+
+    def _write(self) -> None:
+        if self._rows:
+            start, rows = self.rows_on_disk, self._rows
+            table = np.array([tuple(r[name] for name in COLUMNS) for r, _ in rows], ROW_DTYPE)
+            self.file["rows"].resize((start + len(rows),))
+            self.file["rows"][start:] = table
+            new = sorted({label for _, c in rows for label in c} - set(self.labels))
+            if new:  # labels first used now: their earlier counters are 0 (the fill value)
+                self.labels += new
+                self.file["comm"].attrs["labels"] = json.dumps(self.labels)
+            for i, (name, dtype) in enumerate(COMM_COLUMNS.items()):
+                values = np.array([[c.get(label, (0, 0, 0.0))[i] for label in self.labels]
+                                   for _, c in rows], dtype)
+                dataset = self.file[f"comm/{name}"]
+                dataset.resize((start + len(rows), len(self.labels)))
+                dataset[start:] = values
+            self.rows_on_disk += len(rows)
+            self._rows = []
+        self.file.flush()
+        self._last_flush = time.monotonic()
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Flush, then record the end of the run (group ``summary``, its attributes)."""
+        self.flush()
+        self.file.create_group("summary").attrs.update(summary)
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file.id.valid:
+            self.flush()
+            self.file.close()
+
+    def _truncate(self, rows: int) -> None:
+        self.file["rows"].resize((rows,))
+        for name in COMM_COLUMNS:
+            self.file[f"comm/{name}"].resize((rows, len(self.labels)))
+        if "summary" in self.file:
+            del self.file["summary"]
+        self.rows_on_disk = rows
+        self.file.flush()
+
+
+def _check_resumable(path: Path, run_id: str, keep_rows: int) -> None:
+    """UserError unless ``path`` is this run's trace with at least ``keep_rows`` rows."""
+    trace = read_trace(path)
+    if trace.attrs.get("run_id") != run_id:
+        raise UserError(f"{path} is the trace of another run (run_id {trace.attrs.get('run_id')!r}, "
+                        f"the checkpoint has {run_id!r}); pass --out DIR for a new run directory")
+    if trace.rows < keep_rows:
+        raise UserError(f"{path} holds {trace.rows} rows but the checkpoint was taken after "
+                        f"{keep_rows}; pass --out DIR to start a new trace")
+
+
+@dataclass
+class Trace:
+    """A trace file read into memory (rows cut to the length every column has)."""
+
+    path: Path
+    attrs: dict[str, Any]
+    config: Config
+    columns: dict[str, np.ndarray]
+    comm: dict[str, dict[str, np.ndarray]]
+    summary: dict[str, Any] | None
+
+    @property
+    def rows(self) -> int:
+        return int(self.columns["step"].size)
+
+    def bytes_total(self) -> np.ndarray:
+        """Rank 0's bytes communicated so far, all labels, per row."""
+        total = np.zeros(self.rows, dtype=np.int64)
+        for fields in self.comm.values():
+            total += fields["bytes"]
+        return total
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read and check a trace file; UserError (one line, naming the file) when it is unusable.
+
+    Rows are cut to the number every dataset holds (a run killed between the writes of one
+    chunk leaves some datasets a chunk ahead).
+    """
+    path = Path(path)
+    with open_for_reading(path, "trace") as f:
+        try:
+            check_format(f.attrs, path, FORMAT, VERSION, "trace")
+            attrs = {k: _plain(v) for k, v in f.attrs.items()}
+            config = config_from_toml(text_attr(f.attrs, "config", path), path)
+            table = _dataset(f, "rows", path, 1)
+            fields = table.dtype.fields or {}
+            if any(name not in fields or fields[name][0].kind not in "if" for name in COLUMNS):
+                raise UserError(f"{path}: /rows lacks numeric fields {', '.join(COLUMNS)}")
+            data = table[()]
+            labels = json_attr(f["comm"].attrs, "labels", path) if "comm" in f else None
+            if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+                raise UserError(f"{path}: /comm attribute 'labels' is missing or malformed")
+            counters = {name: _dataset(f, f"comm/{name}", path, 2)[()] for name in COMM_COLUMNS}
+            summary = {k: _plain(v) for k, v in f["summary"].attrs.items()} if "summary" in f else None
+        except READ_ERRORS as exc:
+            raise UserError(f"{path} is a damaged trace ({type(exc).__name__}: {exc})") from None
+    rows = min(data.shape[0], *(c.shape[0] for c in counters.values()))
+    width = min(len(labels), *(c.shape[1] for c in counters.values()))
+    columns = {name: np.ascontiguousarray(data[name][:rows]) for name in COLUMNS}
+    comm = {label: {name: counters[name][:rows, j] for name in COMM_COLUMNS}
+            for j, label in enumerate(labels[:width])}
+    return Trace(path, attrs, config, columns, comm, summary)
+
+
+def _dataset(f: Any, name: str, path: Path, ndim: int) -> Any:
+    dataset = f.get(name)
+    if dataset is None or not hasattr(dataset, "dtype"):
+        raise UserError(f"{path}: dataset /{name} is missing")
+    if dataset.ndim != ndim or (dataset.dtype.names is None and dataset.dtype.kind not in "if"):
+        raise UserError(f"{path}: /{name} must be a {ndim}-D numeric dataset")
+    return dataset
+
+
+def _plain(value: Any) -> Any:
+    """An HDF5 attribute value as a plain Python value (str, int, float or list)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _resumed(previous: Any, step: int) -> str:
+    """The ``resumed_at`` attribute after resuming at clock tick ``step`` (JSON list)."""
+    try:
+        steps = json.loads(previous) if isinstance(previous, str) else []
+    except ValueError:
+        steps = []
+    return json.dumps([*(steps if isinstance(steps, list) else []), step])

@@ -1,0 +1,162 @@
+"""``hpcopt report``: compare runs from their trace files, without rerunning anything.
+
+For runs R1..Rk it writes, into one directory:
+
+- ``steps.png``, ``rounds.png``, ``bytes.png``, ``wall.png``: training loss (top) and test
+  accuracy (bottom) against local steps, averaging rounds, megabytes communicated (rank 0, all
+  labels) and wall time; one line per run in every panel, labelled by the settings that differ
+  between the runs (``interval=8, lr=0.05``), or by run directory when none do;
+- ``report.md``: a markdown table of the final figures of every run.
+
+matplotlib (the ``plot`` extra) is imported only here, and only its object-oriented API is used
+(no pyplot, no global backend change).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .errors import UserError
+from .io.trace import FILE_NAME, Trace, read_trace
+
+#: Options that do not change what a run computes; never used to tell runs apart.
+NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "keep_checkpoints", "trace", "trace_every")
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class Axis:
+    """An x axis: its file name, label, and per-row values of a trace plus the end-of-run value."""
+
+    name: str
+    label: str
+    rows: Callable[[Trace], np.ndarray]
+    final: Callable[[Trace], float]
+    scale: str = "linear"
+
+
+AXES = (
+    Axis("steps", "local steps", lambda t: t.columns["step"], lambda t: _final(t, "step")),
+    Axis("rounds", "averaging rounds", lambda t: t.columns["rounds"], lambda t: _final(t, "rounds")),
+    Axis("bytes", "MB communicated (rank 0, all labels)", lambda t: t.bytes_total() / MB,
+         lambda t: _final(t, "bytes") / MB, "log"),  # runs differ by orders of magnitude
+    Axis("wall", "wall time (s)", lambda t: t.columns["wall"], lambda t: _final(t, "wall")),
+)
+
+
+def _final(trace: Trace, key: str) -> float:
+    value = (trace.summary or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
+    """Read each trace (a trace file, or a run directory holding ``trace.h5``)."""
+    traces = []
+    for path in map(Path, paths):
+        traces.append(read_trace(path / FILE_NAME if path.is_dir() else path))
+    return traces
+
+
+def run_labels(traces: Sequence[Trace]) -> list[str]:
+    """One label per run: the options whose values differ between the runs (world size
+    included), else the run directory names; made unique when runs share them."""
+    settings = [{"ranks": t.attrs.get("world_size"),
+                 **{k: v for section in t.config.to_dict().values() for k, v in section.items()
+                    if k not in NOT_DIFFERENCES}} for t in traces]
+    keys = [k for k in settings[0] if len({repr(s.get(k)) for s in settings}) > 1]
+    labels = [", ".join(f"{k}={_text(s.get(k))}" for k in keys) for s in settings]
+    if len(set(labels)) < len(labels):  # the same settings twice: add the run directory
+        labels = [", ".join(filter(None, [label, t.path.parent.name])) if labels.count(label) > 1
+                  else label for label, t in zip(labels, traces)]
+    if len(set(labels)) < len(labels):
+        labels = [f"{label} #{i + 1}" for i, label in enumerate(labels)]
+    return labels
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
+
+
+def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
+    """name -> matplotlib Figure: loss and test accuracy against one axis, a line per run."""
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FormatStrFormatter
+    except ImportError:
+        raise UserError("report needs matplotlib: pip install 'hpcopt[plot]'") from None
+    out = {}
+    for axis in AXES:
+        fig = Figure(figsize=(8, 7.5), layout="constrained")
+        loss_ax, acc_ax = fig.subplots(2, 1, sharex=True)
+        for trace, label in zip(traces, labels):
+            x = axis.rows(trace)
+            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4)
+            evaluated = np.isfinite(trace.columns["eval_accuracy"])
+            ex = list(x[evaluated])
+            ey = list(trace.columns["eval_accuracy"][evaluated])
+            if trace.summary and isinstance(trace.summary.get("eval_accuracy"), float):
+                ex.append(axis.final(trace))
+                ey.append(trace.summary["eval_accuracy"])
+            acc_ax.plot(ex, ey, marker="o", markersize=4, linewidth=1.4, label=label)
+        loss_ax.set(ylabel="training loss (mean over ranks)", yscale="log", xscale=axis.scale,
+                    title=f"Training loss and test accuracy against {axis.label}")
+        acc_ax.set(xlabel=axis.label, ylabel="test accuracy")
+        for which in (loss_ax.yaxis.set_major_formatter, loss_ax.yaxis.set_minor_formatter):
+            which(FormatStrFormatter("%g"))
+        for ax in (loss_ax, acc_ax):
+            ax.grid(True, which="both" if ax is loss_ax else "major", alpha=0.3)
+        loss_ax.legend(fontsize="small")
+        out[axis.name] = fig
+    return out
+
+
+def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
+    """A markdown table of each run's final figures."""
+    lines = ["| run | ranks | steps | rounds | train loss | test accuracy | test loss | "
+             "MB communicated (rank 0) | wall time (s) | trace |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for trace, label in zip(traces, labels):
+        summary = trace.summary or {}
+        last = trace.rows - 1
+        cells = [label, trace.attrs.get("world_size", "?"),
+                 summary.get("step", trace.columns["step"][last] if trace.rows else "-"),
+                 summary.get("rounds", trace.columns["rounds"][last] if trace.rows else "-"),
+                 _number(trace.columns["loss_mean"][last] if trace.rows else math.nan, 4),
+                 _number(summary.get("eval_accuracy", math.nan), 4),
+                 _number(summary.get("eval_loss", math.nan), 4),
+                 _number(trace.bytes_total()[last] / MB if trace.rows else math.nan, 2),
+                 _number(summary.get("wall", trace.columns["wall"][last] if trace.rows else math.nan), 1),
+                 f"`{trace.path}`" + ("" if trace.summary else " (unfinished)")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: Any, digits: int) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def write_report(paths: Sequence[str | Path], out: str | Path) -> list[Path]:
+    """Read the traces, write the PNGs and ``report.md`` into ``out``; the files written."""
+    traces = load_traces(paths)
+    labels = run_labels(traces)
+    figs = figures(traces, labels)
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, fig in figs.items():
+            fig.savefig(out / f"{name}.png", dpi=110)
+            written.append(out / f"{name}.png")
+        md = out / "report.md"
+        images = "\n".join(f"![{name}]({name}.png)" for name in figs)
+        md.write_text(f"# hpcopt report\n\n{table(traces, labels)}\n{images}\n")
+    except OSError as exc:
+        raise UserError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
+    return [*written, md]

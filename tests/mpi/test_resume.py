@@ -1,0 +1,189 @@
+"""Checkpoint, stop and resume under MPI at any world size: the continued run is bitwise the
+uninterrupted one (parameters, momentum, losses, trace)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcopt.comm import Comm
+from hpcopt.config import build_config
+from hpcopt.io.checkpoint import read_checkpoint
+from hpcopt.io.trace import COLUMNS, read_trace
+from hpcopt.problems.classification import ClassificationProblem
+from hpcopt.train import train
+
+pytestmark = pytest.mark.mpi
+
+TIME_COLUMNS = {"wall"}
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """One temporary directory for all ranks (made by rank 0), removed after the test."""
+    path = comm.mpi.bcast(tempfile.mkdtemp(prefix="hpcopt-resume-") if comm.rank == 0 else None)
+    yield Path(path)
+    comm.mpi.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def config(out, **overrides):
+    base = dict(dataset="digits", hidden="12", batch_size="8", dtype="float64", lr="0.1",
+                interval="4", progress="false", seed="3", momentum="0.9", trace_every="3",
+                out=str(out))
+    base.update({k: str(v) for k, v in overrides.items()})
+    return build_config(None, base)
+
+
+def fresh_train(cfg, resume=None):
+    """train() on a new Comm, so each run's counters start from zero as in a new process."""
+    comm = Comm()
+    try:
+        return train(cfg, comm, verbose=False, resume=resume)
+    finally:
+        comm.free()
+
+
+def assert_same_run(a_state, b_state, a_dir, b_dir, rank):
+    np.testing.assert_array_equal(a_state.x, b_state.x)
+    if a_state.momentum is not None:
+        np.testing.assert_array_equal(a_state.momentum, b_state.momentum)
+    assert (a_state.step, a_state.rounds) == (b_state.step, b_state.rounds)
+    if rank != 0:
+        return
+    a, b = read_trace(a_dir / "trace.h5"), read_trace(b_dir / "trace.h5")
+    assert a.rows == b.rows > 0
+    for name in set(COLUMNS) - TIME_COLUMNS:
+        np.testing.assert_array_equal(a.columns[name], b.columns[name], err_msg=name)
+    assert sorted(a.comm) == sorted(b.comm)
+    for label in a.comm:
+        for field in ("calls", "bytes"):
+            np.testing.assert_array_equal(a.comm[label][field], b.comm[label][field],
+                                          err_msg=f"{label} {field}")
+    assert a.summary["eval_accuracy"] == b.summary["eval_accuracy"]
+
+
+def heterogeneous(size):
+    return {"local_steps": ",".join(str(2 + r % 3) for r in range(size)), "interval": 3,
+            "momentum": 0.5}
+
+
+@pytest.mark.parametrize("case", ["momentum", "nesterov-average-eval", "heterogeneous",
+                                  "shared-memory-averaging"])
+def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_dir, case):
+    steps = 10
+    extra = {"momentum": {}, "heterogeneous": heterogeneous(comm.size),
+             "nesterov-average-eval": {"nesterov": "true", "momentum_policy": "average",
+                                       "eval_every": 4},
+             # 19,210 float64 parameters: past SHM_AVERAGE_MIN_BYTES, the other averaging path
+             "shared-memory-averaging": {"hidden": 256}}[case]
+    if case == "heterogeneous":
+        steps = 6  # nominal: 2 rounds of I=3, then 2 more after the resume
+    every = steps // 3 if case == "heterogeneous" else steps
+    whole, part = shared_dir / "whole", shared_dir / "part"
+    _, a = fresh_train(config(whole, steps=2 * steps, checkpoint_every=every, **extra))
+    _, half = fresh_train(config(part, steps=steps, checkpoint_every=every, **extra))
+    summary, b = fresh_train(config(part, steps=2 * steps, checkpoint_every=every, **extra),
+                             resume=part)
+    assert not summary.stopped and summary.final is not None
+    assert_same_run(a, b, whole, part, comm.rank)
+
+
+def test_resume_from_an_earlier_checkpoint_drops_the_later_trace_rows(comm, shared_dir):
+    """A crash after checkpoint k: the rows and checkpoints written after it are replaced."""
+    whole, copy = shared_dir / "whole", shared_dir / "copy"
+    _, a = fresh_train(config(whole, steps=24, checkpoint_every=8, keep_checkpoints=5))
+    if comm.rank == 0:
+        shutil.copytree(whole, copy)
+    comm.mpi.Barrier()
+    _, b = fresh_train(config(copy, steps=24, checkpoint_every=8, keep_checkpoints=5),
+                       resume=copy / "checkpoints" / "step-000000008.h5")
+    assert_same_run(a, b, whole, copy, comm.rank)
+    if comm.rank == 0:
+        assert read_trace(copy / "trace.h5").attrs["resumed_at"] == "[8]"
+        final_a = read_checkpoint(whole / "checkpoints" / "step-000000024.h5")
+        final_b = read_checkpoint(copy / "checkpoints" / "step-000000024.h5")
+        np.testing.assert_array_equal(final_a.model, final_b.model)
+        np.testing.assert_array_equal(final_a.rows["momentum"], final_b.rows["momentum"])
+
+
+def test_sigterm_on_one_rank_stops_every_rank_with_a_checkpoint(comm, shared_dir, monkeypatch):
+    """SIGTERM reaches only the last rank, mid-window: all ranks stop together at the next
+    trace row, write a checkpoint, and the resumed run ends as the uninterrupted one."""
+    calls = {"n": 0}
+    original = ClassificationProblem.oracle
+
+    def oracle(self, params, grads):
+        calls["n"] += 1
+        if calls["n"] == 7 and comm.rank == comm.size - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, params, grads)
+
+    whole, part = shared_dir / "whole", shared_dir / "part"
+    _, a = fresh_train(config(whole, steps=30))
+    monkeypatch.setattr(ClassificationProblem, "oracle", oracle)
+    summary, _ = fresh_train(config(part, steps=30))
+    monkeypatch.undo()
+    assert summary.stopped and summary.final is None
+    # the flag goes out with the row at tick 9 (trace_every=3), whose reduction finishes at 12
+    assert summary.steps == 12
+    assert summary.checkpoint.endswith("step-000000012.h5")
+    _, b = fresh_train(config(part, steps=30), resume=part)
+    np.testing.assert_array_equal(a.x, b.x)
+    np.testing.assert_array_equal(a.momentum, b.momentum)
+    if comm.rank == 0:
+        ta, tb = read_trace(whole / "trace.h5"), read_trace(part / "trace.h5")
+        for name in set(COLUMNS) - TIME_COLUMNS:
+            np.testing.assert_array_equal(ta.columns[name], tb.columns[name], err_msg=name)
+
+
+def test_trace_rows_evaluations_and_labels(comm, shared_dir):
+    cfg = config(shared_dir / "run", steps=20, eval_every=8, momentum=0)
+    summary, state = fresh_train(cfg)
+    if comm.rank != 0:
+        return
+    trace = read_trace(shared_dir / "run" / "trace.h5")
+    assert trace.columns["step"].tolist() == [3, 6, 8, 9, 12, 15, 16, 18, 20]
+    evaluated = np.isfinite(trace.columns["eval_accuracy"])
+    assert trace.columns["step"][evaluated].tolist() == [8, 16]
+    assert trace.columns["rounds"].tolist() == [s // 4 for s in trace.columns["step"]]
+    assert (trace.columns["lr"] == 0.1).all()
+    for name in ("loss_mean", "loss_max", "grad_norm", "grad_norm_max"):
+        assert np.isfinite(trace.columns[name]).all(), name
+    assert (trace.columns["loss_max"] >= trace.columns["loss_mean"] - 1e-12).all()
+    assert (trace.columns["grad_norm_max"] >= trace.columns["grad_norm"] - 1e-12).all()
+    assert (np.diff(trace.columns["wall"]) >= 0).all()
+    # the trace's own reduction stays off the algorithm's label: per row, one non-blocking
+    # allgather of 24 bytes and its wait, label "trace" (a row's counters are taken before
+    # its own reduction starts)
+    assert trace.comm["average"]["calls"][-1] == 20 // 4
+    assert trace.comm["trace"]["calls"].tolist() == [2 * i for i in range(trace.rows)]
+    assert trace.comm["trace"]["bytes"].tolist() == [24 * i for i in range(trace.rows)]
+    assert trace.summary["eval_accuracy"] == summary.final.accuracy
+    assert trace.summary["step"] == 20
+
+
+def test_checkpoint_opens_without_hpcopt(comm, shared_dir):
+    """Plain h5py: parameters under their layer names, the flat vector, per-rank state."""
+    fresh_train(config(shared_dir / "run", steps=10))  # ends mid-round: ranks' models differ
+    if comm.rank != 0:
+        return
+    with h5py.File(shared_dir / "run" / "checkpoints" / "step-000000010.h5", "r") as f:
+        flat = f["model/flat"][()]
+        weight, bias = f["model/params/fc1.weight"][()], f["model/params/fc1.bias"][()]
+        assert weight.shape == (64, 12) and bias.shape == (12,)
+        pieces = [f[f"model/params/{name}"][()].ravel() for name in
+                  ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")]
+        np.testing.assert_array_equal(np.concatenate(pieces), flat)
+        assert f["ranks/x"].shape == f["ranks/momentum"].shape == (comm.size, flat.size)
+        np.testing.assert_allclose(f["ranks/x"][()].mean(axis=0), flat, rtol=1e-12, atol=1e-14)
+        assert f.attrs["world_size"] == comm.size and f.attrs["format_version"] == 1
+        assert 'hidden = [12]' in f.attrs["config"]

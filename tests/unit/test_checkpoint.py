@@ -1,0 +1,307 @@
+"""Checkpoint and trace files without MPI: round trips, atomic writes under a real kill -9, and
+bad files refused with one line and exit code 2 (never a traceback, never a partial load)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcopt.config import build_config
+from hpcopt.errors import UserError
+from hpcopt.flat import ParamLayout
+from hpcopt.io.checkpoint import (Checkpoint, find_checkpoint, prune, read_checkpoint, restore,
+                                  write_checkpoint)
+from hpcopt.io.trace import read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def synthetic(d: int = 6, world_size: int = 2, value: float = 1.0, mid_round: bool = True,
+              rows: bool = True) -> Checkpoint:
+    """A consistent checkpoint of a run with momentum (no training needed); ``rows`` False
+    leaves out the per-rank vectors (a writer adds them row by row)."""
+    config = build_config(None, {"dtype": "float64", "momentum": "0.9", "steps": "10"})
+    layout = ParamLayout.of(w=(d - 2,), b=(2,))
+    per_rank = {"momentum": np.full((world_size, d), value / 2)} if rows else {}
+    if mid_round and rows:
+        per_rank["x"] = np.stack([np.full(d, value + r) for r in range(world_size)])
+    return Checkpoint(
+        config=config, world_size=world_size, tick=5, run_id="abc", trace_rows=2, wall_seconds=1.5,
+        layout=layout, model=np.full(d, value + (world_size - 1) / 2),
+        counters=np.array([[5, 1, int(mid_round)]] * world_size, dtype=np.int64),
+        sampler=np.array([[0, 5, 8, 700, 0, r] for r in range(world_size)], dtype=np.int64),
+        window=np.array([[1.25, 2.0]] * world_size), comm=[("allreduce", "average", 1, 48, 0.01)],
+        rows=per_rank)
+
+
+def test_round_trip_and_per_rank_reading(tmp_path):
+    path = tmp_path / "step-000000005.h5"
+    write_checkpoint(path, synthetic())
+    everything = read_checkpoint(path)
+    np.testing.assert_array_equal(everything.rows["x"], [[1.0] * 6, [2.0] * 6])
+    assert everything.ranks == (0, 1) and everything.config.algorithm.momentum == 0.9
+    one = read_checkpoint(path, rank=1, world_size=2)
+    np.testing.assert_array_equal(one.rows["x"], [[2.0] * 6])
+    assert one.ranks == (1,) and one.comm == [("allreduce", "average", 1, 48, 0.01)]
+    with h5py.File(path, "r") as f:  # plain h5py: named parameters next to the flat vector
+        assert f["model/params/w"].shape == (4,) and f["model/params/b"].shape == (2,)
+        assert f.attrs["format"] == "hpcopt-checkpoint" and "h5py_version" in f.attrs
+
+
+def test_newest_complete_checkpoint_is_found_and_old_ones_pruned(tmp_path):
+    directory = tmp_path / "checkpoints"
+    for tick in (4, 12, 8):
+        write_checkpoint(directory / f"step-{tick:09d}.h5", synthetic())
+    (directory / "step-000000016.h5.tmp").write_bytes(b"partial")
+    assert find_checkpoint(tmp_path) == directory / "step-000000012.h5"
+    assert find_checkpoint(directory) == directory / "step-000000012.h5"
+    prune(directory, keep=2)
+    assert sorted(p.name for p in directory.iterdir()) == ["step-000000008.h5", "step-000000012.h5"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no checkpoint"):
+        find_checkpoint(tmp_path / "empty")
+
+
+def test_a_failed_restore_changes_nothing(tmp_path):
+    """The sampler is checked before anything is written into the state."""
+    from types import SimpleNamespace
+
+    from hpcopt.backend import CPU
+    from hpcopt.data.sampler import MinibatchSampler
+
+    ckpt = synthetic()
+    state = SimpleNamespace(x=np.zeros(6), momentum=np.zeros(6), step=0, rounds=0, steps_in_round=0)
+    sampler = MinibatchSampler(np.arange(700), 8, seed=1, rank=0)  # the checkpoint has seed 0
+    with pytest.raises(UserError, match="seed"):
+        restore(ckpt, 0, state, sampler, CPU)
+    assert not state.x.any() and not state.momentum.any() and state.step == 0
+    assert (sampler.epoch, sampler.position) == (0, 0)
+
+
+KILL_CHILD = """
+import importlib.util, sys
+import numpy as np
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("helpers", sys.argv[1])
+helpers = importlib.util.module_from_spec(spec); spec.loader.exec_module(helpers)
+from hpcopt.io.checkpoint import CheckpointWriter, write_checkpoint
+out = Path(sys.argv[2])
+write_checkpoint(out / "step-000000001.h5", helpers.synthetic(value=7.0))
+print("first written", flush=True)
+big = helpers.synthetic(d=4_000_000, world_size=8, mid_round=False, rows=False)
+with CheckpointWriter(out / "step-000000002.h5", big, ["momentum"]) as writer:
+    for rank in range(8):
+        writer.row("momentum", rank, np.full(big.model.size, float(rank)))
+    writer.commit(big.comm)
+print("second written", flush=True)
+"""
+
+
+def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_path):
+    """A real process is SIGKILLed while it writes a ~320 MB checkpoint."""
+    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, __file__, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert child.stdout.readline().strip() == "first written"
+        tmp = tmp_path / "step-000000002.h5.tmp"
+        deadline = time.monotonic() + 60
+        while not (tmp.exists() and tmp.stat().st_size > 32 << 20):
+            assert time.monotonic() < deadline and child.poll() is None, "the write never started"
+            time.sleep(0.002)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert tmp.exists() and not (tmp_path / "step-000000002.h5").exists()
+    assert find_checkpoint(tmp_path) == tmp_path / "step-000000001.h5"
+    previous = read_checkpoint(tmp_path)
+    np.testing.assert_array_equal(previous.rows["x"][0], np.full(6, 7.0))
+    with pytest.raises(UserError, match="incomplete checkpoint"):
+        read_checkpoint(tmp)
+    prune(tmp_path, keep=1)  # the next successful write removes the leftover
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000001.h5"]
+
+
+TRACE_CHILD = """
+import sys, time
+from pathlib import Path
+from hpcopt.io.trace import COLUMNS, TraceWriter
+from hpcopt.config import build_config, to_toml
+writer = TraceWriter(Path(sys.argv[1]), {"config": to_toml(build_config()), "run_id": "r"},
+                     flush_rows=16)
+on_disk = 0
+for i in range(10**9):
+    writer.append({name: i for name in COLUMNS}, {"average": (i, 8 * i, 0.5 * i)})
+    if writer.rows_on_disk != on_disk:
+        on_disk = writer.rows_on_disk
+        print(on_disk, flush=True)
+"""
+
+
+def test_trace_survives_kill_9_with_every_flushed_row(tmp_path):
+    path = tmp_path / "trace.h5"
+    child = subprocess.Popen([sys.executable, "-c", TRACE_CHILD, str(path)], stdout=subprocess.PIPE,
+                             text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert int(child.stdout.readline()) == 16
+        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGKILL)
+        flushed = [int(line) for line in child.stdout.read().split()]
+    finally:
+        child.kill()
+        child.wait()
+    trace = read_trace(path)
+    at_least = max([16, *flushed])
+    assert trace.rows >= at_least
+    assert trace.columns["step"].tolist() == list(range(trace.rows))
+    assert trace.comm["average"]["bytes"].tolist() == [8 * i for i in range(trace.rows)]
+
+
+# -- bad files: one line, exit 2 ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good_checkpoint(tmp_path_factory):
+    """A real checkpoint of a 1-rank run that ended mid-round, with momentum."""
+    from hpcopt.comm import Comm
+    from hpcopt.train import train
+
+    out = tmp_path_factory.mktemp("good")
+    config = build_config(None, {"dataset": "digits", "hidden": "12", "steps": "6", "interval": "4",
+                                 "momentum": "0.9", "progress": "false", "out": str(out / "run")})
+    comm = Comm()
+    train(config, comm, verbose=False)
+    comm.free()
+    return out / "run" / "checkpoints" / "step-000000006.h5"
+
+
+def _write(target: Path, data: bytes) -> Path:
+    target.write_bytes(data)
+    return target
+
+
+def _edit(source: Path, target: Path, change) -> Path:
+    shutil.copy(source, target)
+    with h5py.File(target, "a") as f:
+        change(f)
+    return target
+
+
+def _replace(name, data):
+    def change(f):
+        del f[name]
+        f[name] = data
+    return change
+
+
+def _bad_config(f):
+    f.attrs["config"] = f.attrs["config"].replace("hidden = [12]", "hidden = [13]")
+
+
+BAD_FILES = {
+    "not-hdf5": (lambda src, dst: _write(dst, b"just text\n"), "not an HDF5 file"),
+    "truncated": (lambda src, dst: _write(dst, src.read_bytes()[: src.stat().st_size // 2]),
+                  "damaged or truncated"),
+    "empty": (lambda src, dst: _write(dst, b""), "not an HDF5 file"),
+    "format-version": (lambda s, d: _edit(s, d, lambda f: f.attrs.__setitem__("format_version", 99)),
+                       "format version 99"),
+    "not-a-checkpoint": (lambda s, d: _edit(s, d, lambda f: f.attrs.__setitem__("format", "other")),
+                         "not an hpcopt checkpoint"),
+    "missing-dataset": (lambda s, d: _edit(s, d, lambda f: f.__delitem__("ranks/sampler")),
+                        "/ranks/sampler is missing"),
+    "wrong-shape": (lambda s, d: _edit(s, d, _replace("model/flat", np.zeros(5, np.float32))),
+                    "/model/flat has dtype float32 and shape (5,)"),
+    "wrong-dtype": (lambda s, d: _edit(s, d, _replace("ranks/counters", np.zeros((1, 3)))),
+                    "/ranks/counters has dtype float64"),
+    "string-dataset": (lambda s, d: _edit(s, d, _replace("ranks/window", np.array([b"rm -rf"]))),
+                       "/ranks/window has dtype |S6"),
+    "nan-parameters": (lambda s, d: _edit(s, d, lambda f: f["model/flat"].__setitem__(0, np.nan)),
+                       "/model/flat contains NaN"),
+    "nan-rank-model": (lambda s, d: _edit(s, d, lambda f: f["ranks/x"].__setitem__((0, 3), np.inf)),
+                       "/ranks/x contains NaN or infinite"),
+    "config-not-toml": (lambda s, d: _edit(s, d, lambda f: f.attrs.__setitem__("config", "[[[")),
+                        "stored config is not valid TOML"),
+    "config-invalid": (lambda s, d: _edit(s, d, lambda f: f.attrs.__setitem__(
+        "config", "[algorithm]\ninterval = 0\n")), "stored config is invalid"),
+    "config-vs-model": (lambda s, d: _edit(s, d, _bad_config), "does not match the model"),
+    "layout-garbage": (lambda s, d: _edit(s, d, lambda f: f["model"].attrs.__setitem__("layout", "{")),
+                       "'layout' is not valid JSON"),
+    "momentum-missing": (lambda s, d: _edit(s, d, lambda f: f.__delitem__("ranks/momentum")),
+                         "ranks/momentum is missing"),
+    "sampler-out-of-range": (lambda s, d: _edit(s, d, lambda f: f["ranks/sampler"].__setitem__(
+        (0, 1), 10**6)), "sampler state position"),
+    "counters-vs-tick": (lambda s, d: _edit(s, d, lambda f: f.attrs.__setitem__("tick", 3)),
+                         "counters do not match its tick 3"),
+    "temporary-file": (lambda s, d: shutil.copy(s, d.with_name("step-1.h5.tmp")) and
+                       d.with_name("step-1.h5.tmp"), "incomplete checkpoint"),
+    "missing-file": (lambda s, d: d.with_name("nothing.h5"), "checkpoint not found"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_checkpoint_is_one_line_and_exit_2(good_checkpoint, tmp_path, capsys, case):
+    from hpcopt.cli import main
+
+    make, fragment = BAD_FILES[case]
+    bad = make(good_checkpoint, tmp_path / "step-000000006.h5")
+    code = main(["resume", str(bad), "--steps", "10", "--progress", "false"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("hpcopt: error: "), err
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+def test_good_checkpoint_resumes_in_process(good_checkpoint, tmp_path, capsys):
+    from hpcopt.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(good_checkpoint.parent.parent, run)
+    assert main(["resume", str(run), "--steps", "10", "--progress", "false"]) == 0
+    assert read_trace(run / "trace.h5").summary["step"] == 10
+    assert find_checkpoint(run).name == "step-000000010.h5"
+
+
+def test_a_new_run_never_overwrites_an_old_one(good_checkpoint, capsys):
+    from hpcopt.cli import main
+
+    run = good_checkpoint.parent.parent
+    assert main(["train", "--dataset", "digits", "--steps", "4", "--out", str(run)]) == 2
+    assert "already holds a run: resume it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option,value,allowed", [
+    ("hidden", "8", False), ("seed", "4", False), ("dtype", "float64", False), ("lr", "0.2", False),
+    ("batch_size", "16", False), ("momentum_policy", "reset", False),
+    ("steps", "40", True), ("eval_every", "5", True), ("out", "elsewhere", True),
+    ("trace_every", "2", True), ("checkpoint_every", "3", True),
+])
+def test_only_safe_options_may_change_on_resume(option, value, allowed):
+    from hpcopt.config import check_resume
+
+    stored = build_config(None, {"steps": "20", "momentum": "0.9"})
+    changed = build_config(None, {"steps": "20", "momentum": "0.9", option: value})
+    if allowed:
+        check_resume(stored, changed)
+    else:
+        with pytest.raises(UserError, match=f"cannot change {option} when resuming"):
+            check_resume(stored, changed)
+
+
+def test_the_run_length_is_fixed_with_the_sqrt_nt_schedule():
+    from hpcopt.config import check_resume
+
+    stored = build_config(None, {"steps": "20", "schedule": "sqrt_nt"})
+    with pytest.raises(UserError, match="sqrt_nt step size depends on the number of steps"):
+        check_resume(stored, build_config(None, {"steps": "40", "schedule": "sqrt_nt"}))

@@ -1,0 +1,95 @@
+"""``hpcopt report`` on real traces: four PNGs with one line per run and a markdown table."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from hpcopt.config import build_config
+from hpcopt.errors import UserError
+from hpcopt.io.trace import read_trace
+from hpcopt.report import AXES, figures, load_traces, run_labels, write_report
+from tests.unit.test_cli import assert_one_line_error, launch
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two finished 1-rank runs that differ in the averaging interval, with evaluations."""
+    from hpcopt.comm import Comm
+    from hpcopt.train import train
+
+    root = tmp_path_factory.mktemp("runs")
+    paths = []
+    for interval in (2, 8):
+        out = root / f"I{interval}"
+        config = build_config(None, {"dataset": "digits", "hidden": "16", "steps": "48",
+                                     "interval": str(interval), "eval_every": "16",
+                                     "progress": "false", "out": str(out)})
+        comm = Comm()
+        train(config, comm, verbose=False)
+        comm.free()
+        paths.append(out / "trace.h5")
+    return paths
+
+
+def test_report_writes_readable_pngs_and_a_table(two_runs, tmp_path):
+    import matplotlib.image
+
+    written = write_report(two_runs, tmp_path / "report")
+    names = sorted(p.name for p in written)
+    assert names == sorted([f"{axis.name}.png" for axis in AXES] + ["report.md"])
+    for path in written:
+        if path.suffix == ".png":
+            assert path.read_bytes()[:8] == PNG_SIGNATURE
+            height, width, _ = matplotlib.image.imread(path).shape
+            assert width > 600 and height > 600
+    table = (tmp_path / "report" / "report.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| interval=")]
+    assert [r.split(" | ")[0] for r in rows] == ["| interval=2", "| interval=8"]
+    finished = [read_trace(p).summary for p in two_runs]
+    for row, summary in zip(rows, finished):
+        assert f"{summary['eval_accuracy']:.4f}" in row and " 48 " in row
+
+
+def test_one_line_per_run_in_every_panel(two_runs):
+    traces = load_traces([p.parent for p in two_runs])  # run directories work too
+    labels = run_labels(traces)
+    assert labels == ["interval=2", "interval=8"]
+    figs = figures(traces, labels)
+    assert sorted(figs) == sorted(axis.name for axis in AXES)
+    for fig in figs.values():
+        loss, accuracy = fig.axes
+        assert [line.get_label() for line in loss.get_lines()] == labels
+        assert [line.get_label() for line in accuracy.get_lines()] == labels
+        # evaluations at steps 16, 32, 48 and the final one
+        assert [len(line.get_xdata()) for line in accuracy.get_lines()] == [4, 4]
+    rounds = figs["rounds"].axes[0].get_lines()
+    assert max(rounds[0].get_xdata()) == 24 and max(rounds[1].get_xdata()) == 6
+
+
+def test_identical_settings_are_told_apart_by_directory(two_runs, tmp_path):
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "trace.h5").write_bytes(two_runs[0].read_bytes())
+    assert run_labels(load_traces([two_runs[0], again, two_runs[1]])) == [
+        "interval=2, I2", "interval=2, again", "interval=8"]
+    assert run_labels(load_traces([two_runs[0], again])) == ["I2", "again"]
+    assert run_labels(load_traces([two_runs[0], two_runs[0]])) == ["I2 #1", "I2 #2"]
+
+
+def test_missing_matplotlib_is_a_clear_error(two_runs, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(UserError, match=r"pip install 'hpcopt\[plot\]'"):
+        write_report(two_runs, tmp_path / "report")
+
+
+def test_report_command_line(two_runs, tmp_path):
+    result = launch(["report", *map(str, two_runs), "--out", str(tmp_path / "r")], ranks=1)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("wrote ") == 5
+    (tmp_path / "notrace.h5").write_text("nope")
+    assert_one_line_error(launch(["report", str(tmp_path / "notrace.h5")], ranks=1),
+                          "not an HDF5 file (expected a trace)")
