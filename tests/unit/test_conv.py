@@ -7,19 +7,7 @@ import pytest
 from hpcopt.nn import (AvgPool2d, BatchNorm, Conv2d, Flatten, GlobalAvgPool2d, Linear, MaxPool2d,
                        ReLU, Sequential, plain_cnn, resnet, softmax_cross_entropy)
 from hpcopt.nn.models import basic_block
-
-
-def numeric_grad(f, x, eps=1e-6):
-    grad = np.zeros_like(x)
-    for i in range(x.size):
-        old = x.flat[i]
-        x.flat[i] = old + eps
-        up = f()
-        x.flat[i] = old - eps
-        down = f()
-        x.flat[i] = old
-        grad.flat[i] = (up - down) / (2 * eps)
-    return grad
+from tests.gradcheck import numeric_grad
 
 
 def build(model, rng, jitter=0.1):

@@ -7,21 +7,7 @@ import pytest
 from hpcopt.nn.embedding import Embedding
 from hpcopt.nn.language_model import LSTMLanguageModel
 from hpcopt.nn.lstm import LSTM
-
-
-
-def numeric_grad(f, x, eps=1e-6):
-    """Central differences of the scalar function ``f()`` with respect to the array ``x``."""
-    grad = np.zeros_like(x)
-    for i in range(x.size):
-        old = x.flat[i]
-        x.flat[i] = old + eps
-        up = f()
-        x.flat[i] = old - eps
-        down = f()
-        x.flat[i] = old
-        grad.flat[i] = (up - down) / (2 * eps)
-    return grad
+from tests.gradcheck import numeric_grad
 
 
 def make_model(tie, layers=2, vocab=7, embed=4, hidden=5, seed=0):

@@ -4,19 +4,7 @@ import numpy as np
 import pytest
 
 from hpcopt.nn import Linear, ReLU, Sequential, Tanh, mlp, softmax_cross_entropy
-
-
-def numeric_grad(f, x, eps=1e-6):
-    grad = np.zeros_like(x)
-    for i in range(x.size):
-        old = x.flat[i]
-        x.flat[i] = old + eps
-        up = f()
-        x.flat[i] = old - eps
-        down = f()
-        x.flat[i] = old
-        grad.flat[i] = (up - down) / (2 * eps)
-    return grad
+from tests.gradcheck import numeric_grad
 
 
 def model_loss_and_grads(model, x_in, labels, params, grads):
