@@ -4,70 +4,195 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import rng
+from .algorithms.local_clip import LocalClip, NaiveParallelClip
 from .algorithms.local_sgd import LocalSGD
 from .algorithms.schedules import Schedule
 from .backend import Backend, get_backend
 from .comm import Comm
 from .config import Config
+from .data.bptt import BpttSampler, rank_streams
 from .data.datasets import Dataset, load_dataset
 from .data.partition import partition_indices
 from .data.sampler import MinibatchSampler
 from .errors import UserError
+from .data.text import Corpus, load_corpus
 from .nn import Sequential, mlp
-from .problems.classification import ClassificationProblem
+from .nn.language_model import LSTMLanguageModel
+from .problems.classification import ClassificationProblem, Evaluation
+from .problems.language_model import LanguageModelProblem, LMEvaluation
 
 Array = Any
+Algorithm = LocalSGD | LocalClip | NaiveParallelClip
 
 
 @dataclass
 class RunParts:
-    """Everything ``train`` needs, built identically on every rank except for the data shard."""
+    """Everything ``train`` needs, built identically on every rank except for the data shard.
+
+    ``evaluate(params, scratch, comm)`` evaluates a model on the test set (collective), so the
+    training loop never needs to know what kind of problem it runs.
+    """
 
     config: Config
     backend: Backend
-    dataset: Dataset
-    model: Sequential
-    problem: ClassificationProblem
-    algorithm: LocalSGD
+    dataset: Dataset | Corpus
+    model: Sequential | LSTMLanguageModel
+    problem: ClassificationProblem | LanguageModelProblem
+    algorithm: Algorithm
     x0: Array
     total_steps: int         # T, the nominal number of local steps
     local_steps: int         # steps this rank runs (differs from T only with local_steps)
-    test_features: Array
-    test_labels: Array
+    evaluate: Callable[[Array, Array, Comm], Evaluation | LMEvaluation]
+    description: str         # the data and model, for the run's header
+    unit: str = "samples"    # what the throughput counts: samples, or tokens for a corpus
+    processed: Callable[[int], int] = lambda steps: 0  # units this rank has trained on after k steps
+    #: Per-rank state of the problem beyond the sampler that a checkpoint must hold (the LSTM
+    #: hidden state): (a flat vector of it, put such a vector back); None for classification.
+    carried: tuple[Callable[[], Array], Callable[[Array], None]] | None = None
+
+    @property
+    def clipping(self) -> bool:
+        """Whether the algorithm clips (its state counts clipped steps)."""
+        return isinstance(self.algorithm, (LocalClip, NaiveParallelClip))
 
 
 def build_run(config: Config, comm: Comm) -> RunParts:
     """Build every part; raises UserError for anything the user must fix (on any rank)."""
     backend = get_backend(config.run.device)
+    if config.language_model:
+        return _language_model_run(config, comm, backend)
+    return _classification_run(config, comm, backend)
+
+
+def _classification_run(config: Config, comm: Comm, backend: Backend) -> RunParts:
+    """An image data set, sharded by ``partition``, and a classifier."""
     dtype = np.dtype(config.run.dtype)
-    data = config.data
-    dataset = load_dataset(data.dataset, data.path or None, data.test_fraction, config.run.seed)
+    dataset = load_dataset(config.data.dataset, config.data.path or None,
+                           config.data.test_fraction, config.run.seed)
+    shard = _shard(config, dataset, comm)
     n_train = dataset.x_train.shape[0]
-    shard = partition_indices(data.partition, n_train, comm.rank, comm.size, config.run.seed)
-    sampler = MinibatchSampler(np.arange(shard.size), data.batch_size, config.run.seed, comm.rank)
-    total_steps = config.run.steps or _steps_for_epochs(config.run.epochs, n_train, comm.size,
-                                                         data.batch_size)
+    batch = config.data.batch_size
+    total_steps = config.run.steps or _steps_for_epochs(config.run.epochs, n_train, comm.size, batch)
     features = dataset.x_train[shard].reshape(shard.size, -1)
-    model = mlp(features.shape[1], config.model.hidden, dataset.num_classes, config.model.activation)
+    model = build_model(config, features.shape[1], dataset.num_classes)
+    sampler = MinibatchSampler(np.arange(shard.size), batch, config.run.seed, comm.rank)
     problem = ClassificationProblem(model, backend.asarray(features, dtype),
                                     backend.asarray(dataset.y_train[shard]), sampler, backend)
-    algo = config.algorithm
-    schedule = Schedule(algo.schedule, algo.lr, algo.decay, algo.milestones, comm.size, total_steps)
-    algorithm = LocalSGD(schedule, algo.interval, algo.momentum, algo.nesterov,
-                         algo.momentum_policy, algo.local_steps)
+    n_test = dataset.x_test.shape[0]
+    test_x = backend.asarray(dataset.x_test.reshape(n_test, -1), dtype)
+    test_y = backend.asarray(dataset.y_test)
+    sizes = "-".join(str(s) for s in (features.shape[1], *config.model.hidden, dataset.num_classes))
+    description = (f"{config.data.dataset} ({n_train} train / {n_test} test), mlp {sizes}")
+    return _finish(config, comm, backend, dataset, model, problem, total_steps,
+                   lambda params, scratch, c: problem.evaluate(params, scratch, test_x, test_y, c),
+                   description, "samples", lambda steps: steps * batch)
+
+
+def _language_model_run(config: Config, comm: Comm, backend: Backend) -> RunParts:
+    """A text corpus: rank r trains on the r-th contiguous block of the training tokens, in
+    ``batch_size`` parallel streams and windows of ``bptt`` tokens; the test split is evaluated
+    the same way (each rank its block, from a zero hidden state)."""
+    dtype = np.dtype(config.run.dtype)
+    data, cfg = config.data, config.model
+    corpus = load_corpus(data.dataset, data.path or None)
+    streams = rank_streams(corpus.train, data.batch_size, comm.rank, comm.size)
+    sampler = BpttSampler(backend.asarray(streams), data.bptt, comm.rank)
+    hidden = cfg.hidden[0]
+    model = LSTMLanguageModel(corpus.vocab_size, cfg.embed or hidden, hidden, len(cfg.hidden), cfg.tie)
+    problem = LanguageModelProblem(model, sampler, backend, dtype)
+    test_streams = backend.asarray(rank_streams(corpus.test, min(data.batch_size, 10), comm.rank,
+                                                comm.size))
+    # T from the shortest block (blocks differ by one token), so every rank runs the same T
+    length = (corpus.train.size // comm.size) // data.batch_size
+    windows = -(-(length - 1) // data.bptt)
+    if windows < 1:
+        raise UserError(f"the corpus is too small for {data.batch_size} streams per rank on "
+                        f"{comm.size} ranks")
+    total_steps = config.run.steps or max(1, math.ceil(config.run.epochs * windows))
+    description = (f"{data.dataset} ({corpus.train.size:,} train / {corpus.test.size:,} test "
+                   f"tokens, vocabulary {corpus.vocab_size}), lstm {cfg.embed or hidden}-"
+                   f"{'x'.join(str(h) for h in cfg.hidden)}{' tied' if cfg.tie else ''}, bptt {data.bptt}")
+
+    def tokens(steps: int) -> int:  # the last window of a pass over the streams is shorter
+        per_pass = sampler.streams.shape[0] - 1
+        passes, rest = divmod(steps, sampler.windows_per_epoch)
+        return data.batch_size * (passes * per_pass + min(rest * data.bptt, per_pass))
+
+    parts = _finish(config, comm, backend, corpus, model, problem, total_steps,
+                    lambda params, scratch, c: problem.evaluate(params, scratch, test_streams,
+                                                                data.bptt, c),
+                    description, "tokens", tokens)
+    parts.carried = (lambda: _hidden_vector(problem), lambda v: _load_hidden(problem, v))
+    return parts
+
+
+def _hidden_vector(problem: LanguageModelProblem) -> Array:
+    """The LSTM hidden state (h, c of every layer) as one flat vector."""
+    xp = problem.backend.xp
+    return xp.concatenate([a.reshape(-1) for state in problem.hidden for a in state])
+
+
+def _load_hidden(problem: LanguageModelProblem, vector: Array) -> None:
+    """Put ``_hidden_vector``'s result back (UserError if its size does not fit)."""
+    shapes = [a.shape for state in problem.hidden for a in state]
+    if vector.size != sum(math.prod(s) for s in shapes):
+        raise UserError(f"the checkpoint's LSTM hidden state has {vector.size} values, "
+                        f"this model needs {sum(math.prod(s) for s in shapes)}")
+    arrays, start = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        arrays.append(problem.backend.asarray(vector[start:start + size].reshape(shape), problem.dtype))
+        start += size
+    problem.hidden = [(arrays[i], arrays[i + 1]) for i in range(0, len(arrays), 2)]
+
+
+def _finish(config: Config, comm: Comm, backend: Backend, dataset: Dataset | Corpus,
+            model: Sequential | LSTMLanguageModel, problem: Any, total_steps: int,
+            evaluate: Callable, description: str, unit: str,
+            processed: Callable[[int], int]) -> RunParts:
+    """The algorithm and the initial model, common to every kind of run."""
+    algorithm = build_algorithm(config, comm.size, total_steps)
     local_steps = algorithm.steps_for(total_steps, comm.rank, comm.size)
     x0_host = np.zeros(model.layout.size)
     model.init(x0_host, rng.stream(config.run.seed, "init"))
-    n_test = dataset.x_test.shape[0]
     return RunParts(config, backend, dataset, model, problem, algorithm,
-                    backend.asarray(x0_host, dtype), total_steps, local_steps,
-                    backend.asarray(dataset.x_test.reshape(n_test, -1), dtype),
-                    backend.asarray(dataset.y_test))
+                    backend.asarray(x0_host, np.dtype(config.run.dtype)), total_steps, local_steps,
+                    evaluate, description, unit, processed)
+
+
+def _shard(config: Config, dataset: Dataset, comm: Comm) -> np.ndarray:
+    """This rank's training-sample indices under the configured partition."""
+    data = config.data
+    return partition_indices(data.partition, dataset.x_train.shape[0], comm.rank, comm.size,
+                             config.run.seed, labels=dataset.y_train, alpha=data.alpha,
+                             similarity=data.similarity)
+
+
+def build_model(config: Config, inputs: int, classes: int) -> Sequential:
+    """The network ``config.model.model`` names (today: the MLP)."""
+    cfg = config.model
+    return mlp(inputs, cfg.hidden, classes, cfg.activation)
+
+
+def build_algorithm(config: Config, size: int, total_steps: int) -> Algorithm:
+    """The algorithm ``config.algorithm.algorithm`` names, with its step-size schedule."""
+    algo = config.algorithm
+    schedule = Schedule(algo.schedule, algo.lr, algo.decay, algo.milestones, size, total_steps)
+    if algo.algorithm == "celgc":
+        return LocalClip(schedule, algo.gamma, algo.momentum, algo.nesterov, algo.weight_decay,
+                         interval=algo.interval, norm=algo.clip_norm,
+                         momentum_policy=algo.momentum_policy, participation=algo.participation,
+                         seed=config.run.seed)
+    if algo.algorithm == "naive_clip":
+        return NaiveParallelClip(schedule, algo.gamma, algo.momentum, algo.nesterov,
+                                 algo.weight_decay)
+    return LocalSGD(schedule, algo.interval, algo.momentum, algo.nesterov,
+                    algo.momentum_policy, algo.local_steps)
 
 
 def _steps_for_epochs(epochs: float, n_train: int, workers: int, batch_size: int) -> int:

@@ -8,6 +8,7 @@ file over the defaults. Unknown sections or keys and values of the wrong type ar
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import typing
 from dataclasses import dataclass, field, fields
@@ -21,7 +22,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ALGORITHMS = ("prsgd",)
+ALGORITHMS = ("prsgd", "celgc", "naive_clip")
+CLIPPING = ("celgc", "naive_clip")  # algorithms that clip (LocalClip, NaiveParallelClip)
+TEXT_CORPORA = ("shakespeare", "ptb", "wikitext2")  # data sets for language models
+MODELS = ("mlp", "lstm")
 DTYPES = ("float32", "float64")
 
 
@@ -35,27 +39,63 @@ class DataConfig:
     dataset: str = "mnist5k"
     path: str = ""
     partition: str = "iid"
-    batch_size: int = 32
+    alpha: float = 0.0          # Dirichlet concentration (partition = "dirichlet"); 0 = unset
+    similarity: float = -1.0    # share of i.i.d. samples (partition = "similarity"); -1 = unset
+    batch_size: int = 32        # samples per rank and step; token streams per rank for a corpus
     test_fraction: float = 0.2
+    bptt: int = 35              # language models: tokens per truncated-BPTT window
 
     def __post_init__(self) -> None:
+        if self.partition == "dirichlet":
+            if not (self.alpha > 0 and math.isfinite(self.alpha)):
+                raise UserError(f"partition dirichlet needs alpha > 0, got {self.alpha}")
+        elif self.alpha != 0.0:
+            raise UserError("alpha applies only to --partition dirichlet")
+        if self.partition == "similarity":
+            if not 0 <= self.similarity <= 1:
+                raise UserError(f"partition similarity needs similarity in [0, 1], got {self.similarity}")
+        elif self.similarity != -1.0:
+            raise UserError("similarity applies only to --partition similarity")
         if self.batch_size < 1:
             raise UserError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 < self.test_fraction < 1:
             raise UserError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.bptt < 1:
+            raise UserError(f"bptt must be >= 1, got {self.bptt}")
+        if self.dataset in TEXT_CORPORA:
+            if self.partition != "iid" or self.alpha != 0.0 or self.similarity != -1.0:
+                raise UserError(f"partition applies only to image data sets; a corpus "
+                                f"({self.dataset}) is split into contiguous blocks per rank")
+            if self.test_fraction != 0.2:
+                raise UserError(f"test_fraction applies only to image data sets; a corpus "
+                                f"({self.dataset}) has its own test split")
+        elif self.bptt != 35:
+            raise UserError(f"bptt applies only to the text corpora ({', '.join(TEXT_CORPORA)})")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = "mlp"
-    hidden: tuple[int, ...] = (512, 256)
+    hidden: tuple[int, ...] = (512, 256)  # lstm: one equal size per layer
     activation: str = "relu"
+    embed: int = 0              # lstm: embedding size; 0 = the hidden size
+    tie: bool = False           # lstm: decoder weight = embedding weight
 
     def __post_init__(self) -> None:
-        if self.model != "mlp":
-            raise UserError(f"unknown model {self.model!r} (choose from mlp)")
+        if self.model not in MODELS:
+            raise UserError(f"unknown model {self.model!r} (choose from {', '.join(MODELS)})")
         if any(h < 1 for h in self.hidden):
             raise UserError(f"hidden sizes must be >= 1, got {self.hidden}")
+        if self.embed < 0:
+            raise UserError(f"embed must be >= 1, got {self.embed}")
+        if self.model == "lstm":
+            if not self.hidden or len(set(self.hidden)) != 1:
+                raise UserError(f"lstm needs equal hidden sizes, one per layer (e.g. --hidden 256,256), "
+                                f"got {self.hidden}")
+            if self.activation != "relu":
+                raise UserError("activation applies only to --model mlp")
+        elif self.embed or self.tie:
+            raise UserError(f"{'embed' if self.embed else 'tie'} applies only to --model lstm")
 
 
 @dataclass(frozen=True)
@@ -70,6 +110,10 @@ class AlgorithmConfig:
     nesterov: bool = False
     momentum_policy: str = "keep"
     local_steps: tuple[int, ...] = ()
+    gamma: float = math.inf       # clipping threshold (celgc, naive_clip); inf = no clipping
+    clip_norm: str = "local"      # celgc: local ||g_i|| or global sqrt(mean_j ||g_j||^2)
+    weight_decay: float = 0.0     # celgc, naive_clip
+    participation: float = 1.0    # celgc: fraction of ranks in each round's average
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -77,6 +121,18 @@ class AlgorithmConfig:
         _positive("lr", self.lr)
         if self.interval < 1:
             raise UserError(f"interval I must be >= 1, got {self.interval}")
+        defaults = AlgorithmConfig.__dataclass_fields__
+        changed = {name for name in ("gamma", "clip_norm", "weight_decay", "participation",
+                                     "local_steps", "momentum_policy")
+                   if getattr(self, name) != defaults[name].default and
+                   not (name == "local_steps" and not self.local_steps)}
+        only = {"gamma": CLIPPING, "weight_decay": CLIPPING, "clip_norm": ("celgc",),
+                "participation": ("celgc",), "local_steps": ("prsgd",),
+                "momentum_policy": ("prsgd", "celgc")}
+        for name in sorted(changed):
+            if self.algorithm not in only[name]:
+                raise UserError(f"{name} applies only to --algorithm {' or '.join(only[name])}, "
+                                f"not {self.algorithm}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +171,18 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        text, lstm = self.data.dataset in TEXT_CORPORA, self.model.model == "lstm"
+        if text and not lstm:
+            raise UserError(f"{self.data.dataset} is a text corpus: train it with --model lstm")
+        if lstm and not text:
+            raise UserError(f"--model lstm needs a text corpus ({', '.join(TEXT_CORPORA)}), "
+                            f"not {self.data.dataset}")
+
+    @property
+    def language_model(self) -> bool:
+        return self.model.model == "lstm"
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {section.name: dataclasses.asdict(getattr(self, section.name)) for section in fields(self)}

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .algorithms.local_clip import LocalClipState
 from .algorithms.local_sgd import AVERAGE_LABEL, LocalSGDState
 from .build import RunParts, build_run
 from .comm import Comm, agreed, node_layout
@@ -41,8 +42,11 @@ from .io import checkpoint as ckpt_io
 from .io import versions
 from .io import trace as trace_io
 from .problems.classification import Evaluation
+from .problems.language_model import LMEvaluation
 from .progress import Progress
 from .threads import ThreadChoice, configure_threads
+
+State = LocalSGDState | LocalClipState
 
 
 @dataclass
@@ -51,7 +55,7 @@ class Summary:
 
     steps: int
     rounds: int
-    final: Evaluation | None
+    final: Evaluation | LMEvaluation | None
     train_loss: float
     wall_seconds: float
     comm_seconds: float            # mean over ranks
@@ -59,26 +63,37 @@ class Summary:
     average_bytes_per_rank: float  # the algorithm's own label
     parameters: int
     workers: int
-    samples_per_second: float      # all ranks together
+    samples_per_second: float      # all ranks together (tokens for a language model)
     threads: ThreadChoice
     out: str = ""
     checkpoint: str = ""           # the newest checkpoint written
     stopped: bool = False          # stopped early by SIGTERM (a checkpoint was written)
-    history: list[tuple[int, Evaluation]] = field(default_factory=list)
+    history: list[tuple[int, Evaluation | LMEvaluation]] = field(default_factory=list)
+    unit: str = "samples"          # what samples_per_second counts: samples or tokens
+    clip_fraction: float | None = None  # clipping algorithms: clipped steps / steps, all ranks
 
     def lines(self) -> list[str]:
         comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
-        first = (f"test accuracy     {self.final.accuracy:.4f} (loss {self.final.loss:.4f}, "
-                 f"{self.final.samples} samples)" if self.final else
-                 "stopped           by SIGTERM before the end; resume from the checkpoint below")
+        final = self.final
+        if isinstance(final, LMEvaluation):
+            first = (f"test perplexity   {final.perplexity:.3f} (loss {final.loss:.4f}, "
+                     f"{final.tokens} tokens)")
+        elif final is not None:
+            first = (f"test accuracy     {final.accuracy:.4f} (loss {final.loss:.4f}, "
+                     f"{final.samples} samples)")
+        else:
+            first = "stopped           by SIGTERM before the end; resume from the checkpoint below"
+        clipped = ([f"clipped           {100 * self.clip_fraction:.1f}% of the steps (all ranks)"]
+                   if self.clip_fraction is not None else [])
         return [
             first,
             f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",
             f"steps             {self.steps} per rank, {self.rounds} averaging rounds",
+            *clipped,
             f"communicated      {_megabytes(self.bytes_per_rank)} per rank "
             f"({_megabytes(self.average_bytes_per_rank)} averaging the {self.parameters:,} parameters)",
             f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
-            f"throughput        {self.samples_per_second:,.0f} samples/s over {self.workers} rank(s)",
+            f"throughput        {self.samples_per_second:,.0f} {self.unit}/s over {self.workers} rank(s)",
             f"threads           {self.threads.describe()}",
             f"files             {self.out or 'none'} (checkpoint {self.checkpoint or 'none'})",
         ]
@@ -88,14 +103,24 @@ def _megabytes(nbytes: float) -> str:
     return f"{nbytes / 1e6:.2f} MB"
 
 
-def evaluate_average(parts: RunParts, state: LocalSGDState, scratch: Any, comm: Comm) -> Evaluation:
+def evaluate_average(parts: RunParts, state: State, scratch: Any,
+                     comm: Comm) -> Evaluation | LMEvaluation:
     """Evaluate the averaged model without disturbing training (a copy is averaged, label eval)."""
     if state.steps_in_round == 0:
         model = state.x  # every rank holds the average already
     else:
         scratch[...] = state.x
         model = comm.average_(scratch, label="eval")
-    return parts.problem.evaluate(model, state.grad, parts.test_features, parts.test_labels, comm)
+    return parts.evaluate(model, state.grad, comm)
+
+
+def _evaluation_fields(evaluation: Evaluation | LMEvaluation | None, lm: bool) -> dict[str, float]:
+    """The trace's evaluation columns: eval_loss, and eval_accuracy or (LMs) eval_perplexity."""
+    fields = {"eval_loss": evaluation.loss if evaluation else np.nan,
+              "eval_accuracy": getattr(evaluation, "accuracy", np.nan)}
+    if lm:
+        fields["eval_perplexity"] = getattr(evaluation, "perplexity", np.nan)
+    return fields
 
 
 class _StopSignal:
@@ -127,7 +152,7 @@ class _Run:
     config: Config
     parts: RunParts
     comm: Comm
-    state: LocalSGDState
+    state: State
     window: trace_io.Window
     out: Path | None                     # None: no files (no trace, no checkpoints)
     run_id: str
@@ -139,15 +164,15 @@ class _Run:
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.start
 
-    def row(self, tick: int, evaluation: Evaluation | None, stop: bool) -> list[trace_io.Row]:
+    def row(self, tick: int, evaluation: Evaluation | LMEvaluation | None,
+            stop: bool) -> list[trace_io.Row]:
         """Collective: finish the previous row's reduction and start this tick's; the rows
         finished (written to the trace on rank 0)."""
         finished = self.window.complete(self.comm)
         state = self.state
         fields = {"step": state.step, "rounds": state.rounds, "wall": self.wall(),
                   "lr": self.parts.algorithm.schedule(max(state.step - 1, 0)),
-                  "eval_loss": evaluation.loss if evaluation else np.nan,
-                  "eval_accuracy": evaluation.accuracy if evaluation else np.nan}
+                  **_evaluation_fields(evaluation, self.config.language_model)}
         row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm))
         self.window.post(self.comm, stop, row)
         return self._publish(finished)
@@ -162,6 +187,8 @@ class _Run:
                 assert row.stats is not None
                 stats = {"loss_mean": row.stats.loss_mean, "loss_max": row.stats.loss_max,
                          "grad_norm": row.stats.grad_norm, "grad_norm_max": row.stats.grad_norm_max}
+                if self.parts.clipping:
+                    stats["clip_fraction"] = row.stats.clip_fraction
                 self.writer.append({**row.fields, **stats}, row.comm)
         return rows
 
@@ -179,15 +206,16 @@ class _Run:
         path = ckpt_io.checkpoint_path(self.out, tick)
         ckpt_io.save(path, comm, self.config, self.parts.model.layout, state,
                      self.parts.problem.sampler, self.window.fold(), model, tick, self.run_id,
-                     self.writer.rows if self.writer else 0, self.wall())
+                     self.writer.rows if self.writer else 0, self.wall(),
+                     hidden=self.parts.carried[0]() if self.parts.carried else None)
         if comm.rank == 0:
             ckpt_io.prune(path.parent, self.config.run.keep_checkpoints)
         self.checkpoint = str(path)
 
 
 def train(config: Config, comm: Comm | None = None, verbose: bool = True,
-          resume: str | Path | None = None) -> tuple[Summary, LocalSGDState]:
-    """Run PR-SGD as configured (continuing from checkpoint ``resume`` when given); returns the
+          resume: str | Path | None = None) -> tuple[Summary, State]:
+    """Run the configured algorithm (PR-SGD, CELGC or the naive clipping baseline) (continuing from checkpoint ``resume`` when given); returns the
     summary and this rank's final state.
 
     At the end every rank holds the averaged model: if the last round was partial, one more
@@ -205,7 +233,7 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     comm.backend = parts.backend
     algorithm, backend = parts.algorithm, parts.backend
     state = algorithm.init(parts.x0, comm)
-    window = trace_io.Window(backend)
+    window = trace_io.Window(backend, clipping=parts.clipping)
     total = algorithm.clock_ticks(parts.total_steps)
     if ckpt is not None:
         window_state = agreed(lambda: _restore(ckpt, config, parts, state, total, comm), comm)
@@ -241,7 +269,7 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
     oracle = window.traced(parts.problem.oracle)
     scratch = parts.backend.xp.empty_like(state.x)
     progress = Progress(total, show)
-    history: list[tuple[int, Evaluation]] = []
+    history: list[tuple[int, Evaluation | LMEvaluation]] = []
     train_loss, report_due, stopped = float("nan"), False, False
     tick = ckpt.tick if ckpt else 0
     tracing = config.run.trace and run.out is not None
@@ -259,7 +287,8 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
     progress.start -= run.wall_before
     window.armed = arm(tick + 1)
     for _ in range(parts.local_steps - state.step):
-        window.add(algorithm.step(state, oracle, comm))
+        loss = algorithm.step(state, oracle, comm)
+        window.add(loss, getattr(state, "clipped", False))
         tick_now = algorithm.clock(state)
         if tick_now is None:
             continue
@@ -300,8 +329,7 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
     if run.writer is not None and final is not None:
         run.writer.finish({"step": state.step, "rounds": state.rounds, "wall": run.wall(),
                            "bytes": sum(c[1] for c in trace_io.comm_totals(comm).values()),
-                           "eval_loss": final.loss, "eval_accuracy": final.accuracy,
-                           "eval_samples": final.samples, "checkpoint": run.checkpoint})
+                           **_final_fields(final), "checkpoint": run.checkpoint})
     return summary
 
 
@@ -309,7 +337,7 @@ def _read_checkpoint(path: str | Path, comm: Comm) -> ckpt_io.Checkpoint:
     return ckpt_io.read_checkpoint(path, comm.rank, comm.size)
 
 
-def _restore(ckpt: ckpt_io.Checkpoint, config: Config, parts: RunParts, state: LocalSGDState,
+def _restore(ckpt: ckpt_io.Checkpoint, config: Config, parts: RunParts, state: State,
              total: int, comm: Comm) -> np.ndarray:
     """Check that ``ckpt`` fits this run, then load this rank's part; the trace window to go on."""
     path = ckpt.path
@@ -323,7 +351,8 @@ def _restore(ckpt: ckpt_io.Checkpoint, config: Config, parts: RunParts, state: L
     probe = LocalSGDState(None, None, None, *(int(v) for v in ckpt.counters[comm.rank]))
     if parts.algorithm.clock(probe) != ckpt.tick:
         raise UserError(f"{path}: its counters do not match its tick {ckpt.tick}")
-    return ckpt_io.restore(ckpt, comm.rank, state, parts.problem.sampler, comm.backend)
+    return ckpt_io.restore(ckpt, comm.rank, state, parts.problem.sampler, comm.backend,
+                           parts.carried[1] if parts.carried else None)
 
 
 def _describe(layout: Any) -> str:
@@ -384,15 +413,18 @@ def _trace_writer(config: Config, parts: RunParts, out: Path | None, run_id: str
              "parameters": parts.model.layout.size,
              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     resume_at = (ckpt.trace_rows, ckpt.tick) if ckpt else None
-    return trace_io.TraceWriter(path, attrs, resume_at)
+    extra = (("clip_fraction",) if parts.clipping else ()) + \
+        (("eval_perplexity",) if config.language_model else ())
+    return trace_io.TraceWriter(path, attrs, resume_at, extra_columns=extra)
 
 
-def _summarize(run: _Run, final: Evaluation | None, train_loss: float,
-               history: list[tuple[int, Evaluation]], threads: ThreadChoice, stopped: bool) -> Summary:
+def _summarize(run: _Run, final: Evaluation | LMEvaluation | None, train_loss: float,
+               history: list[tuple[int, Evaluation | LMEvaluation]], threads: ThreadChoice, stopped: bool) -> Summary:
     comm, state, parts = run.comm, run.state, run.parts
     totals = comm.stats.totals()
     local = np.array([totals.seconds, totals.bytes, comm.stats.totals(AVERAGE_LABEL).bytes,
-                      state.step * parts.config.data.batch_size])
+                      parts.processed(state.step), getattr(state, "clip_count", 0),
+                      state.step])
     comm.allreduce_host_(local, label="summary")
     wall = float(comm.allreduce_host_(np.array([run.wall()]), op=MPI.MAX, label="summary")[0])
     size = comm.size
@@ -401,17 +433,32 @@ def _summarize(run: _Run, final: Evaluation | None, train_loss: float,
                    average_bytes_per_rank=local[2] / size, parameters=parts.model.layout.size,
                    workers=size, samples_per_second=local[3] / wall if wall else 0.0,
                    threads=threads, out=str(run.out or ""), checkpoint=run.checkpoint, stopped=stopped,
-                   history=history)
+                   history=history, unit=parts.unit,
+                   clip_fraction=(float(local[4] / local[5]) if local[5] else 0.0) if parts.clipping else None)
 
 
 def _header(parts: RunParts, comm: Comm, threads: ThreadChoice, out: Path | None,
             ckpt: ckpt_io.Checkpoint | None) -> str:
     cfg = parts.config
-    sizes = "-".join(str(s) for s in (parts.test_features.shape[1], *cfg.model.hidden,
-                                      parts.dataset.num_classes))
     resumed = f"\nresuming from {ckpt.path} at step {ckpt.tick}" if ckpt else ""
-    return (f"hpcopt train: {cfg.algorithm.algorithm} on {cfg.data.dataset} "
-            f"({parts.dataset.x_train.shape[0]} train / {parts.dataset.x_test.shape[0]} test), "
-            f"mlp {sizes} ({parts.model.layout.size:,} parameters, {cfg.run.dtype}), "
-            f"{comm.size} rank(s), I={cfg.algorithm.interval}, batch {cfg.data.batch_size}/rank, "
+    return (f"hpcopt train: {cfg.algorithm.algorithm} on {parts.description} "
+            f"({parts.model.layout.size:,} parameters, {cfg.run.dtype}), "
+            f"{comm.size} rank(s), {_algorithm_settings(parts)}, batch {cfg.data.batch_size}/rank, "
             f"{parts.total_steps} steps, {threads.describe()}\nrun directory {out or 'none'}{resumed}")
+
+
+def _final_fields(final: Evaluation | LMEvaluation) -> dict[str, Any]:
+    """The trace summary's attributes of the final evaluation."""
+    if isinstance(final, LMEvaluation):
+        return {"eval_loss": final.loss, "eval_perplexity": final.perplexity,
+                "eval_tokens": final.tokens}
+    return {"eval_loss": final.loss, "eval_accuracy": final.accuracy, "eval_samples": final.samples}
+
+
+def _algorithm_settings(parts: RunParts) -> str:
+    algo = parts.config.algorithm
+    if algo.algorithm == "naive_clip":
+        return f"gamma={algo.gamma:g}"
+    interval = f"I={algo.interval}"
+    return interval + (f", gamma={algo.gamma:g} ({algo.clip_norm} norm)"
+                       if algo.algorithm == "celgc" else "")

@@ -2,6 +2,7 @@
 
 Contents (layout: docs/formats.md): the averaged model (flat and under its layer names), each
 rank's model when the ranks' models differ (mid-round), each rank's momentum buffer, the
+clipping counters of a clipping algorithm (celgc, naive_clip), the
 algorithm's counters, each rank's sampler position (with the seed in the config, that is the
 whole random state: every draw comes from a stream keyed by (seed, purpose, rank, epoch, ...)),
 the trace window in progress, rank 0's communication counters, the resolved config as TOML,
@@ -31,7 +32,7 @@ import numpy as np
 from ..algorithms.local_sgd import LocalSGDState
 from ..backend import Backend
 from ..comm import Comm, OpCounter
-from ..config import Config, to_toml
+from ..config import CLIPPING, Config, to_toml
 from ..data.sampler import MinibatchSampler
 from ..errors import UserError
 from ..flat import ParamLayout
@@ -46,8 +47,11 @@ NAME_PATTERN = re.compile(r"^step-(\d+)\.h5$")
 SUBDIR = "checkpoints"
 COUNTER_COLUMNS = ("step", "rounds", "steps_in_round")
 SAMPLER_COLUMNS = ("epoch", "position", "batch_size", "shard_size", "seed", "rank")
+BPTT_SAMPLER_COLUMNS = ("epoch", "position", "bptt", "stream_length", "batch_size", "rank")
 WINDOW_COLUMNS = ("loss_sum", "steps")
-PER_RANK = ("x", "momentum")
+CLIP_WINDOW_COLUMNS = (*WINDOW_COLUMNS, "clips")  # the window of a clipping run
+CLIPPING_COLUMNS = ("clip_count", "clipped", "grad_norm")
+PER_RANK = ("x", "momentum", "hidden")
 RNG_NOTE = ("every random draw comes from hpcopt.rng.stream(seed, purpose, *key), a pure function "
             "of its key; a rank's random state is the seed (config) and its sampler row")
 _TAG = 7301
@@ -69,11 +73,12 @@ class Checkpoint:
     model: np.ndarray         # (d,) the averaged model
     counters: np.ndarray      # (N, 3) int64, COUNTER_COLUMNS
     sampler: np.ndarray       # (N, 6) int64, SAMPLER_COLUMNS
-    window: np.ndarray        # (N, 2) float64, WINDOW_COLUMNS
+    window: np.ndarray        # (N, 2) float64, WINDOW_COLUMNS ((N, 3), CLIP_WINDOW_COLUMNS, clipping)
     comm: list[CommRow] = field(default_factory=list)   # rank 0's (op, label, calls, bytes, seconds)
     rows: dict[str, np.ndarray] = field(default_factory=dict)  # "x", "momentum": (len(ranks), d)
     ranks: tuple[int, ...] = ()
     path: Path = Path()       # where it was read from
+    clipping: np.ndarray | None = None  # (N, 3) float64, CLIPPING_COLUMNS (clipping algorithms)
 
 
 def checkpoint_path(out: Path, tick: int) -> Path:
@@ -132,8 +137,10 @@ class CheckpointWriter:
     where readers ignore it and the next ``prune`` deletes it.
     """
 
-    def __init__(self, path: Path, ckpt: Checkpoint, names: Sequence[str]) -> None:
+    def __init__(self, path: Path, ckpt: Checkpoint, names: Sequence[str],
+                 widths: dict[str, int] | None = None) -> None:
         self.path, self.ckpt, self.names = path, ckpt, tuple(names)
+        self.widths = widths or {}  # per-rank vectors not of the model's size (hidden)
         self.tmp = path.with_name(path.name + TMP_SUFFIX)
         self.committed = False
 
@@ -157,12 +164,16 @@ class CheckpointWriter:
             model.create_dataset(f"params/{name}", data=view)
         ranks = self.file.create_group("ranks")
         ranks.attrs["rng"] = RNG_NOTE
-        for name, data, columns in (("counters", ckpt.counters, COUNTER_COLUMNS),
-                                    ("sampler", ckpt.sampler, SAMPLER_COLUMNS),
-                                    ("window", ckpt.window, WINDOW_COLUMNS)):
+        tables = [("counters", ckpt.counters, COUNTER_COLUMNS),
+                  ("sampler", ckpt.sampler, sampler_columns(ckpt.config)),
+                  ("window", ckpt.window, _window_columns(ckpt.config))]
+        if ckpt.clipping is not None:
+            tables.append(("clipping", ckpt.clipping, CLIPPING_COLUMNS))
+        for name, data, columns in tables:
             ranks.create_dataset(name, data=data).attrs["columns"] = json.dumps(columns)
         for name in self.names:
-            ranks.create_dataset(name, (ckpt.world_size, d), dtype=ckpt.model.dtype)
+            width = self.widths.get(name, d)
+            ranks.create_dataset(name, (ckpt.world_size, width), dtype=ckpt.model.dtype)
         return self
 
     def row(self, name: str, rank: int, values: np.ndarray) -> None:
@@ -185,9 +196,19 @@ class CheckpointWriter:
             self.tmp.unlink(missing_ok=True)
 
 
+def sampler_columns(config: Config) -> tuple[str, ...]:
+    """The columns of ``/ranks/sampler``: a minibatch sampler's, or a BPTT sampler's (corpora)."""
+    return BPTT_SAMPLER_COLUMNS if config.model.model == "lstm" else SAMPLER_COLUMNS
+
+
+def _window_columns(config: Config) -> tuple[str, ...]:
+    return CLIP_WINDOW_COLUMNS if config.algorithm.algorithm in CLIPPING else WINDOW_COLUMNS
+
+
 def write_checkpoint(path: Path, ckpt: Checkpoint) -> None:
     """Write a checkpoint held entirely in memory (``rows`` of every rank)."""
-    with CheckpointWriter(path, ckpt, list(ckpt.rows)) as writer:
+    widths = {name: rows.shape[1] for name, rows in ckpt.rows.items()}
+    with CheckpointWriter(path, ckpt, list(ckpt.rows), widths) as writer:
         for name, rows in ckpt.rows.items():
             for rank in range(ckpt.world_size):
                 writer.row(name, rank, rows[rank])
@@ -250,25 +271,35 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None) -> Check
     for name, shape in layout.entries:
         _array(f, f"model/params/{name}", path, dtype, shape)
     counters = _array(f, "ranks/counters", path, np.int64, (size, len(COUNTER_COLUMNS)))[()]
-    sampler = _array(f, "ranks/sampler", path, np.int64, (size, len(SAMPLER_COLUMNS)))[()]
-    window = _finite(_array(f, "ranks/window", path, np.float64, (size, len(WINDOW_COLUMNS)))[()],
-                     "ranks/window", path)
+    sampler = _array(f, "ranks/sampler", path, np.int64, (size, len(sampler_columns(config))))[()]
+    window = _finite(_array(f, "ranks/window", path, np.float64,
+                            (size, len(_window_columns(config))))[()], "ranks/window", path)
+    clipping = None
+    if config.algorithm.algorithm in CLIPPING:  # grad_norm is NaN before the first step
+        clipping = _array(f, "ranks/clipping", path, np.float64, (size, len(CLIPPING_COLUMNS)))[()]
+        if not (np.isfinite(clipping[:, :2]).all() and (clipping[:, :2] >= 0).all()):
+            raise UserError(f"{path}: /ranks/clipping holds negative or non-finite counts")
     if (counters < 0).any() or (counters[:, 1:] != counters[0, 1:]).any():
         raise UserError(f"{path}: ranks/counters are inconsistent (negative, or ranks in different rounds)")
-    expected = {"x": bool(counters[0, 2]), "momentum": config.algorithm.momentum > 0}
+    expected = {"x": bool(counters[0, 2]), "momentum": config.algorithm.momentum > 0,
+                "hidden": config.model.model == "lstm"}
     ranks = tuple(range(size)) if rank is None else (rank,)
     rows = {}
     for name in PER_RANK:
         if (f"ranks/{name}" in f) != expected[name]:
             raise UserError(f"{path}: ranks/{name} is {'missing' if expected[name] else 'unexpected'}")
         if expected[name]:
-            data = _array(f, f"ranks/{name}", path, dtype, (size, layout.size))
+            width = layout.size
+            if name == "hidden":  # (N, k): k = 2 x layers x streams x hidden size
+                width = getattr(f[f"ranks/{name}"], "shape", (0,))[-1]
+            data = _array(f, f"ranks/{name}", path, dtype, (size, width))
             rows[name] = _finite(data[()] if rank is None else data[rank:rank + 1], f"ranks/{name}", path)
     return Checkpoint(config=config, world_size=size, tick=int_attr(attrs, "tick", path),
                       run_id=text_attr(attrs, "run_id", path),
                       trace_rows=int_attr(attrs, "trace_rows", path), wall_seconds=float(wall),
                       layout=layout, model=model, counters=counters, sampler=sampler, window=window,
-                      comm=_comm_rows(f, path), rows=rows, ranks=ranks, path=path)
+                      comm=_comm_rows(f, path), rows=rows, ranks=ranks, path=path,
+                      clipping=clipping)
 
 
 def _array(f: Any, name: str, path: Path, dtype: Any, shape: tuple[int, ...]) -> Any:
@@ -318,7 +349,7 @@ def _comm_rows(f: Any, path: Path) -> list[CommRow]:
 
 def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: LocalSGDState,
          sampler: MinibatchSampler, window: np.ndarray, model: Any, tick: int, run_id: str,
-         trace_rows: int, wall_seconds: float) -> None:
+         trace_rows: int, wall_seconds: float, hidden: Any = None) -> None:
     """Collective (every rank, at the same clock tick): rank 0 writes ``path`` atomically.
 
     ``model`` is the averaged model (every rank holds it). Each rank's ``x`` is stored only
@@ -327,22 +358,29 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: Loc
     """
     to_host = comm.backend.to_host
     ints = np.array([state.step, state.rounds, state.steps_in_round,
-                     *(sampler.state()[k] for k in SAMPLER_COLUMNS)], dtype=np.int64)
+                     *(sampler.state()[k] for k in sampler_columns(config))], dtype=np.int64)
     all_ints, all_window = _gather(comm, ints), _gather(comm, window)
-    names = [n for n, keep in (("x", state.steps_in_round > 0), ("momentum", state.momentum is not None)) if keep]
+    all_clipping = None
+    if hasattr(state, "clip_count"):  # a clipping algorithm's counters (LocalClipState)
+        all_clipping = _gather(comm, np.array([state.clip_count, float(state.clipped),
+                                               state.grad_norm], dtype=np.float64))
+    vectors = {"x": state.x, "momentum": state.momentum, "hidden": hidden}
+    names = [n for n, keep in (("x", state.steps_in_round > 0), ("momentum", state.momentum is not None),
+                               ("hidden", hidden is not None)) if keep]
     if comm.rank != 0:
-        copies = [to_host(getattr(state, n)) for n in names]
+        copies = [to_host(vectors[n]) for n in names]
         comm.waitall([comm.isend(c, 0, _TAG + i, LABEL) for i, c in enumerate(copies)], LABEL)
         return
     ckpt = Checkpoint(config=config, world_size=comm.size, tick=tick, run_id=run_id,
                       trace_rows=trace_rows, wall_seconds=wall_seconds, layout=layout,
                       model=to_host(model), counters=all_ints[:, :3], sampler=all_ints[:, 3:],
-                      window=all_window)
-    buffer = np.empty(state.x.shape, dtype=ckpt.model.dtype)
+                      window=all_window, clipping=all_clipping)
+    widths = {n: int(vectors[n].size) for n in names}
     try:
-        with CheckpointWriter(path, ckpt, names) as writer:
+        with CheckpointWriter(path, ckpt, names, widths) as writer:
             for i, name in enumerate(names):
-                writer.row(name, 0, to_host(getattr(state, name)))
+                writer.row(name, 0, to_host(vectors[name]))
+                buffer = np.empty(widths[name], dtype=ckpt.model.dtype)
                 for source in range(1, comm.size):
                     comm.waitall([comm.irecv_(buffer, source, _TAG + i, LABEL)], LABEL)
                     writer.row(name, source, buffer)
@@ -361,17 +399,24 @@ def _gather(comm: Comm, values: np.ndarray) -> np.ndarray:
 
 
 def restore(ckpt: Checkpoint, rank: int, state: LocalSGDState, sampler: MinibatchSampler,
-            backend: Backend) -> np.ndarray:
+            backend: Backend, load_hidden: Any = None) -> np.ndarray:
     """Put this rank's part of ``ckpt`` (read for ``rank``) into a fresh run; returns the trace
     window to continue. The sampler is restored first: it is the only step that can refuse
     (UserError), and it changes nothing when it does."""
-    sampler.restore(dict(zip(SAMPLER_COLUMNS, (int(v) for v in ckpt.sampler[rank]))))
+    sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
     row = ckpt.ranks.index(rank)
+    if "hidden" in ckpt.rows:  # checked before anything else changes: it can refuse too
+        if load_hidden is None:
+            raise UserError(f"{ckpt.path}: it holds an LSTM hidden state this run has no use for")
+        load_hidden(ckpt.rows["hidden"][row])
     source = ckpt.rows["x"][row] if "x" in ckpt.rows else ckpt.model
     state.x[...] = backend.asarray(source)
     if state.momentum is not None:
         state.momentum[...] = backend.asarray(ckpt.rows["momentum"][row])
     state.step, state.rounds, state.steps_in_round = (int(v) for v in ckpt.counters[rank])
+    if ckpt.clipping is not None:
+        clip_count, clipped, grad_norm = ckpt.clipping[rank]
+        state.clip_count, state.clipped, state.grad_norm = int(clip_count), bool(clipped), float(grad_norm)
     return ckpt.window[rank].copy()
 
 

@@ -9,7 +9,7 @@ attribute; four datasets, so appending a chunk of rows costs four writes. Layout
 of every column: docs/formats.md.
 
 Cost: each rank keeps its per-step losses on the device and reduces one window per row in one
-small non-blocking collective (an Iallgather of 3 numbers a rank, finished at the next row;
+small non-blocking collective (an Iallgather of 3 numbers a rank, 5 with clipping, finished at the next row;
 label "trace"), only at ticks of the algorithm's clock; only rank 0 touches the file, appending
 rows in chunks and flushing them, so after a crash (even kill -9) the file opens and holds
 every flushed row.
@@ -41,6 +41,9 @@ COLUMNS = {"step": "int64", "rounds": "int64", "loss_mean": "float64", "loss_max
            "grad_norm": "float64", "grad_norm_max": "float64", "lr": "float64",
            "wall": "float64", "eval_loss": "float64", "eval_accuracy": "float64"}
 ROW_DTYPE = np.dtype(list(COLUMNS.items()))
+#: Columns only some runs have: ``clip_fraction`` with a clipping algorithm (celgc, naive_clip),
+#: ``eval_perplexity`` with a language model (whose ``eval_accuracy`` is NaN).
+OPTIONAL_COLUMNS = {"clip_fraction": "float64", "eval_perplexity": "float64"}
 #: ``/comm/<name>`` (rows x labels): rank 0's counters per label, summed over operations,
 #: cumulative since the start of the run.
 COMM_COLUMNS = {"calls": "int64", "bytes": "int64", "seconds": "float64"}
@@ -58,6 +61,7 @@ class WindowStats:
     grad_norm: float
     grad_norm_max: float
     stop: bool
+    clip_fraction: float = math.nan  # clipped steps / steps over all ranks (clipping runs only)
 
 
 @dataclass
@@ -90,16 +94,18 @@ class Window:
 
     A row's reduction over ranks is one non-blocking collective (label "trace"): ``post``
     starts an Iallgather of each rank's (mean loss, gradient norm, stop flag), 24 bytes a
-    rank, and ``complete`` finishes it, normally at the next row tick, so no rank ever waits
+    rank (with ``clipping`` also the window's clipped steps and steps: 40 bytes), and ``complete`` finishes it, normally at the next row tick, so no rank ever waits
     for it on the step path. Every rank then takes means and maxima in rank order: the same
     bits everywhere, and in every run on as many ranks.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, clipping: bool = False) -> None:
         self.backend = backend
+        self.clipping = clipping  # also count clipped steps (reduced as a 4th value)
         self.losses: list[Any] = []
         self.loss_sum = 0.0
         self.steps = 0
+        self.clips = 0
         self.armed = False
         self._grad_sq: Any = None
         self._posted: list[_Posted] = []
@@ -116,11 +122,13 @@ class Window:
 
         return run
 
-    def add(self, loss: Any) -> None:
+    def add(self, loss: Any, clipped: bool = False) -> None:
         self.losses.append(loss)
+        self.clips += clipped
 
     def fold(self) -> np.ndarray:
-        """Fold the kept losses into the sum (one device-to-host copy); ``[loss_sum, steps]``."""
+        """Fold the kept losses into the sum (one device-to-host copy); ``[loss_sum, steps]``
+        (and ``clips`` when clipping)."""
         if self.losses:
             if self.backend.is_gpu:
                 values = self.backend.to_host(self.backend.xp.stack(self.losses)).astype(np.float64)
@@ -130,24 +138,29 @@ class Window:
                 self.loss_sum += value
             self.steps += len(self.losses)
             self.losses.clear()
-        return np.array([self.loss_sum, self.steps], dtype=np.float64)
+        extra = [self.clips] if self.clipping else []
+        return np.array([self.loss_sum, self.steps, *extra], dtype=np.float64)
 
     def restore(self, folded: np.ndarray) -> None:
         """Continue from ``fold()``'s result (saved in a checkpoint)."""
         self.loss_sum, self.steps = float(folded[0]), int(folded[1])
+        self.clips = int(folded[2]) if self.clipping else 0
 
     def post(self, comm: Comm, stop: bool, row: Row) -> None:
         """End the window: start its reduction over ranks (collective) for ``row``."""
         self.fold()
         mean = self.loss_sum / self.steps if self.steps else math.nan
         norm = math.sqrt(float(self._grad_sq)) if self._grad_sq is not None else math.nan
-        mine = np.array([mean, norm, 1.0 if stop else 0.0])
+        values = [mean, norm, 1.0 if stop else 0.0]
+        if self.clipping:  # clipped steps and steps: the fraction over all ranks is their ratio
+            values += [float(self.clips), float(self.steps)]
+        mine = np.array(values)
         everyone = np.empty((comm.size, mine.size))
         start = time.perf_counter()
         request = comm.mpi.Iallgather(mine, everyone)
         comm.stats.record("iallgather", LABEL, mine.nbytes, time.perf_counter() - start)
         self._posted.append(_Posted(row, request, mine, everyone))
-        self.loss_sum, self.steps, self._grad_sq = 0.0, 0, None
+        self.loss_sum, self.steps, self.clips, self._grad_sq = 0.0, 0, 0, None
 
     def complete(self, comm: Comm) -> list[Row]:
         """Finish every posted reduction (collective); their rows, oldest first, with stats."""
@@ -157,7 +170,12 @@ class Window:
         comm.waitall([p.request for p in posted], label=LABEL)
         for p in posted:
             means, maxima = p.everyone.sum(axis=0) / comm.size, p.everyone.max(axis=0)
-            p.row.stats = WindowStats(means[0], maxima[0], means[1], maxima[1], bool(maxima[2] > 0))
+            clip_fraction = math.nan
+            if self.clipping:
+                totals = p.everyone.sum(axis=0)
+                clip_fraction = totals[3] / totals[4] if totals[4] else math.nan
+            p.row.stats = WindowStats(means[0], maxima[0], means[1], maxima[1], bool(maxima[2] > 0),
+                                      clip_fraction)
         return [p.row for p in posted]
 
 
@@ -187,15 +205,21 @@ class TraceWriter:
     """
 
     def __init__(self, path: Path, attrs: dict[str, Any], resume_at: tuple[int, int] | None = None,
-                 flush_rows: int = 64, flush_seconds: float = 10.0) -> None:
+                 flush_rows: int = 64, flush_seconds: float = 10.0,
+                 extra_columns: tuple[str, ...] = ()) -> None:
         import h5py
 
+        self.columns = {**COLUMNS, **{name: OPTIONAL_COLUMNS[name] for name in extra_columns}}
+        self.row_dtype = np.dtype(list(self.columns.items()))
         self.path, self.flush_rows, self.flush_seconds = path, flush_rows, flush_seconds
         self._rows: list[tuple[dict[str, float], dict[str, tuple[int, int, float]]]] = []
         self._last_flush = time.monotonic()
         if resume_at is not None and path.exists():
             _check_resumable(path, attrs["run_id"], resume_at[0])
             self.file = h5py.File(path, "a")
+            if self.file["rows"].dtype != self.row_dtype:
+                raise UserError(f"{path}: its rows have columns {', '.join(self.file['rows'].dtype.names)}, "
+                                f"this run writes {', '.join(self.columns)}")
             self.labels = json.loads(self.file["comm"].attrs["labels"])
             self._truncate(resume_at[0])
             self.file.attrs["resumed_at"] = _resumed(self.file.attrs.get("resumed_at"), resume_at[1])
@@ -207,7 +231,7 @@ class TraceWriter:
         self.file = h5py.File(path, "w")
         self.file.attrs.update({"format": FORMAT, "format_version": VERSION, **attrs,
                                 "resumed_at": _resumed(None, resume_at[1]) if resume_at else "[]"})
-        self.file.create_dataset("rows", (0,), maxshape=(None,), dtype=ROW_DTYPE, chunks=(CHUNK_ROWS,))
+        self.file.create_dataset("rows", (0,), maxshape=(None,), dtype=self.row_dtype, chunks=(CHUNK_ROWS,))
         comm = self.file.create_group("comm")
         comm.attrs["labels"] = "[]"
         for name, dtype in COMM_COLUMNS.items():
@@ -222,7 +246,7 @@ class TraceWriter:
         return self.rows_on_disk + len(self._rows)
 
     def append(self, row: dict[str, float], comm: dict[str, tuple[int, int, float]]) -> None:
-        """Add a row (every name in COLUMNS) with rank 0's ``comm_totals``."""
+        """Add a row (every name in ``self.columns``) with rank 0's ``comm_totals``."""
         self._rows.append((row, comm))
         if len(self._rows) >= self.flush_rows or \
                 time.monotonic() - self._last_flush >= self.flush_seconds:
@@ -238,7 +262,7 @@ class TraceWriter:
     def _write(self) -> None:
         if self._rows:
             start, rows = self.rows_on_disk, self._rows
-            table = np.array([tuple(r[name] for name in COLUMNS) for r, _ in rows], ROW_DTYPE)
+            table = np.array([tuple(r[name] for name in self.columns) for r, _ in rows], self.row_dtype)
             self.file["rows"].resize((start + len(rows),))
             self.file["rows"][start:] = table
             new = sorted({label for _, c in rows for label in c} - set(self.labels))
@@ -337,7 +361,8 @@ def read_trace(path: str | Path) -> Trace:
             raise UserError(f"{path} is a damaged trace ({type(exc).__name__}: {exc})") from None
     rows = min(data.shape[0], *(c.shape[0] for c in counters.values()))
     width = min(len(labels), *(c.shape[1] for c in counters.values()))
-    columns = {name: np.ascontiguousarray(data[name][:rows]) for name in COLUMNS}
+    present = [*COLUMNS, *(name for name in OPTIONAL_COLUMNS if name in (data.dtype.names or ()))]
+    columns = {name: np.ascontiguousarray(data[name][:rows]) for name in present}
     comm = {label: {name: counters[name][:rows, j] for name in COMM_COLUMNS}
             for j, label in enumerate(labels[:width])}
     return Trace(path, attrs, config, columns, comm, summary)

@@ -19,6 +19,7 @@ from hpcopt.io.checkpoint import read_checkpoint
 from hpcopt.io.trace import COLUMNS, read_trace
 from hpcopt.problems.classification import ClassificationProblem
 from hpcopt.train import train
+from tests.mpi.lm_corpus import write_tiny_ptb
 
 pytestmark = pytest.mark.mpi
 
@@ -57,18 +58,23 @@ def assert_same_run(a_state, b_state, a_dir, b_dir, rank):
     if a_state.momentum is not None:
         np.testing.assert_array_equal(a_state.momentum, b_state.momentum)
     assert (a_state.step, a_state.rounds) == (b_state.step, b_state.rounds)
+    if hasattr(a_state, "clip_count"):  # a clipping algorithm's counters survive the resume
+        assert (a_state.clip_count, a_state.clipped) == (b_state.clip_count, b_state.clipped)
+        np.testing.assert_array_equal(a_state.grad_norm, b_state.grad_norm)
     if rank != 0:
         return
     a, b = read_trace(a_dir / "trace.h5"), read_trace(b_dir / "trace.h5")
     assert a.rows == b.rows > 0
-    for name in set(COLUMNS) - TIME_COLUMNS:
+    assert sorted(a.columns) == sorted(b.columns)
+    for name in set(a.columns) - TIME_COLUMNS:
         np.testing.assert_array_equal(a.columns[name], b.columns[name], err_msg=name)
     assert sorted(a.comm) == sorted(b.comm)
     for label in a.comm:
         for field in ("calls", "bytes"):
             np.testing.assert_array_equal(a.comm[label][field], b.comm[label][field],
                                           err_msg=f"{label} {field}")
-    assert a.summary["eval_accuracy"] == b.summary["eval_accuracy"]
+    for key in ("eval_loss", "eval_accuracy", "eval_perplexity"):
+        assert a.summary.get(key) == b.summary.get(key), key
 
 
 def heterogeneous(size):
@@ -77,14 +83,25 @@ def heterogeneous(size):
 
 
 @pytest.mark.parametrize("case", ["momentum", "nesterov-average-eval", "heterogeneous",
-                                  "shared-memory-averaging"])
+                                  "shared-memory-averaging", "celgc", "lstm"])
 def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_dir, case):
     steps = 10
     extra = {"momentum": {}, "heterogeneous": heterogeneous(comm.size),
              "nesterov-average-eval": {"nesterov": "true", "momentum_policy": "average",
                                        "eval_every": 4},
              # 19,210 float64 parameters: past SHM_AVERAGE_MIN_BYTES, the other averaging path
-             "shared-memory-averaging": {"hidden": 256}}[case]
+             "shared-memory-averaging": {"hidden": 256},
+             # clipping counters, clip_fraction rows, a global norm and partial participation
+             "celgc": {"algorithm": "celgc", "gamma": 0.15, "clip_norm": "global",
+                       "weight_decay": 1e-3, "participation": 0.5, "momentum_policy": "average",
+                       "eval_every": 4},
+             # the LSTM hidden state carried across windows, mid-epoch and mid-round
+             "lstm": {"dataset": "ptb", "path": str(shared_dir / "ptb"), "model": "lstm",
+                      "hidden": "8,8", "embed": 6, "batch_size": 3, "bptt": 7,
+                      "algorithm": "celgc", "gamma": 0.3, "lr": 2, "eval_every": 4}}[case]
+    if case == "lstm" and comm.rank == 0:
+        write_tiny_ptb(shared_dir / "ptb")
+    comm.mpi.Barrier()
     if case == "heterogeneous":
         steps = 6  # nominal: 2 rounds of I=3, then 2 more after the resume
     every = steps // 3 if case == "heterogeneous" else steps
@@ -95,6 +112,12 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
                              resume=part)
     assert not summary.stopped and summary.final is not None
     assert_same_run(a, b, whole, part, comm.rank)
+    if case == "lstm":
+        assert summary.final.perplexity > 1
+    if case == "celgc":
+        assert 0 < summary.clip_fraction < 1
+        if comm.rank == 0:
+            assert "clip_fraction" in read_trace(part / "trace.h5").columns
 
 
 def test_resume_from_an_earlier_checkpoint_drops_the_later_trace_rows(comm, shared_dir):

@@ -50,6 +50,21 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--dataset", "nosuchdata"], ["nosuchdata"]),
     (["train", "--dataset", "mnist_idx", "--path", "/nonexistent/mnist"], ["/nonexistent/mnist"]),
     (["train", "--config", "/nonexistent/run.toml"], ["config file not found"]),
+    (["train", "--gamma", "1"], ["gamma applies only to --algorithm celgc or naive_clip"]),
+    (["train", "--algorithm", "naive_clip", "--participation", "0.5"], ["participation", "celgc"]),
+    (["train", "--algorithm", "celgc", "--local-steps", "2,3"], ["local_steps", "prsgd"]),
+    (["train", "--algorithm", "celgc", "--gamma", "-1"], ["gamma must be > 0"]),
+    (["train", "--algorithm", "celgc", "--clip-norm", "max"], ["clipping norm 'max'"]),
+    (["train", "--partition", "dirichlet"], ["alpha > 0"]),
+    (["train", "--alpha", "0.5"], ["alpha applies only to --partition dirichlet"]),
+    (["train", "--partition", "similarity", "--similarity", "2"], ["similarity in [0, 1]"]),
+    (["train", "--dataset", "digits", "--model", "lstm", "--hidden", "8"], ["lstm needs a text corpus"]),
+    (["train", "--dataset", "shakespeare"], ["text corpus", "--model lstm"]),
+    (["train", "--dataset", "digits", "--bptt", "20"], ["bptt applies only"]),
+    (["train", "--embed", "8"], ["embed applies only to --model lstm"]),
+    (["train", "--dataset", "ptb", "--model", "lstm", "--hidden", "8,16"], ["equal hidden sizes"]),
+    (["train", "--dataset", "ptb", "--model", "lstm", "--hidden", "8"], ["needs a path"]),
+    (["train", "--model", "resnet"], ["unknown model 'resnet'"]),
 ])
 def test_bad_input_is_one_line_and_exit_2_on_every_rank(args, fragments):
     assert_one_line_error(launch(args), *fragments)
@@ -108,3 +123,44 @@ def test_train_and_info_succeed_on_a_small_run(tmp_path):
     info = launch(["info"])
     assert info.returncode == 0, info.stderr
     assert "world size      2" in info.stdout
+
+
+def test_celgc_on_digits_reports_the_clip_fraction(tmp_path):
+    out = tmp_path / "run"
+    result = launch(["train", "--dataset", "digits", "--steps", "24", "--interval", "4",
+                     "--algorithm", "celgc", "--gamma", "0.2", "--clip-norm", "global",
+                     "--weight-decay", "1e-4", "--participation", "0.5",
+                     "--partition", "dirichlet", "--alpha", "0.5", "--out", str(out)])
+    assert result.returncode == 0, result.stderr
+    assert "clipped " in result.stdout and "% of the steps" in result.stdout
+    assert "gamma=0.2 (global norm)" in result.stdout
+    from hpcopt.io.checkpoint import read_checkpoint
+    from hpcopt.io.trace import read_trace
+
+    trace = read_trace(out / "trace.h5")
+    assert trace.config.algorithm.algorithm == "celgc"
+    assert np.all((trace.columns["clip_fraction"] >= 0) & (trace.columns["clip_fraction"] <= 1))
+    ckpt = read_checkpoint(out)
+    assert ckpt.clipping is not None and ckpt.clipping.shape == (2, 3)
+    resumed = launch(["resume", str(out), "--steps", "32"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert read_trace(out / "trace.h5").columns["step"][-1] == 32
+
+
+def test_lstm_on_shakespeare_reports_perplexity_and_tokens(tmp_path):
+    out = tmp_path / "run"
+    result = launch(["train", "--dataset", "shakespeare", "--model", "lstm", "--hidden", "16,16",
+                     "--embed", "8", "--tie", "true", "--batch-size", "4", "--bptt", "16",
+                     "--steps", "6", "--interval", "2", "--lr", "1", "--out", str(out)],
+                    timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "test perplexity" in result.stdout and "tokens/s" in result.stdout
+    assert "lstm 8-16x16 tied, bptt 16" in result.stdout
+    from hpcopt.io.checkpoint import read_checkpoint
+    from hpcopt.io.trace import read_trace
+
+    ckpt = read_checkpoint(out)
+    # (h, c) x streams x the layers' sizes: tied, the last layer has the embedding's size
+    assert ckpt.rows["hidden"].shape == (2, 2 * 4 * (16 + 8))
+    assert np.abs(ckpt.rows["hidden"]).max() > 0
+    assert read_trace(out / "trace.h5").summary["eval_perplexity"] > 1
