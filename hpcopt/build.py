@@ -14,14 +14,16 @@ from .algorithms.local_sgd import LocalSGD
 from .algorithms.schedules import Schedule
 from .backend import Backend, get_backend
 from .comm import Comm
-from .config import Config
+from .config import CONV_MODELS, Config
+from .data.augment import Augmentation
 from .data.bptt import BpttSampler, rank_streams
-from .data.datasets import Dataset, load_dataset
+from .data.datasets import Dataset, as_images, load_dataset
 from .data.partition import partition_indices
 from .data.sampler import MinibatchSampler
 from .errors import UserError
 from .data.text import Corpus, load_corpus
 from .nn import Sequential, mlp
+from .nn.models import plain_cnn, resnet
 from .nn.language_model import LSTMLanguageModel
 from .problems.classification import ClassificationProblem, Evaluation
 from .problems.language_model import LanguageModelProblem, LMEvaluation
@@ -54,6 +56,9 @@ class RunParts:
     #: Per-rank state of the problem beyond the sampler that a checkpoint must hold (the LSTM
     #: hidden state): (a flat vector of it, put such a vector back); None for classification.
     carried: tuple[Callable[[], Array], Callable[[Array], None]] | None = None
+    #: The model's batch-norm running statistics, initialized and bound (the same on every
+    #: rank); the algorithm's state keeps them. None for a model without batch norm.
+    buffers: Array | None = None
 
     @property
     def clipping(self) -> bool:
@@ -78,19 +83,51 @@ def _classification_run(config: Config, comm: Comm, backend: Backend) -> RunPart
     n_train = dataset.x_train.shape[0]
     batch = config.data.batch_size
     total_steps = config.run.steps or _steps_for_epochs(config.run.epochs, n_train, comm.size, batch)
-    features = dataset.x_train[shard].reshape(shard.size, -1)
-    model = build_model(config, features.shape[1], dataset.num_classes)
-    sampler = MinibatchSampler(np.arange(shard.size), batch, config.run.seed, comm.rank)
-    problem = ClassificationProblem(model, backend.asarray(features, dtype),
-                                    backend.asarray(dataset.y_train[shard]), sampler, backend)
+    conv = config.model.model in CONV_MODELS
     n_test = dataset.x_test.shape[0]
-    test_x = backend.asarray(dataset.x_test.reshape(n_test, -1), dtype)
+    if conv:  # NCHW images
+        features = as_images(dataset.x_train[shard], dataset.image_shape)
+        test_features = as_images(dataset.x_test, dataset.image_shape)
+        model = build_model(config, features.shape[1], dataset.num_classes, features.shape[2:])
+    else:
+        features = dataset.x_train[shard].reshape(shard.size, -1)
+        test_features = dataset.x_test.reshape(n_test, -1)
+        model = build_model(config, features.shape[1], dataset.num_classes)
+    buffers = None
+    if model.buffer_layout.size:
+        buffers = model.buffer_layout.zeros(backend, dtype)
+        model.init_buffers(buffers)
+        model.bind_buffers(buffers)
+    sampler = MinibatchSampler(np.arange(shard.size), batch, config.run.seed, comm.rank)
+    augment = Augmentation(config.run.seed, comm.rank) if config.data.augment else None
+    problem = ClassificationProblem(model, backend.asarray(features, dtype),
+                                    backend.asarray(dataset.y_train[shard]), sampler, backend,
+                                    augment=augment)
+    test_x = backend.asarray(test_features, dtype)
     test_y = backend.asarray(dataset.y_test)
-    sizes = "-".join(str(s) for s in (features.shape[1], *config.model.hidden, dataset.num_classes))
-    description = (f"{config.data.dataset} ({n_train} train / {n_test} test), mlp {sizes}")
-    return _finish(config, comm, backend, dataset, model, problem, total_steps,
-                   lambda params, scratch, c: problem.evaluate(params, scratch, test_x, test_y, c),
-                   description, "samples", lambda steps: steps * batch)
+    chunk = batch if conv else 1024  # conv nets: reuse the training batch's scratch arrays
+
+    def evaluate(params: Array, scratch: Array, c: Comm, buffers: Array | None = None) -> Evaluation:
+        return problem.evaluate(params, scratch, test_x, test_y, c, chunk=chunk, buffers=buffers)
+
+    description = (f"{config.data.dataset} ({n_train} train / {n_test} test), "
+                   f"{_describe_model(config, features.shape[1:], dataset.num_classes)}"
+                   f"{', augmented' if augment else ''}")
+    parts = _finish(config, comm, backend, dataset, model, problem, total_steps, evaluate,
+                    description, "samples", lambda steps: steps * batch)
+    parts.buffers = buffers
+    return parts
+
+
+def _describe_model(config: Config, sample_shape: tuple[int, ...], classes: int) -> str:
+    """The network in a few words, for the run's header."""
+    cfg = config.model
+    if cfg.model == "resnet":
+        return f"resnet-{cfg.depth} width {cfg.width} on {'x'.join(map(str, sample_shape))}"
+    if cfg.model == "plain_cnn":
+        return (f"plain_cnn {'-'.join(map(str, cfg.channels))}{' batch-norm' if cfg.batch_norm else ''}"
+                f" on {'x'.join(map(str, sample_shape))}")
+    return "mlp " + "-".join(str(s) for s in (sample_shape[0], *cfg.hidden, classes))
 
 
 def _language_model_run(config: Config, comm: Comm, backend: Backend) -> RunParts:
@@ -173,9 +210,20 @@ def _shard(config: Config, dataset: Dataset, comm: Comm) -> np.ndarray:
                              similarity=data.similarity)
 
 
-def build_model(config: Config, inputs: int, classes: int) -> Sequential:
-    """The network ``config.model.model`` names (today: the MLP)."""
+def build_model(config: Config, inputs: int, classes: int,
+                image_size: tuple[int, int] | None = None) -> Sequential:
+    """The network ``config.model.model`` names: the MLP (``inputs`` features), or a conv net
+    (``inputs`` channels of ``image_size`` images)."""
     cfg = config.model
+    try:
+        if cfg.model == "resnet":
+            return resnet(cfg.depth, inputs, classes, cfg.width)
+        if cfg.model == "plain_cnn":
+            assert image_size is not None
+            return plain_cnn(inputs, tuple(image_size), classes, cfg.channels,
+                             batch_norm=cfg.batch_norm)
+    except ValueError as exc:  # e.g. images too small for the poolings
+        raise UserError(f"{cfg.model} on {config.data.dataset}: {exc}") from None
     return mlp(inputs, cfg.hidden, classes, cfg.activation)
 
 
@@ -192,7 +240,7 @@ def build_algorithm(config: Config, size: int, total_steps: int) -> Algorithm:
         return NaiveParallelClip(schedule, algo.gamma, algo.momentum, algo.nesterov,
                                  algo.weight_decay)
     return LocalSGD(schedule, algo.interval, algo.momentum, algo.nesterov,
-                    algo.momentum_policy, algo.local_steps)
+                    algo.momentum_policy, algo.local_steps, algo.buffer_policy)
 
 
 def _steps_for_epochs(epochs: float, n_train: int, workers: int, batch_size: int) -> int:

@@ -25,7 +25,9 @@ else:  # pragma: no cover
 ALGORITHMS = ("prsgd", "celgc", "naive_clip")
 CLIPPING = ("celgc", "naive_clip")  # algorithms that clip (LocalClip, NaiveParallelClip)
 TEXT_CORPORA = ("shakespeare", "ptb", "wikitext2")  # data sets for language models
-MODELS = ("mlp", "lstm")
+MODELS = ("mlp", "lstm", "resnet", "plain_cnn")
+CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
+BUFFER_POLICIES = ("local", "average", "rank0")  # hpcopt.algorithms.buffers
 DTYPES = ("float32", "float64")
 
 
@@ -44,6 +46,7 @@ class DataConfig:
     batch_size: int = 32        # samples per rank and step; token streams per rank for a corpus
     test_fraction: float = 0.2
     bptt: int = 35              # language models: tokens per truncated-BPTT window
+    augment: bool = False       # conv models: random crop (zero-pad 4) and horizontal flip
 
     def __post_init__(self) -> None:
         if self.partition == "dirichlet":
@@ -80,10 +83,21 @@ class ModelConfig:
     activation: str = "relu"
     embed: int = 0              # lstm: embedding size; 0 = the hidden size
     tie: bool = False           # lstm: decoder weight = embedding weight
+    depth: int = 20             # resnet: 6n + 2 layers (8, 14, 20, 32, ...)
+    width: int = 16             # resnet: channels of the first stage (then 2x, 4x)
+    channels: tuple[int, ...] = (32, 64)  # plain_cnn: channels of each conv -> pool stage
+    batch_norm: bool = False    # plain_cnn: batch norm after every convolution
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise UserError(f"unknown model {self.model!r} (choose from {', '.join(MODELS)})")
+        self._check_model_keys()
+        if self.depth < 8 or (self.depth - 2) % 6:
+            raise UserError(f"resnet depth must be 6n + 2 with n >= 1 (8, 14, 20, ...), got {self.depth}")
+        if self.width < 1:
+            raise UserError(f"width must be >= 1, got {self.width}")
+        if not self.channels or any(c < 1 for c in self.channels):
+            raise UserError(f"channels must be one or more sizes >= 1, got {self.channels}")
         if any(h < 1 for h in self.hidden):
             raise UserError(f"hidden sizes must be >= 1, got {self.hidden}")
         if self.embed < 0:
@@ -92,10 +106,24 @@ class ModelConfig:
             if not self.hidden or len(set(self.hidden)) != 1:
                 raise UserError(f"lstm needs equal hidden sizes, one per layer (e.g. --hidden 256,256), "
                                 f"got {self.hidden}")
-            if self.activation != "relu":
-                raise UserError("activation applies only to --model mlp")
         elif self.embed or self.tie:
             raise UserError(f"{'embed' if self.embed else 'tie'} applies only to --model lstm")
+
+    def _check_model_keys(self) -> None:
+        """Keys of one kind of model are refused (when changed from the default) for the others."""
+        defaults = ModelConfig.__dataclass_fields__
+        only = {"hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
+                "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)}
+        for name in only:
+            default = defaults[name].default
+            if getattr(self, name) != default and self.model not in only[name]:
+                raise UserError(f"{name} applies only to --model {' or '.join(only[name])}, "
+                                f"not {self.model}")
+
+    @property
+    def keeps_buffers(self) -> bool:
+        """Whether the model has batch-norm running statistics (a buffer beside the parameters)."""
+        return self.model == "resnet" or (self.model == "plain_cnn" and self.batch_norm)
 
 
 @dataclass(frozen=True)
@@ -114,11 +142,15 @@ class AlgorithmConfig:
     clip_norm: str = "local"      # celgc: local ||g_i|| or global sqrt(mean_j ||g_j||^2)
     weight_decay: float = 0.0     # celgc, naive_clip
     participation: float = 1.0    # celgc: fraction of ranks in each round's average
+    buffer_policy: str = "average"  # batch-norm statistics at a round: local, average, rank0
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise UserError(f"unknown algorithm {self.algorithm!r} (choose from {', '.join(ALGORITHMS)})")
         _positive("lr", self.lr)
+        if self.buffer_policy not in BUFFER_POLICIES:
+            raise UserError(f"unknown buffer_policy {self.buffer_policy!r} "
+                            f"(choose from {', '.join(BUFFER_POLICIES)})")
         if self.interval < 1:
             raise UserError(f"interval I must be >= 1, got {self.interval}")
         defaults = AlgorithmConfig.__dataclass_fields__
@@ -179,6 +211,17 @@ class Config:
         if lstm and not text:
             raise UserError(f"--model lstm needs a text corpus ({', '.join(TEXT_CORPORA)}), "
                             f"not {self.data.dataset}")
+        conv = self.model.model in CONV_MODELS
+        if self.data.augment and not conv:
+            raise UserError(f"augment applies only to --model {' or '.join(CONV_MODELS)}, "
+                            f"not {self.model.model}")
+        if self.model.keeps_buffers and self.algorithm.algorithm != "prsgd":
+            raise UserError(f"batch norm (--model {self.model.model}) trains only with "
+                            f"--algorithm prsgd, not {self.algorithm.algorithm}")
+        if (self.algorithm.buffer_policy != AlgorithmConfig.__dataclass_fields__["buffer_policy"].default
+                and not self.model.keeps_buffers):
+            raise UserError("buffer_policy applies only to models with batch norm "
+                            "(--model resnet, or plain_cnn with --batch-norm true)")
 
     @property
     def language_model(self) -> bool:

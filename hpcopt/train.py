@@ -12,9 +12,10 @@ Everything outside the algorithm's own communication happens at ticks of ``algor
    rows in flight are finished first, so a checkpoint counts every row before it).
 
 After the last tick: a row for a partial last window, the "final" average when the run ended
-mid-round, the final evaluation. A resumed run restores the state at a checkpoint's tick and
-then performs exactly the operations the uninterrupted run performs after that tick, so on the
-same number of ranks its losses, parameters and trace are bitwise the same.
+mid-round (with the batch-norm buffer policy on the same label), the final evaluation. A
+resumed run restores the state at a checkpoint's tick and then performs exactly the operations
+the uninterrupted run performs after that tick, so on the same number of ranks its losses,
+parameters and trace are bitwise the same.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .algorithms.buffers import sync_buffers
 from .algorithms.local_clip import LocalClipState
 from .algorithms.local_sgd import AVERAGE_LABEL, LocalSGDState
 from .build import RunParts, build_run
@@ -105,13 +107,20 @@ def _megabytes(nbytes: float) -> str:
 
 def evaluate_average(parts: RunParts, state: State, scratch: Any,
                      comm: Comm) -> Evaluation | LMEvaluation:
-    """Evaluate the averaged model without disturbing training (a copy is averaged, label eval)."""
+    """Evaluate the averaged model without disturbing training (a copy is averaged, label eval).
+
+    Batch-norm statistics: at a round boundary the ones the policy left; mid-round a copy of
+    them with the policy applied (label eval)."""
     if state.steps_in_round == 0:
-        model = state.x  # every rank holds the average already
-    else:
-        scratch[...] = state.x
-        model = comm.average_(scratch, label="eval")
-    return parts.evaluate(model, state.grad, comm)
+        return parts.evaluate(state.x, state.grad, comm)  # every rank holds the average already
+    scratch[...] = state.x
+    model = comm.average_(scratch, label="eval")
+    buffers = getattr(state, "buffers", None)
+    if buffers is None:
+        return parts.evaluate(model, state.grad, comm)
+    copy = buffers.copy()
+    sync_buffers(copy, parts.algorithm.buffer_policy, comm, label="eval")
+    return parts.evaluate(model, state.grad, comm, buffers=copy)
 
 
 def _evaluation_fields(evaluation: Evaluation | LMEvaluation | None, lm: bool) -> dict[str, float]:
@@ -207,7 +216,8 @@ class _Run:
         ckpt_io.save(path, comm, self.config, self.parts.model.layout, state,
                      self.parts.problem.sampler, self.window.fold(), model, tick, self.run_id,
                      self.writer.rows if self.writer else 0, self.wall(),
-                     hidden=self.parts.carried[0]() if self.parts.carried else None)
+                     hidden=self.parts.carried[0]() if self.parts.carried else None,
+                     buffers=getattr(state, "buffers", None))
         if comm.rank == 0:
             ckpt_io.prune(path.parent, self.config.run.keep_checkpoints)
         self.checkpoint = str(path)
@@ -232,7 +242,8 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     parts = agreed(lambda: build_run(config, comm), comm)
     comm.backend = parts.backend
     algorithm, backend = parts.algorithm, parts.backend
-    state = algorithm.init(parts.x0, comm)
+    state = (algorithm.init(parts.x0, comm) if parts.buffers is None
+             else algorithm.init(parts.x0, comm, buffers=parts.buffers))
     window = trace_io.Window(backend, clipping=parts.clipping)
     total = algorithm.clock_ticks(parts.total_steps)
     if ckpt is not None:
@@ -322,6 +333,8 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
             train_loss = row.stats.loss_mean
         if state.steps_in_round:
             comm.average_(state.x, label="final")
+            if getattr(state, "buffers", None) is not None:
+                sync_buffers(state.buffers, algorithm.buffer_policy, comm, label="final")
             state.steps_in_round = 0
         parts.backend.synchronize()
         final = evaluate_average(parts, state, scratch, comm)
@@ -460,5 +473,7 @@ def _algorithm_settings(parts: RunParts) -> str:
     if algo.algorithm == "naive_clip":
         return f"gamma={algo.gamma:g}"
     interval = f"I={algo.interval}"
+    if parts.buffers is not None:
+        interval += f", buffer_policy {algo.buffer_policy}"
     return interval + (f", gamma={algo.gamma:g} ({algo.clip_norm} norm)"
                        if algo.algorithm == "celgc" else "")

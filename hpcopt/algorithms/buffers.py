@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..comm import Comm
+from ..config import BUFFER_POLICIES
 from ..errors import UserError
 
 Array = Any
 
-BUFFER_POLICIES = ("local", "average", "rank0")
 BUFFERS_LABEL = "buffers"
 
 

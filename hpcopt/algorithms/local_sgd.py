@@ -11,7 +11,9 @@ Every rank i runs, from the common x_0 (broadcast from rank 0)::
 I = 1 is parallel mini-batch SGD. With ``local_steps`` each rank i runs its own I_i steps per round
 before the common averaging (the paper's heterogeneous-worker variant). Momentum buffers at a
 round follow ``momentum_policy``: ``keep`` (local, as PyTorch and the authors' code),
-``average`` (one more allreduce, label "momentum") or ``reset`` (zeroed).
+``average`` (one more allreduce, label "momentum") or ``reset`` (zeroed). A model with batch norm
+has a flat buffer of running statistics (``state.buffers``); right after x is averaged it follows
+``buffer_policy`` (``hpcopt.algorithms.buffers.sync_buffers``, label "buffers").
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Callable
 
 from ..comm import Comm
 from ..errors import UserError
+from .buffers import check_buffer_policy, sync_buffers
 from .schedules import Schedule
 
 Array = Any
@@ -41,6 +44,7 @@ class LocalSGDState:
     step: int = 0            # local steps taken on this rank
     rounds: int = 0          # averaging rounds completed
     steps_in_round: int = 0  # local steps since the last averaging
+    buffers: Array | None = None  # batch-norm running statistics (None: the model has none)
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,10 @@ class LocalSGD:
     nesterov: bool = False
     momentum_policy: str = "keep"
     local_steps: tuple[int, ...] = ()
+    buffer_policy: str = "average"  # batch-norm statistics at a round: local, average, rank0
 
     def __post_init__(self) -> None:
+        check_buffer_policy(self.buffer_policy)
         if self.interval < 1:
             raise UserError(f"interval I must be >= 1, got {self.interval}")
         if not 0 <= self.momentum < 1:
@@ -95,12 +101,14 @@ class LocalSGD:
         """How many ticks of ``clock`` a run of T nominal steps has."""
         return total_steps // self.interval if self.local_steps else total_steps
 
-    def init(self, x0: Array, comm: Comm) -> LocalSGDState:
-        """State from x0; x0 is broadcast from rank 0 so every rank starts from the same model."""
+    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> LocalSGDState:
+        """State from x0; x0 is broadcast from rank 0 so every rank starts from the same model.
+        ``buffers`` (the model's bound batch-norm statistics, the same initial values on every
+        rank) is kept as ``state.buffers`` and synchronized at each round."""
         comm.bcast_(x0, root=0, label="init")
         xp = comm.backend.xp
         momentum = xp.zeros_like(x0) if self.momentum > 0 else None
-        return LocalSGDState(x=x0, grad=xp.zeros_like(x0), momentum=momentum)
+        return LocalSGDState(x=x0, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers)
 
     def step(self, state: LocalSGDState, oracle: Oracle, comm: Comm) -> Any:
         """One local step, then the averaging round if this rank's I_i steps are done.
@@ -124,8 +132,10 @@ class LocalSGD:
         return loss
 
     def average(self, state: LocalSGDState, comm: Comm) -> None:
-        """The restart: x_i <- mean_j x_j, and the momentum policy."""
+        """The restart: x_i <- mean_j x_j, the buffer policy, and the momentum policy."""
         comm.average_(state.x, label=AVERAGE_LABEL)
+        if state.buffers is not None:
+            sync_buffers(state.buffers, self.buffer_policy, comm)
         if state.momentum is not None:
             if self.momentum_policy == "average":
                 comm.average_(state.momentum, label=MOMENTUM_LABEL)

@@ -6,7 +6,8 @@ clipping counters of a clipping algorithm (celgc, naive_clip), the
 algorithm's counters, each rank's sampler position (with the seed in the config, that is the
 whole random state: every draw comes from a stream keyed by (seed, purpose, rank, epoch, ...)),
 the trace window in progress, rank 0's communication counters, the resolved config as TOML,
-the world size, versions and a format version.
+the world size, versions and a format version; each rank's batch-norm running statistics
+(``/ranks/buffers``) for a model with batch norm.
 
 Writing is atomic: the file is written as ``NAME.tmp``, flushed, fsynced, renamed to ``NAME``
 and the directory fsynced, so a crash or kill at any moment leaves the previous checkpoint
@@ -51,7 +52,7 @@ BPTT_SAMPLER_COLUMNS = ("epoch", "position", "bptt", "stream_length", "batch_siz
 WINDOW_COLUMNS = ("loss_sum", "steps")
 CLIP_WINDOW_COLUMNS = (*WINDOW_COLUMNS, "clips")  # the window of a clipping run
 CLIPPING_COLUMNS = ("clip_count", "clipped", "grad_norm")
-PER_RANK = ("x", "momentum", "hidden")
+PER_RANK = ("x", "momentum", "hidden", "buffers")
 RNG_NOTE = ("every random draw comes from hpcopt.rng.stream(seed, purpose, *key), a pure function "
             "of its key; a rank's random state is the seed (config) and its sampler row")
 _TAG = 7301
@@ -75,7 +76,7 @@ class Checkpoint:
     sampler: np.ndarray       # (N, 6) int64, SAMPLER_COLUMNS
     window: np.ndarray        # (N, 2) float64, WINDOW_COLUMNS ((N, 3), CLIP_WINDOW_COLUMNS, clipping)
     comm: list[CommRow] = field(default_factory=list)   # rank 0's (op, label, calls, bytes, seconds)
-    rows: dict[str, np.ndarray] = field(default_factory=dict)  # "x", "momentum": (len(ranks), d)
+    rows: dict[str, np.ndarray] = field(default_factory=dict)  # "x", "momentum": (len(ranks), d); "hidden", "buffers": (len(ranks), k)
     ranks: tuple[int, ...] = ()
     path: Path = Path()       # where it was read from
     clipping: np.ndarray | None = None  # (N, 3) float64, CLIPPING_COLUMNS (clipping algorithms)
@@ -140,7 +141,7 @@ class CheckpointWriter:
     def __init__(self, path: Path, ckpt: Checkpoint, names: Sequence[str],
                  widths: dict[str, int] | None = None) -> None:
         self.path, self.ckpt, self.names = path, ckpt, tuple(names)
-        self.widths = widths or {}  # per-rank vectors not of the model's size (hidden)
+        self.widths = widths or {}  # per-rank vectors not of the model's size (hidden, buffers)
         self.tmp = path.with_name(path.name + TMP_SUFFIX)
         self.committed = False
 
@@ -282,7 +283,7 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None) -> Check
     if (counters < 0).any() or (counters[:, 1:] != counters[0, 1:]).any():
         raise UserError(f"{path}: ranks/counters are inconsistent (negative, or ranks in different rounds)")
     expected = {"x": bool(counters[0, 2]), "momentum": config.algorithm.momentum > 0,
-                "hidden": config.model.model == "lstm"}
+                "hidden": config.model.model == "lstm", "buffers": config.model.keeps_buffers}
     ranks = tuple(range(size)) if rank is None else (rank,)
     rows = {}
     for name in PER_RANK:
@@ -290,7 +291,7 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None) -> Check
             raise UserError(f"{path}: ranks/{name} is {'missing' if expected[name] else 'unexpected'}")
         if expected[name]:
             width = layout.size
-            if name == "hidden":  # (N, k): k = 2 x layers x streams x hidden size
+            if name in ("hidden", "buffers"):  # (N, k): hidden: 2 x layers x streams x size
                 width = getattr(f[f"ranks/{name}"], "shape", (0,))[-1]
             data = _array(f, f"ranks/{name}", path, dtype, (size, width))
             rows[name] = _finite(data[()] if rank is None else data[rank:rank + 1], f"ranks/{name}", path)
@@ -349,12 +350,14 @@ def _comm_rows(f: Any, path: Path) -> list[CommRow]:
 
 def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: LocalSGDState,
          sampler: MinibatchSampler, window: np.ndarray, model: Any, tick: int, run_id: str,
-         trace_rows: int, wall_seconds: float, hidden: Any = None) -> None:
+         trace_rows: int, wall_seconds: float, hidden: Any = None, buffers: Any = None) -> None:
     """Collective (every rank, at the same clock tick): rank 0 writes ``path`` atomically.
 
     ``model`` is the averaged model (every rank holds it). Each rank's ``x`` is stored only
     while the ranks' models differ (``steps_in_round > 0``); momentum always, when used.
-    Rank 0's counters are stored after all of this checkpoint's traffic.
+    ``hidden`` (an LSTM's state) and ``buffers`` (batch-norm statistics) are this rank's
+    flat vectors, stored for every rank when given. Rank 0's counters are stored after all of
+    this checkpoint's traffic.
     """
     to_host = comm.backend.to_host
     ints = np.array([state.step, state.rounds, state.steps_in_round,
@@ -364,9 +367,10 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: Loc
     if hasattr(state, "clip_count"):  # a clipping algorithm's counters (LocalClipState)
         all_clipping = _gather(comm, np.array([state.clip_count, float(state.clipped),
                                                state.grad_norm], dtype=np.float64))
-    vectors = {"x": state.x, "momentum": state.momentum, "hidden": hidden}
+    vectors = {"x": state.x, "momentum": state.momentum, "hidden": hidden, "buffers": buffers}
     names = [n for n, keep in (("x", state.steps_in_round > 0), ("momentum", state.momentum is not None),
-                               ("hidden", hidden is not None)) if keep]
+                               ("hidden", hidden is not None), ("buffers", buffers is not None))
+             if keep]
     if comm.rank != 0:
         copies = [to_host(vectors[n]) for n in names]
         comm.waitall([comm.isend(c, 0, _TAG + i, LABEL) for i, c in enumerate(copies)], LABEL)
@@ -409,10 +413,19 @@ def restore(ckpt: Checkpoint, rank: int, state: LocalSGDState, sampler: Minibatc
         if load_hidden is None:
             raise UserError(f"{ckpt.path}: it holds an LSTM hidden state this run has no use for")
         load_hidden(ckpt.rows["hidden"][row])
+    buffers = getattr(state, "buffers", None)
+    if ("buffers" in ckpt.rows) != (buffers is not None):
+        raise UserError(f"{ckpt.path}: it {'holds' if buffers is None else 'lacks'} the batch-norm "
+                        f"statistics this run's model {'has no use for' if buffers is None else 'needs'}")
+    if buffers is not None and ckpt.rows["buffers"].shape[1] != buffers.size:
+        raise UserError(f"{ckpt.path}: its batch-norm statistics have {ckpt.rows['buffers'].shape[1]} "
+                        f"values, this model needs {buffers.size}")
     source = ckpt.rows["x"][row] if "x" in ckpt.rows else ckpt.model
     state.x[...] = backend.asarray(source)
     if state.momentum is not None:
         state.momentum[...] = backend.asarray(ckpt.rows["momentum"][row])
+    if buffers is not None:
+        buffers[...] = backend.asarray(ckpt.rows["buffers"][row])
     state.step, state.rounds, state.steps_in_round = (int(v) for v in ckpt.counters[rank])
     if ckpt.clipping is not None:
         clip_count, clipped, grad_norm = ckpt.clipping[rank]

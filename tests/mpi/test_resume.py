@@ -41,7 +41,7 @@ def config(out, **overrides):
                 interval="4", progress="false", seed="3", momentum="0.9", trace_every="3",
                 out=str(out))
     base.update({k: str(v) for k, v in overrides.items()})
-    return build_config(None, base)
+    return build_config(None, {k: v for k, v in base.items() if v != "None"})  # None: drop a key
 
 
 def fresh_train(cfg, resume=None):
@@ -57,6 +57,8 @@ def assert_same_run(a_state, b_state, a_dir, b_dir, rank):
     np.testing.assert_array_equal(a_state.x, b_state.x)
     if a_state.momentum is not None:
         np.testing.assert_array_equal(a_state.momentum, b_state.momentum)
+    if getattr(a_state, "buffers", None) is not None:  # batch-norm running statistics
+        np.testing.assert_array_equal(a_state.buffers, b_state.buffers)
     assert (a_state.step, a_state.rounds) == (b_state.step, b_state.rounds)
     if hasattr(a_state, "clip_count"):  # a clipping algorithm's counters survive the resume
         assert (a_state.clip_count, a_state.clipped) == (b_state.clip_count, b_state.clipped)
@@ -83,7 +85,8 @@ def heterogeneous(size):
 
 
 @pytest.mark.parametrize("case", ["momentum", "nesterov-average-eval", "heterogeneous",
-                                  "shared-memory-averaging", "celgc", "lstm"])
+                                  "shared-memory-averaging", "celgc", "lstm", "batchnorm",
+                                  "batchnorm-local"])
 def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_dir, case):
     steps = 10
     extra = {"momentum": {}, "heterogeneous": heterogeneous(comm.size),
@@ -98,7 +101,14 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
              # the LSTM hidden state carried across windows, mid-epoch and mid-round
              "lstm": {"dataset": "ptb", "path": str(shared_dir / "ptb"), "model": "lstm",
                       "hidden": "8,8", "embed": 6, "batch_size": 3, "bptt": 7,
-                      "algorithm": "celgc", "gamma": 0.3, "lr": 2, "eval_every": 4}}[case]
+                      "algorithm": "celgc", "gamma": 0.3, "lr": 2, "eval_every": 4},
+             # batch-norm statistics per rank, augmentation, mid-round evaluation (I=4, eval
+             # every 3: a scratch copy of the statistics under the policy) and checkpoint
+             "batchnorm": {"model": "plain_cnn", "hidden": None, "channels": "3,4",
+                           "batch_norm": "true", "augment": "true", "eval_every": 3},
+             "batchnorm-local": {"model": "plain_cnn", "hidden": None, "channels": "3",
+                                 "batch_norm": "true", "buffer_policy": "local",
+                                 "eval_every": 3}}[case]
     if case == "lstm" and comm.rank == 0:
         write_tiny_ptb(shared_dir / "ptb")
     comm.mpi.Barrier()
@@ -114,6 +124,12 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
     assert_same_run(a, b, whole, part, comm.rank)
     if case == "lstm":
         assert summary.final.perplexity > 1
+    if case.startswith("batchnorm"):
+        everyone = np.stack(comm.mpi.allgather(b.buffers))
+        same = (everyone == everyone[0]).all()
+        assert same if case == "batchnorm" or comm.size == 1 else not same
+        if comm.rank == 0:
+            assert read_checkpoint(part).rows["buffers"].shape == (comm.size, b.buffers.size)
     if case == "celgc":
         assert 0 < summary.clip_fraction < 1
         if comm.rank == 0:

@@ -64,7 +64,15 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--embed", "8"], ["embed applies only to --model lstm"]),
     (["train", "--dataset", "ptb", "--model", "lstm", "--hidden", "8,16"], ["equal hidden sizes"]),
     (["train", "--dataset", "ptb", "--model", "lstm", "--hidden", "8"], ["needs a path"]),
-    (["train", "--model", "resnet"], ["unknown model 'resnet'"]),
+    (["train", "--model", "vgg"], ["unknown model 'vgg'"]),
+    (["train", "--model", "resnet", "--depth", "10"], ["depth must be 6n + 2"]),
+    (["train", "--depth", "14"], ["depth applies only to --model resnet, not mlp"]),
+    (["train", "--model", "plain_cnn", "--hidden", "64"], ["hidden applies only to --model mlp or lstm"]),
+    (["train", "--dataset", "ptb", "--model", "resnet"], ["text corpus", "--model lstm"]),
+    (["train", "--augment", "true"], ["augment applies only to --model resnet or plain_cnn"]),
+    (["train", "--model", "plain_cnn", "--buffer-policy", "rank0"], ["buffer_policy applies only"]),
+    (["train", "--model", "resnet", "--buffer-policy", "mean"], ["unknown buffer_policy 'mean'"]),
+    (["train", "--model", "resnet", "--algorithm", "celgc"], ["batch norm", "prsgd"]),
 ])
 def test_bad_input_is_one_line_and_exit_2_on_every_rank(args, fragments):
     assert_one_line_error(launch(args), *fragments)
@@ -164,3 +172,22 @@ def test_lstm_on_shakespeare_reports_perplexity_and_tokens(tmp_path):
     assert ckpt.rows["hidden"].shape == (2, 2 * 4 * (16 + 8))
     assert np.abs(ckpt.rows["hidden"]).max() > 0
     assert read_trace(out / "trace.h5").summary["eval_perplexity"] > 1
+
+
+def test_plain_cnn_with_batch_norm_on_digits(tmp_path):
+    out = tmp_path / "run"
+    result = launch(["train", "--dataset", "digits", "--model", "plain_cnn", "--channels", "8,16",
+                     "--batch-norm", "true", "--batch-size", "16", "--steps", "32",
+                     "--interval", "4", "--buffer-policy", "rank0", "--out", str(out)])
+    assert result.returncode == 0, result.stderr
+    assert "plain_cnn 8-16 batch-norm on 1x8x8" in result.stdout
+    assert "buffer_policy rank0" in result.stdout and "test accuracy" in result.stdout
+    accuracy = float(result.stdout.split("test accuracy")[1].split()[0])
+    assert accuracy > 0.3, result.stdout
+    from hpcopt.io.checkpoint import read_checkpoint
+    from hpcopt.io.trace import read_trace
+
+    ckpt = read_checkpoint(out)  # rank0: every rank holds rank 0's statistics after the round
+    assert ckpt.rows["buffers"].shape == (2, 2 * (8 + 16))
+    np.testing.assert_array_equal(ckpt.rows["buffers"][0], ckpt.rows["buffers"][1])
+    assert "buffers" in read_trace(out / "trace.h5").comm
