@@ -29,6 +29,7 @@ MODELS = ("mlp", "lstm", "resnet", "plain_cnn")
 CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
 BUFFER_POLICIES = ("local", "average", "rank0")  # hpcopt.algorithms.buffers
 DTYPES = ("float32", "float64")
+AVERAGING_MODES = ("auto", "mpi", "shm")  # hpcopt.comm: how average_ runs
 
 
 def _positive(name: str, value: float) -> None:
@@ -181,8 +182,12 @@ class RunConfig:
     keep_checkpoints: int = 3   # the newest K checkpoints are kept, older ones deleted
     trace: bool = True          # write OUT/trace.h5
     trace_every: int = 8        # clock ticks per trace row (and per check for SIGTERM)
+    averaging: str = "auto"     # auto | mpi | shm (node-local shared memory), see hpcopt.comm
 
     def __post_init__(self) -> None:
+        if self.averaging not in AVERAGING_MODES:
+            raise UserError(f"averaging must be one of {', '.join(AVERAGING_MODES)}, "
+                            f"got {self.averaging!r}")
         if self.seed < 0:
             raise UserError(f"seed must be >= 0, got {self.seed}")
         if self.steps < 0 or self.epochs < 0 or (self.steps == 0 and self.epochs == 0):

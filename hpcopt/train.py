@@ -237,6 +237,7 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     row, write a checkpoint and return with ``summary.stopped`` set.
     """
     comm = comm or Comm()
+    comm.averaging = config.run.averaging
     threads = configure_threads(node_layout(comm.mpi)[1])
     ckpt = agreed(lambda: _read_checkpoint(resume, comm), comm) if resume else None
     parts = agreed(lambda: build_run(config, comm), comm)
