@@ -38,7 +38,8 @@ from mpi4py import MPI
 from ..comm import Comm
 from ..errors import UserError
 from ..rng import stream
-from .local_sgd import AVERAGE_LABEL, MOMENTUM_LABEL, MOMENTUM_POLICIES
+from .local_sgd import AVERAGE_LABEL, MOMENTUM_LABEL
+from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, momentum_direction
 from .schedules import Schedule
 
 Array = Any
@@ -109,16 +110,9 @@ class _ClippedSGD:
 
     def _update(self, state: LocalClipState, norm: float) -> None:
         """x <- x - min(eta_t, gamma_t / (norm + eps)) d, d from state.grad (overwritten)."""
-        direction = state.grad
         if self.weight_decay:
             state.grad += self.weight_decay * state.x
-        if state.momentum is not None:
-            state.momentum *= self.momentum
-            state.momentum += state.grad
-            if self.nesterov:
-                state.grad += self.momentum * state.momentum
-            else:
-                direction = state.momentum
+        direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
         lr = self.schedule(state.step)
         step_size = self.step_size(state.step, norm)
         state.x -= step_size * direction
@@ -178,11 +172,8 @@ class LocalClip(_ClippedSGD):
         """x_i <- mean of x_j over this round's participants, and the momentum policy."""
         members = self.participants(state.rounds, comm.size)
         self._mean_over(state.x, members, comm, AVERAGE_LABEL)
-        if state.momentum is not None:
-            if self.momentum_policy == "average":
-                self._mean_over(state.momentum, members, comm, MOMENTUM_LABEL)
-            elif self.momentum_policy == "reset":
-                state.momentum[...] = 0
+        apply_momentum_policy(state.momentum, self.momentum_policy,
+                              lambda b: self._mean_over(b, members, comm, MOMENTUM_LABEL))
         state.rounds += 1
         state.steps_in_round = 0
 

@@ -24,12 +24,12 @@ from typing import Any, Callable
 from ..comm import Comm
 from ..errors import UserError
 from .buffers import check_buffer_policy, sync_buffers
+from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, momentum_direction
 from .schedules import Schedule
 
 Array = Any
 Oracle = Callable[[Array, Array], Any]
 
-MOMENTUM_POLICIES = ("keep", "average", "reset")
 AVERAGE_LABEL = "average"
 MOMENTUM_LABEL = "momentum"
 
@@ -116,14 +116,7 @@ class LocalSGD:
         Returns the minibatch loss at the point where the gradient was taken.
         """
         loss = oracle(state.x, state.grad)
-        direction = state.grad
-        if state.momentum is not None:
-            state.momentum *= self.momentum
-            state.momentum += state.grad
-            if self.nesterov:
-                state.grad += self.momentum * state.momentum
-            else:
-                direction = state.momentum
+        direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
         state.x -= self.schedule(state.step) * direction
         state.step += 1
         state.steps_in_round += 1
@@ -136,10 +129,7 @@ class LocalSGD:
         comm.average_(state.x, label=AVERAGE_LABEL)
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
-        if state.momentum is not None:
-            if self.momentum_policy == "average":
-                comm.average_(state.momentum, label=MOMENTUM_LABEL)
-            elif self.momentum_policy == "reset":
-                state.momentum[...] = 0
+        apply_momentum_policy(state.momentum, self.momentum_policy,
+                              lambda b: comm.average_(b, label=MOMENTUM_LABEL))
         state.rounds += 1
         state.steps_in_round = 0

@@ -1,0 +1,36 @@
+"""Momentum shared by the data-parallel algorithms: the step direction and the round policy."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+Array = Any
+
+MOMENTUM_POLICIES = ("keep", "average", "reset")
+
+
+def momentum_direction(grad: Array, buffer: Array | None, mu: float, nesterov: bool) -> Array:
+    """The step direction, updating the momentum buffer in place.
+
+    No buffer: d = g. Heavy ball: b <- mu b + g, d = b. Nesterov: b <- mu b + g, d = g + mu b
+    (written into ``grad``, PyTorch's form). No new array of size d is kept.
+    """
+    if buffer is None:
+        return grad
+    buffer *= mu
+    buffer += grad
+    if not nesterov:
+        return buffer
+    grad += mu * buffer
+    return grad
+
+
+def apply_momentum_policy(buffer: Array | None, policy: str, average: Callable[[Array], Any]) -> None:
+    """At an averaging round: ``keep`` the local buffer, ``average`` it (with the given
+    averaging function, one allreduce) or ``reset`` it to zero."""
+    if buffer is None:
+        return
+    if policy == "average":
+        average(buffer)
+    elif policy == "reset":
+        buffer[...] = 0
