@@ -50,17 +50,18 @@ from mpi4py import MPI
 
 #: Buffers below this size are averaged with plain MPI ``Allreduce`` by ``Comm(averaging="auto")``.
 #: Measured with benchmarks/allreduce.py (its "crossover" line; 2-core AMD EPYC VM, MPICH 5.0.2,
-#: float32, runs with < 2% foreign CPU): shm / best plain Allreduce at 2 ranks was 0.73-0.90 at
-#: 16 KB, 1.00-1.08 at 64 KB, 1.13-1.18 at 128 KB, 1.24-1.42 at 256 KB; at 4 ranks 0.92 at 16 KB,
-#: 1.07 at 32 KB, 1.14 at 64 KB, 1.26 at 128 KB. The crossover is 32-64 KB; this is the first size
-#: at which shm won clearly in every run (a fixed cost of 2 barriers + ~6 numpy calls per call).
+#: float32; docs/results/allreduce.md): shm / best plain Allreduce, over 7 runs at 2 ranks, was
+#: 0.68-0.89 at 16 KB, 0.84-1.08 at 64 KB, 1.13-1.27 at 128 KB, 1.24-2.23 at 256 KB; at 4 ranks
+#: 0.69-0.92 at 16 KB, 0.91-1.14 at 64 KB, 1.24-1.26 at 128 KB. The crossover is ~64 KB (fixed
+#: cost: 2 barriers + ~6 numpy calls); 128 KB is the first size at which shm won in every run.
 SHM_AVERAGE_MIN_BYTES = 128 << 10
 
 #: Largest piece of the buffer that goes through the window at once, in bytes: small enough
 #: that a chunk's 2 k + D window slots stay in the last-level cache (32 MB here), large enough
-#: that the per-chunk barrier and numpy calls (~10 us) stay small. Measured with the chunk sweep
-#: of benchmarks/allreduce.py at 32 and 64 MB, 2 ranks (paired rel, lower is better): 512 KB
-#: 1.05-1.09, 1 MB 1.00, 2 MB 1.06-1.11, 4 MB 1.5-1.6, 8 MB 1.2-1.6.
+#: that the per-chunk barrier and numpy calls (~16 us) stay small. Chunk sweep of
+#: benchmarks/allreduce.py at 32 and 64 MB (paired rel, lower is better), 2 ranks over 3 runs:
+#: 256 KB 1.10-1.26, 512 KB 1.00-1.12, 1 MB 1.00-1.07, 2 MB 1.05-1.17, 4 MB 1.09-1.67; 4 ranks:
+#: 512 KB 1.01-1.09, 1 MB 1.00-1.02, 2 MB 1.10-1.13.
 SHM_CHUNK_BYTES = 1 << 20
 
 INTER_MODES = ("owners", "leaders")
@@ -120,6 +121,7 @@ class ShmAverager:
         self.min_node_size, self.max_node_size, self.nodes = int(counts[0]), int(-counts[1]), int(counts[2])
         self.inter_mode = inter
         self.chunk_bytes = chunk_bytes
+        self._row_bytes = chunk_bytes // _LINE * _LINE  # every window slot starts on a cache line
 
         k = self.node_size
         if self.nodes == 1:
@@ -145,7 +147,7 @@ class ShmAverager:
 
     def _window(self) -> np.ndarray:
         if self._mem is None:
-            nbytes = (2 * self.node_size + self.stages) * self.chunk_bytes
+            nbytes = (2 * self.node_size + self.stages) * self._row_bytes
             # One contiguous segment owned by node rank 0; the others attach to it.
             self.win = MPI.Win.Allocate_shared(nbytes if self.node_rank == 0 else 0, 1, comm=self.node)
             memory, _ = self.win.Shared_query(0)
@@ -160,11 +162,15 @@ class ShmAverager:
         mem = self._window()
         k, me, parts, stages = self.node_size, self.node_rank, self.parts, self.stages
         line = max(1, _LINE // dtype.itemsize)
-        cap = max(line, self.chunk_bytes // dtype.itemsize // line * line)
-        width = min(cap, -(-n // line) * line)  # elements per window row
-        slots = mem[: (2 * k + stages) * width * dtype.itemsize].view(dtype)
-        inputs = [slots[s * k * width:(s + 1) * k * width].reshape(k, width) for s in range(2)]
-        results = [slots[(2 * k + s) * width:(2 * k + s + 1) * width] for s in range(stages)]
+        cap = self._row_bytes // dtype.itemsize  # a multiple of line
+        width = min(cap, -(-n // line) * line)  # elements of a chunk
+        # The slots sit at the same byte offsets whatever (n, dtype): input slot s, row j at
+        # (s k + j) row_bytes, result slot s at (2 k + s) row_bytes. So the next average_ (of any
+        # size), which writes only input slots before its first barrier, cannot touch a result a
+        # slower rank is still copying back from the previous one.
+        slots = mem.view(dtype).reshape(2 * k + stages, cap)[:, :width]
+        inputs = [slots[s * k:(s + 1) * k] for s in range(2)]
+        results = [slots[2 * k + s] for s in range(stages)]
         chunks = []
         for c, start in enumerate(range(0, n, width)):
             stop = min(n, start + width)

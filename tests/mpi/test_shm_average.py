@@ -309,3 +309,34 @@ def test_bad_arguments_are_rejected(world):
         ShmAverager(world, chunk_bytes=8)
     with pytest.raises(ValueError, match="ranks_per_node"):
         ShmAverager(world, ranks_per_node=0)
+
+
+class SlowCopyBack(np.ndarray):
+    """A buffer whose in-place divisions (the shm path's copy-back) start 50 ms late."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        if ufunc is np.divide:
+            time.sleep(0.05)
+        inputs = tuple(x.view(np.ndarray) if isinstance(x, SlowCopyBack) else x for x in inputs)
+        if out is not None:
+            out = tuple(x.view(np.ndarray) if isinstance(x, SlowCopyBack) else x for x in out)
+            kwargs["out"] = out
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+
+@pytest.mark.parametrize("ranks_per_node, inter", [(None, "owners"), (2, "leaders")])
+def test_slow_copy_back_then_another_size_does_not_mix_data(world, averagers, ranks_per_node, inter):
+    """The last rank is still copying a result back while the others start the next average_
+    of another size and dtype (another layout of the window): it must still read its result."""
+    a = averagers(ranks_per_node, inter, chunk_bytes=4096)
+    n, rank = world.Get_size(), world.Get_rank()
+    for first, second in [((10, np.float32), (1000, np.float64)), ((100, np.float64), (900, np.float32))]:
+        buf1 = int_data(rank, first[0], first[1])
+        buf2 = int_data(rank + 3, second[0], second[1])
+        expected1, expected2 = raw_average(world, buf1), raw_average(world, buf2)
+        if rank == n - 1:
+            buf1 = buf1.view(SlowCopyBack)
+        a.average_(buf1)
+        a.average_(buf2)
+        np.testing.assert_array_equal(np.asarray(buf1), expected1)
+        np.testing.assert_array_equal(buf2, expected2)
