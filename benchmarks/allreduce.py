@@ -251,21 +251,6 @@ def make_sliced(mpi: MPI.Comm, buf: np.ndarray, slice_bytes: int):
     return sliced
 
 
-def make_sliced(mpi: MPI.Comm, buf: np.ndarray, slice_bytes: int):
-    if slice_bytes == 0 or slice_bytes >= buf.nbytes:
-        def whole() -> None:
-            mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        return whole
-    step = max(1, slice_bytes // buf.itemsize)
-    views = [buf[i:i + step] for i in range(0, buf.shape[0], step)]
-
-    def sliced() -> None:
-        for v in views:
-            mpi.Allreduce(MPI.IN_PLACE, v, op=MPI.SUM)
-
-    return sliced
-
-
 def paired(times: dict[str, np.ndarray], a: str, b: str) -> float:
     """Median over rounds of time(a) / time(b): > 1 means b is faster than a by that factor."""
     return float(np.median(times[a] / times[b]))
