@@ -75,7 +75,7 @@ def run_labels(traces: Sequence[Trace]) -> list[str]:
                   else label for label, t in zip(labels, traces)]
     if len(set(labels)) < len(labels):
         labels = [f"{label} #{i + 1}" for i, label in enumerate(labels)]
-    return labels
+    return [label or t.path.parent.name for label, t in zip(labels, traces)]
 
 
 def _text(value: Any) -> str:
@@ -84,13 +84,22 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _metric(traces: Sequence[Trace]) -> tuple[str, str]:
+    """(trace column, label) of the evaluation metric: perplexity when every run is a language
+    model (its traces carry ``eval_perplexity``), test accuracy otherwise."""
+    if traces and all("eval_perplexity" in trace.columns for trace in traces):
+        return "eval_perplexity", "test perplexity"
+    return "eval_accuracy", "test accuracy"
+
+
 def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
-    """name -> matplotlib Figure: loss and test accuracy against one axis, a line per run."""
+    """name -> matplotlib Figure: loss and the test metric against one axis, a line per run."""
     try:
         from matplotlib.figure import Figure
         from matplotlib.ticker import FormatStrFormatter
     except ImportError:
         raise UserError("report needs matplotlib: pip install 'hpcopt[plot]'") from None
+    column, metric = _metric(traces)
     out = {}
     for axis in AXES:
         fig = Figure(figsize=(8, 7.5), layout="constrained")
@@ -98,16 +107,16 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
         for trace, label in zip(traces, labels):
             x = axis.rows(trace)
             loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4)
-            evaluated = np.isfinite(trace.columns["eval_accuracy"])
+            evaluated = np.isfinite(trace.columns[column])
             ex = list(x[evaluated])
-            ey = list(trace.columns["eval_accuracy"][evaluated])
-            if trace.summary and isinstance(trace.summary.get("eval_accuracy"), float):
+            ey = list(trace.columns[column][evaluated])
+            if trace.summary and isinstance(trace.summary.get(column), float):
                 ex.append(axis.final(trace))
-                ey.append(trace.summary["eval_accuracy"])
+                ey.append(trace.summary[column])
             acc_ax.plot(ex, ey, marker="o", markersize=4, linewidth=1.4, label=label)
         loss_ax.set(ylabel="training loss (mean over ranks)", yscale="log", xscale=axis.scale,
-                    title=f"Training loss and test accuracy against {axis.label}")
-        acc_ax.set(xlabel=axis.label, ylabel="test accuracy")
+                    title=f"Training loss and {metric} against {axis.label}")
+        acc_ax.set(xlabel=axis.label, ylabel=metric)
         for which in (loss_ax.yaxis.set_major_formatter, loss_ax.yaxis.set_minor_formatter):
             which(FormatStrFormatter("%g"))
         for ax in (loss_ax, acc_ax):
@@ -119,7 +128,8 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
 
 def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
     """A markdown table of each run's final figures."""
-    lines = ["| run | ranks | steps | rounds | train loss | test accuracy | test loss | "
+    column, metric = _metric(traces)
+    lines = [f"| run | ranks | steps | rounds | train loss | {metric} | test loss | "
              "MB communicated (rank 0) | wall time (s) | trace |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for trace, label in zip(traces, labels):
@@ -129,7 +139,7 @@ def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
                  summary.get("step", trace.columns["step"][last] if trace.rows else "-"),
                  summary.get("rounds", trace.columns["rounds"][last] if trace.rows else "-"),
                  _number(trace.columns["loss_mean"][last] if trace.rows else math.nan, 4),
-                 _number(summary.get("eval_accuracy", math.nan), 4),
+                 _number(summary.get(column, math.nan), 4),
                  _number(summary.get("eval_loss", math.nan), 4),
                  _number(trace.bytes_total()[last] / MB if trace.rows else math.nan, 2),
                  _number(summary.get("wall", trace.columns["wall"][last] if trace.rows else math.nan), 1),

@@ -93,3 +93,24 @@ def test_report_command_line(two_runs, tmp_path):
     (tmp_path / "notrace.h5").write_text("nope")
     assert_one_line_error(launch(["report", str(tmp_path / "notrace.h5")], ranks=1),
                           "not an HDF5 file (expected a trace)")
+
+
+def test_language_model_runs_are_reported_by_perplexity(tmp_path):
+    from hpcopt.comm import Comm
+    from hpcopt.train import train
+
+    out = tmp_path / "lm"
+    config = build_config(None, {"dataset": "shakespeare", "model": "lstm", "hidden": "8",
+                                 "embed": "4", "batch_size": "4", "bptt": "8", "steps": "6",
+                                 "eval_every": "3", "progress": "false", "out": str(out)})
+    comm = Comm()
+    train(config, comm, verbose=False)
+    comm.free()
+    traces = load_traces([out])
+    fig = figures(traces, ["lm"])["steps"]
+    assert fig.axes[1].get_ylabel() == "test perplexity"
+    perplexities = fig.axes[1].get_lines()[0].get_ydata()
+    assert len(perplexities) == 3 and all(p > 1 for p in perplexities)  # steps 3, 6 and final
+    written = write_report([out], tmp_path / "report")
+    table = (tmp_path / "report" / "report.md").read_text()
+    assert "test perplexity" in table and len(written) == 5
