@@ -47,7 +47,11 @@ cancel):
 - the chunk size of the shared-memory path (``--chunks``), to measure the best value of
   ``hpcopt.shm_average.SHM_CHUNK_BYTES``.
 The load average is printed at start and end; on a shared machine, rerun when it exceeds the
-rank count. A full run to 256 MB takes a few minutes at 2 ranks.
+rank count. So is the bandwidth of a hand-off through a shared window (node rank 0 writes, then
+rank 0 itself or rank 1 reads): averaging over 2 ranks moves about one buffer per rank between
+the cores, so when the cross-core rate is low (a VM whose virtual cores the host placed far
+apart) neither MPI nor the shared-memory path can go faster, and their ratio shrinks towards 1.
+A full run to 256 MB takes about a minute at 2 ranks, three at 4.
 """
 
 from __future__ import annotations
@@ -297,6 +301,43 @@ def geometric_choice(rows: list[dict], variants: list[int]) -> tuple[dict[int, f
     return score, min(score, key=score.get)
 
 
+def cross_core_bandwidth(mpi: MPI.Comm, chunk: int = 1 * MB, chunks: int = 64,
+                         reps: int = 5) -> tuple[float, float]:
+    """(local, cross) GB/s of a hand-off through a shared-memory window: node rank 0 writes a
+    1 MB piece (into one of 2 slots), a barrier, a rank reads it, a barrier; read by rank 0
+    itself (local) or by node rank 1 (cross-core: the lines move between cores, and back to
+    rank 0's cache when it overwrites the slot). Two ranks averaging in shared memory hand
+    about one buffer per rank across like this, so the cross rate bounds them; on a VM it
+    depends on where the host puts the virtual cores. (0, 0) with one rank per node.
+    """
+    node = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    rank = node.Get_rank()
+    win = MPI.Win.Allocate_shared(2 * chunk if rank == 0 else 0, 1, comm=node)
+    try:
+        if node.Get_size() < 2:
+            return 0.0, 0.0
+        slots = np.frombuffer(win.Shared_query(0)[0], dtype=np.float32).reshape(2, -1)
+        src, dst = np.ones(slots.shape[1], np.float32), np.empty(slots.shape[1], np.float32)
+        seconds = np.zeros((reps, 2))
+        for r in range(reps):
+            for reader in (0, 1):
+                node.Barrier()
+                start = time.perf_counter()
+                for i in range(chunks):
+                    if rank == 0:
+                        np.copyto(slots[i % 2], src)
+                    node.Barrier()
+                    if rank == reader:
+                        np.add(slots[i % 2], 0.0, out=dst)
+                    node.Barrier()
+                seconds[r, reader] = time.perf_counter() - start
+        node.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
+        return tuple(chunk * chunks / np.median(seconds, axis=0) / 1e9)  # type: ignore[return-value]
+    finally:
+        win.Free()
+        node.Free()
+
+
 # -- checks ----------------------------------------------------------------------------------
 
 def sanity_check(mpi: MPI.Comm, comms: dict[str, Comm], dtype: np.dtype) -> None:
@@ -377,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     shm = comms["shm"].averager
     say(f"# host {platform.node()}, {os.cpu_count()} cpu(s), load average {load_start[0]:.2f} at start; "
         f"Comm.slice_bytes = {fmt_bytes(comms['mpi'].slice_bytes)}; times = median over reps of max over ranks")
+    xcore = cross_core_bandwidth(mpi)
+    if xcore[1] > 0:
+        say(f"# hand-off through a shared window (rank 0 writes 1 MB, a rank reads it): {xcore[0]:.1f} GB/s "
+            f"read by rank 0 itself, {xcore[1]:.1f} GB/s by rank 1 (cross-core)")
     say(f"# shm path: {shm.nodes} node(s) of {shm.min_node_size}..{shm.max_node_size} rank(s), "
         f"chunks of {fmt_bytes(SHM_CHUNK_BYTES)}; auto takes it from {fmt_bytes(SHM_AVERAGE_MIN_BYTES)} up"
         + (f"; fake nodes of {fake} rank(s) for own{fake}/lead{fake}" if fake else ""))
@@ -389,10 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         bw_names = ["copy1", "copyN", "raw", "sl*", "mpi", "shm", "auto", *extra, "pickle"]
         say("")
         say("# algbw GB/s per case (sl* = best sliced raw Allreduce: its slice size follows);"
-            " x = paired speed-up")
+            " x = paired speed-up;")
+        say("# xcore = cross-core hand-off GB/s through a shared window, measured right after the row")
         say(f"{'size':>9} {'reps':>4} | " + " ".join(f"{nm:>7}" for nm in bw_names) + f" {'sl*':>5} |"
             f" {'shm/raw':>7} {'shm/sl*':>7} {'shm/cp1':>7} {'auto/bp':>7} {'auto/mpi':>8}"
-            + (f" {'own/lead':>8}" if fake else ""))
+            + (f" {'own/lead':>8}" if fake else "") + f" {'xcore':>6}")
         for nbytes in sizes:
             length = nbytes // dtype.itemsize
             rng = np.random.default_rng(rank)
@@ -430,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                    "best_plain": best_plain, "ratios": ratios,
                    "all_s": {k: v.tolist() for k, v in times.items()},
                    "n_tensors_pickle": len(mlp_layout(length)) if pickled else None}
+            row["handoff_gbps_after"] = cross_core_bandwidth(mpi, reps=3)
             results.append(row)
             gb = {k: nbytes / t / 1e9 for k, t in med.items()}
             gb["sl*"] = gb[best_sliced] if sliced_names else float("nan")
@@ -437,8 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             slname = best_sliced[2:] if sliced_names else "-"
             say(f"{fmt_bytes(nbytes):>9} {reps:>4} | " + " ".join(cells) + f" {slname:>5} |"
                 f" {ratios['shm/raw']:6.2f}x {ratios['shm/sliced']:6.2f}x {ratios['shm/copy1']:6.2f}x"
-                f" {ratios['auto/best_plain']:6.2f}x {ratios['auto/mpi']:7.2f}x" + (f" {ratios['own/lead']:7.2f}x" if fake else ""),
-                flush=True)
+                f" {ratios['auto/best_plain']:6.2f}x {ratios['auto/mpi']:7.2f}x" + (f" {ratios['own/lead']:7.2f}x" if fake else "")
+                + f" {row['handoff_gbps_after'][1]:6.1f}", flush=True)
             del buf, src, dst, cases
         if args.pickle_max_bytes <= 0:
             say("# pickle path not run (--pickle-max-bytes 0)")
@@ -514,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             "ranks": n, "dtype": dtype.name, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
             "mpi4py": __import__("mpi4py").__version__, "host": platform.node(), "cpus": os.cpu_count(),
             "loadavg_start": load_start, "loadavg_end": load_end,
+            "handoff_gbps": {"local": xcore[0], "cross_core": xcore[1]},
             "hpcopt_slice_bytes": ALLREDUCE_SLICE_BYTES, "shm_chunk_bytes": SHM_CHUNK_BYTES,
             "shm_average_min_bytes": SHM_AVERAGE_MIN_BYTES, "fake_node_size": fake,
             "timing": "median over reps of max over ranks", "pickle_max_bytes": args.pickle_max_bytes,
