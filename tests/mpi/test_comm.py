@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from hpcopt.comm import ALLREDUCE_SLICE_BYTES, Comm, CommStats, _slices
+from tests.memory import peak_allocation
 
 pytestmark = pytest.mark.mpi
 
@@ -207,33 +207,23 @@ def test_average_keeps_pointer_and_allocates_nothing_large(sliced, slice_bytes):
     address = buf.__array_interface__["data"][0]
     c.average_(buf)  # warm-up: first-call allocations do not count
     c.mpi.Barrier()
-    tracemalloc.start()
-    try:
-        base, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        out = c.average_(buf)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    out, allocated = peak_allocation(lambda: c.average_(buf))
     assert out is buf
     assert buf.__array_interface__["data"][0] == address
     assert buf.flags.c_contiguous and buf.flags.owndata
     # A temporary copy of the buffer (buf / n, np.concatenate, ...) would be >= 4 MB here.
-    assert peak - base < buf.nbytes // 100, f"average_ allocated {peak - base} bytes"
+    assert allocated < buf.nbytes // 100, f"average_ allocated {allocated} bytes"
 
 
 def test_tracemalloc_sees_a_copying_average():
     """The check above can fail: a copy-making average shows up in tracemalloc's peak."""
     buf = np.ones(1 << 20, dtype=np.float32)
-    tracemalloc.start()
-    try:
-        base, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
+
+    def copying_average() -> None:
         buf[:] = buf / 2  # what average_ must not do
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak - base >= buf.nbytes
+
+    _, allocated = peak_allocation(copying_average)
+    assert allocated >= buf.nbytes
 
 
 # -- counters ----------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from mpi4py import MPI
 
 from hpcopt.comm import Comm
 from hpcopt.shm_average import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
+from tests.memory import peak_allocation
 
 pytestmark = pytest.mark.mpi
 
@@ -288,16 +288,9 @@ def test_shm_path_keeps_pointer_and_allocates_nothing_large():
         address = buf.__array_interface__["data"][0]
         c.average_(buf)  # warm-up: window and plan are made here
         c.mpi.Barrier()
-        tracemalloc.start()
-        try:
-            base, _ = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            out = c.average_(buf)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        out, allocated = peak_allocation(lambda: c.average_(buf))
         assert out is buf and buf.__array_interface__["data"][0] == address
-        assert peak - base < buf.nbytes // 100, f"shm average_ allocated {peak - base} bytes"
+        assert allocated < buf.nbytes // 100, f"shm average_ allocated {allocated} bytes"
     finally:
         c.free()
 
