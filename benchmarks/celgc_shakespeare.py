@@ -3,7 +3,8 @@
 The paper (Liu, Zhuang, Lei, Liao, NeurIPS 2022) trains AWD-LSTM on PTB / Wikitext-2 with
 eta = 30, gamma = 7.5 and finds CELGC close to the naive baseline per epoch with I-times fewer
 averaging rounds, and clipping firing more often in CELGC. This is the same comparison at
-laptop scale, built from the parts directly (until ``hpcopt train`` knows the LM problem):
+laptop scale, built from the parts directly (a quick check in one job; the full reproduction
+through ``hpcopt train``, with traces and plots, is ``benchmarks/celgc_reproduce.py``):
 
     mpiexec -n 4 python benchmarks/celgc_shakespeare.py [--steps 300] [--intervals 1 4 16]
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from typing import Callable
 
 import numpy as np
 from threadpoolctl import threadpool_limits
+from versus import add_timing_options, interleaved_medians, optional_torch, ratio_to  # benchmarks/versus.py
 
 from hpcopt.nn import Conv2d, Sequential, resnet, softmax_cross_entropy
 
@@ -121,13 +120,6 @@ def torch_resnet20_step(args: argparse.Namespace) -> Callable[[], None]:
     return step
 
 
-def seconds_per_call(step: Callable[[], None], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        step()
-    return (time.perf_counter() - start) / calls
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["conv", "resnet20"], default="conv")
@@ -137,15 +129,10 @@ def main() -> None:
     parser.add_argument("--kernel", type=int, default=3)
     parser.add_argument("--stride", type=int, default=1)
     parser.add_argument("--padding", type=int, default=1)
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=10, help="calls timed together per round")
+    add_timing_options(parser)
     args = parser.parse_args()
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch = optional_torch()
     ours, theirs = ((hpcopt_step, torch_step) if args.model == "conv"
                     else (hpcopt_resnet20_step, torch_resnet20_step))
     frameworks = {"hpcopt": ours(args)}
@@ -162,27 +149,16 @@ def main() -> None:
         flops = 3 * 2 * args.batch * 40.6e6  # ResNet-20: 40.6 M multiply-adds per 32x32 image
         print(f"ResNet-20 training step, batch {args.batch}, 3x32x32, {args.dtype}; ", end="")
     print(f"{os.cpu_count()} cores; median of {args.rounds} rounds of {args.calls} calls")
-    if torch is None:
-        print("torch is not installed: measuring hpcopt only (pip install torch to compare)")
-    else:
-        print(f"torch {torch.__version__}")
     print(f"{'threads':>7} {'framework':>9} {'ms/step':>8} {'images/s':>9} {'GFLOP/s':>8} "
           f"{'vs torch':>8}")
     for threads in args.threads:
         if torch is not None:
             torch.set_num_threads(threads)
-        times: dict[str, list[float]] = {name: [] for name in frameworks}
         with threadpool_limits(limits=threads):
-            for step in frameworks.values():
-                step()  # warm up: workspaces, thread pools
-            for _ in range(args.rounds):
-                for name, step in frameworks.items():
-                    times[name].append(seconds_per_call(step, args.calls))
-        medians = {name: statistics.median(t) for name, t in times.items()}
+            medians = interleaved_medians(frameworks, args.rounds, args.calls)
         for name, seconds in medians.items():
-            ratio = f"{seconds / medians['torch']:.2f}x" if "torch" in medians else "-"
             print(f"{threads:>7} {name:>9} {1e3 * seconds:>8.2f} {args.batch / seconds:>9,.0f} "
-                  f"{flops / seconds / 1e9:>8.1f} {ratio:>8}")
+                  f"{flops / seconds / 1e9:>8.1f} {ratio_to(medians, name):>8}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ finds accuracy per epoch matching I = 1 with I-times fewer averaging rounds. Her
 MLP (784-512-256-10), the same number of epochs for every I, several seeds, 4 ranks.
 
     mpiexec -n 4 python benchmarks/prsgd_mnist.py [--epochs 40] [--seeds 0 1 2] [--out docs/results/prsgd.md]
+
+Writes the section ``mlp-mnist`` of the page (the ResNet reproduction, ``resnet_mnist.py``, has
+its own section there).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from hpcopt.comm import Comm
 from hpcopt.config import build_config
 from hpcopt.train import train
+from sections import replace_section
 
 INTERVALS = (1, 2, 4, 8, 16, 32)
 
@@ -40,7 +44,7 @@ def mean_sd(values: list[float]) -> str:
 
 def table(results: dict[int, list[dict]], epochs: float, seeds: list[int], size: int) -> str:
     lines = [
-        "# PR-SGD on MNIST-5k (MLP), reproduction at laptop scale",
+        "## MLP on MNIST-5k",
         "",
         f"`mpiexec -n {size} python benchmarks/prsgd_mnist.py --epochs {epochs:g} --seeds "
         f"{' '.join(map(str, seeds))}` on a 2-core machine ({size} ranks oversubscribed). Default "
@@ -79,8 +83,7 @@ def main() -> None:
     if comm.rank == 0:
         text = table(results, args.epochs, args.seeds, comm.size)
         print(text)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        replace_section(args.out, "mlp-mnist", text)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from .backend import Backend, get_backend
 from .comm import Comm
 from .config import CONV_MODELS, Config
 from .data.augment import Augmentation
-from .data.bptt import BpttSampler, rank_streams
+from .data.bptt import BpttSampler, corpus_shard, rank_streams, streams_of
 from .data.datasets import Dataset, as_images, load_dataset
 from .data.partition import partition_indices
 from .data.sampler import MinibatchSampler
@@ -131,25 +131,29 @@ def _describe_model(config: Config, sample_shape: tuple[int, ...], classes: int)
 
 
 def _language_model_run(config: Config, comm: Comm, backend: Backend) -> RunParts:
-    """A text corpus: rank r trains on the r-th contiguous block of the training tokens, in
-    ``batch_size`` parallel streams and windows of ``bptt`` tokens; the test split is evaluated
-    the same way (each rank its block, from a zero hidden state)."""
+    """A text corpus: rank r trains on its share of the training tokens under ``partition``
+    (``corpus_shard``), in ``batch_size`` parallel streams and windows of ``bptt`` tokens; the
+    test split is evaluated in contiguous blocks (each rank its block, from a zero state)."""
     dtype = np.dtype(config.run.dtype)
     data, cfg = config.data, config.model
-    corpus = load_corpus(data.dataset, data.path or None)
-    streams = rank_streams(corpus.train, data.batch_size, comm.rank, comm.size)
+    corpus = load_corpus(data.dataset, data.path or None, train_fraction=data.corpus_fraction)
+
+    def shard(rank: int) -> np.ndarray:
+        return corpus_shard(corpus.train, np.asarray(corpus.documents), data.partition, rank,
+                            comm.size, config.run.seed, alpha=data.alpha, similarity=data.similarity)
+
+    # T from the shortest shard (every rank computes all shards: partitions are deterministic),
+    # so every rank runs the same T and a too-small corpus fails on every rank alike
+    shortest = min(range(comm.size), key=lambda r: shard(r).size)
+    length = streams_of(shard(shortest), data.batch_size, shortest, comm.size).shape[0]
+    windows = -(-(length - 1) // data.bptt)
+    streams = streams_of(shard(comm.rank), data.batch_size, comm.rank, comm.size)
     sampler = BpttSampler(backend.asarray(streams), data.bptt, comm.rank)
     hidden = cfg.hidden[0]
     model = LSTMLanguageModel(corpus.vocab_size, cfg.embed or hidden, hidden, len(cfg.hidden), cfg.tie)
     problem = LanguageModelProblem(model, sampler, backend, dtype)
     test_streams = backend.asarray(rank_streams(corpus.test, min(data.batch_size, 10), comm.rank,
                                                 comm.size))
-    # T from the shortest block (blocks differ by one token), so every rank runs the same T
-    length = (corpus.train.size // comm.size) // data.batch_size
-    windows = -(-(length - 1) // data.bptt)
-    if windows < 1:
-        raise UserError(f"the corpus is too small for {data.batch_size} streams per rank on "
-                        f"{comm.size} ranks")
     total_steps = config.run.steps or max(1, math.ceil(config.run.epochs * windows))
     description = (f"{data.dataset} ({corpus.train.size:,} train / {corpus.test.size:,} test "
                    f"tokens, vocabulary {corpus.vocab_size}), lstm {cfg.embed or hidden}-"

@@ -1,4 +1,4 @@
-"""Command line: ``hpcopt train|resume|report|info`` (under ``mpiexec -n N python -m hpcopt ...``)."""
+"""Command line: ``hpcopt train|resume|report|info|bench`` (under ``mpiexec -n N python -m hpcopt ...``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ class _Parser(argparse.ArgumentParser):
 #: Defaults of the command line that differ from the config's (the Python API writes no files
 #: unless asked; a command-line run gets a new run directory).
 CLI_DEFAULTS = {"out": "runs/{time}"}
+#: Exit code of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM, as if
+#: killed by it): the run is not finished, so job chains must not take it for done.
+STOPPED_EXIT_CODE = 143
 
 
 def _flag_help(section: str, default: Any) -> str:
@@ -39,6 +42,12 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                             help=_flag_help(section, default))
 
 
+def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--debug-fail-at", metavar="RANK:STEP[:KIND]",
+                        help="debug option for fault-injection tests: fail rank RANK in its step "
+                        "STEP; KIND raise (default), kill, hang, nan or checkpoint (hpcopt.faults)")
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hpcopt", description="Distributed optimization over MPI: "
                      "run as mpiexec -n N python -m hpcopt train ...")
@@ -48,6 +57,7 @@ def make_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="CKPT",
                        help="continue from a checkpoint file or run directory (see 'resume')")
     _add_config_flags(train)
+    _add_debug_flags(train)
     resume = sub.add_parser("resume", help="continue a run from a checkpoint, on as many ranks "
                             "as wrote it; flags may change only where files go, how often, "
                             "what is printed, evaluation, and the number of steps")
@@ -55,11 +65,16 @@ def make_parser() -> argparse.ArgumentParser:
                         help="a checkpoint file, or a run directory (its newest checkpoint)")
     resume.add_argument("--config", help="TOML file (same rules as flags)")
     _add_config_flags(resume)
+    _add_debug_flags(resume)
     report = sub.add_parser("report", help="plots and a table comparing run traces "
                             "(needs matplotlib: pip install 'hpcopt[plot]')")
     report.add_argument("runs", nargs="+", metavar="RUN", help="trace files (trace.h5) or run directories")
     report.add_argument("--out", default="report", help="output directory (default: report)")
     sub.add_parser("info", help="versions, MPI library, world size, threads, GPU and HDF5 support")
+    bench = sub.add_parser("bench", help="benchmarks: allreduce and p2p (under mpiexec), scaling "
+                           "(launches mpiexec itself); 'bench KIND --help' for each one's options")
+    bench.add_argument("kind", choices=("allreduce", "p2p", "scaling"))
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
     return parser
 
 
@@ -79,6 +94,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config | None
     args = make_parser().parse_args(argv)
     if args.command not in ("train", "resume"):
         return args, None
+    from .faults import FaultPlan
+
+    args.faults = FaultPlan.parse(args.debug_fail_at) if args.debug_fail_at else None
     overrides = {k: v for k, v in vars(args).items() if k in option_index() and v is not None}
     file_values = read_toml(args.config) if args.config else None
     if args.command == "resume":
@@ -88,7 +106,7 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config | None
         in_file = set(run_table) if isinstance(run_table, dict) else set()
         defaults = {k: v for k, v in CLI_DEFAULTS.items() if k not in in_file}
         return args, build_config(file_values, {**defaults, **overrides})
-    from .io.checkpoint import stored_config
+    from .pipeline.checkpoint import stored_config  # a data-parallel or a pipeline checkpoint
 
     build_config(file_values)  # reject unknown keys in the file
     given: dict[str, Any] = {"out": ""}
@@ -110,6 +128,11 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         print_info(comm)
         return 0
+    if args.command == "bench":
+        from .bench import run_bench
+
+        comm.free()  # the benchmarks make their own communicators
+        return run_bench(args.kind, args.options)
     if args.command == "report":
         from .report import write_report
 
@@ -117,10 +140,20 @@ def run(argv: Sequence[str] | None = None) -> int:
         for path in written:
             print(f"wrote {path}", flush=True)
         return 0
+    from .config import PIPELINE_ALGORITHMS
+
+    if config.algorithm.algorithm in PIPELINE_ALGORITHMS:  # ranks are pipeline stages
+        from .pipeline.run import train_pipeline
+
+        if args.faults is not None:
+            raise UserError("--debug-fail-at applies only to the data-parallel algorithms",
+                            everywhere=True)
+        pipeline_summary, _ = train_pipeline(config, comm, resume=args.resume)
+        return STOPPED_EXIT_CODE if pipeline_summary.stopped else 0
     from .train import train
 
-    train(config, comm, resume=args.resume)
-    return 0
+    summary, _ = train(config, comm, resume=args.resume, faults=args.faults)
+    return STOPPED_EXIT_CODE if summary.stopped else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,9 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.everywhere or _world_size() == 1:
             if _rank() == 0:
                 print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)
-            return UserError.exit_code
-        _abort(f"hpcopt: error on rank {_rank()}: {exc}\n", UserError.exit_code)
-        return UserError.exit_code
+            return exc.exit_code
+        _abort(f"hpcopt: error on rank {_rank()}: {exc}\n", exc.exit_code)
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:  # noqa: BLE001 - any crash must end every rank

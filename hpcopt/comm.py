@@ -10,6 +10,7 @@ to find. A trailing ``_`` means the buffer is updated in place.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
@@ -20,6 +21,7 @@ from .backend import CPU, Backend
 from .config import AVERAGING_MODES
 from .errors import UserError
 from .shm_average import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
+from .staging import DeviceTransport, transport_for
 
 T = TypeVar("T")
 
@@ -48,8 +50,16 @@ class CommStats:
     """Counters per (operation, label); ``totals()`` sums them over operations or labels."""
 
     counters: dict[tuple[str, str], OpCounter] = field(default_factory=dict)
+    #: Delay mode (``--network-delay``): seconds to sleep after each call, from (op, bytes);
+    #: the sleep counts in the call's seconds, so the run shows the modelled network live.
+    delay: Callable[[str, int], float] | None = None
 
     def record(self, op: str, label: str, nbytes: int, seconds: float) -> None:
+        if self.delay is not None:
+            extra = self.delay(op, nbytes)
+            if extra > 0:
+                time.sleep(extra)
+                seconds += extra
         counter = self.counters.get((op, label))
         if counter is None:
             counter = self.counters[(op, label)] = OpCounter()
@@ -85,7 +95,12 @@ def _slices(n: int, itemsize: int, slice_bytes: int) -> Iterator[slice]:
 
 
 class Comm:
-    """Counted collectives and point-to-point calls on flat buffers."""
+    """Counted collectives and point-to-point calls on flat buffers.
+
+    NumPy buffers go to MPI as they are. Device (CuPy) buffers go after a stream
+    synchronization, straight through or staged via pinned host memory (``transport``,
+    hpcopt/staging.py); counters are the same on both paths and include the staging copies' time.
+    """
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, backend: Backend = CPU,
                  slice_bytes: int = ALLREDUCE_SLICE_BYTES, averaging: str = "auto") -> None:
@@ -99,15 +114,19 @@ class Comm:
         #: tests may set one beforehand (e.g. ``ShmAverager(c.mpi, ranks_per_node=2)``).
         self.averager: ShmAverager | None = None
         self.stats = CommStats()
+        #: How device (non-NumPy) buffers reach MPI (hpcopt/staging.py): decided on first use
+        #: for ``backend``, or set beforehand (``staging.prepare_gpu``, tests).
+        self.transport: DeviceTransport | None = None
         self._scalar = np.zeros(1, dtype=np.float64)
+        self._rank, self._size = self.mpi.Get_rank(), self.mpi.Get_size()
 
     @property
     def rank(self) -> int:
-        return self.mpi.Get_rank()
+        return self._rank
 
     @property
     def size(self) -> int:
-        return self.mpi.Get_size()
+        return self._size
 
     def free(self) -> None:
         """Release the shared-memory averager and the duplicated communicator (idempotent)."""
@@ -122,15 +141,22 @@ class Comm:
     def allreduce_(self, buf: Any, op: MPI.Op = MPI.SUM, label: str = "other") -> Any:
         """In-place allreduce of a contiguous buffer, issued in slices of at most ``slice_bytes``."""
         start = time.perf_counter()
-        self.backend.synchronize()
+        if isinstance(buf, np.ndarray):  # the common case first: it runs every few microseconds
+            self._allreduce_sliced(buf, op)
+        else:
+            self.backend.synchronize()
+            with self._transport().inplace(buf, True, True) as target:
+                self._allreduce_sliced(target, op)
+        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
+        return buf
+
+    def _allreduce_sliced(self, buf: Any, op: MPI.Op) -> None:
         if buf.nbytes <= self.slice_bytes:
             self.mpi.Allreduce(MPI.IN_PLACE, buf, op=op)
         else:
             flat = buf.reshape(-1)  # a view: slices of any-shaped contiguous buffers
             for s in _slices(flat.size, flat.itemsize, self.slice_bytes):
                 self.mpi.Allreduce(MPI.IN_PLACE, flat[s], op=op)
-        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
-        return buf
 
     def average_(self, buf: Any, label: str = "average") -> Any:
         """``buf <- (1/N) sum_i buf_i`` in place: one counted allreduce and one in-place scale.
@@ -141,9 +167,8 @@ class Comm:
         averager = self._averager_for(buf)
         if averager is None:
             self.allreduce_(buf, MPI.SUM, label)
-            size = self.size
-            if size > 1:
-                buf /= size
+            if self._size > 1:
+                buf /= self._size
             return buf
         start = time.perf_counter()
         self.backend.synchronize()
@@ -168,7 +193,9 @@ class Comm:
         """Overwrite ``buf`` on every rank with root's copy."""
         start = time.perf_counter()
         self.backend.synchronize()
-        self.mpi.Bcast(buf, root=root)
+        root_rank = self.rank == root
+        with self._mpi_buffer(buf, send=root_rank, receive=not root_rank) as target:
+            self.mpi.Bcast(target, root=root)
         self.stats.record("bcast", label, buf.nbytes, time.perf_counter() - start)
         return buf
 
@@ -207,22 +234,49 @@ class Comm:
         """Non-blocking send of a contiguous buffer (counted when posted)."""
         start = time.perf_counter()
         self.backend.synchronize()
-        request = self.mpi.Isend(buf, dest=dest, tag=tag)
+        if isinstance(buf, np.ndarray):
+            request = self.mpi.Isend(buf, dest=dest, tag=tag)
+        else:
+            request = self._transport().isend(self.mpi, buf, dest, tag)
         self.stats.record("send", label, buf.nbytes, time.perf_counter() - start)
         return request
 
     def irecv_(self, buf: Any, source: int, tag: int, label: str = "p2p") -> MPI.Request:
-        """Non-blocking receive into a preallocated buffer (counted when posted)."""
+        """Non-blocking receive into a preallocated buffer (counted when posted; a staged device
+        buffer is filled by ``waitall``)."""
         start = time.perf_counter()
-        request = self.mpi.Irecv(buf, source=source, tag=tag)
+        if isinstance(buf, np.ndarray):
+            request = self.mpi.Irecv(buf, source=source, tag=tag)
+        else:
+            self.backend.synchronize()
+            request = self._transport().irecv(self.mpi, buf, source, tag)
         self.stats.record("recv", label, buf.nbytes, time.perf_counter() - start)
         return request
 
     def waitall(self, requests: Sequence[MPI.Request], label: str = "p2p") -> None:
         """Complete requests; the time spent waiting is counted under ('wait', label)."""
         start = time.perf_counter()
-        MPI.Request.Waitall(list(requests))
+        requests = list(requests)
+        MPI.Request.Waitall(requests)
+        if self.transport is not None:
+            self.transport.complete(requests)
         self.stats.record("wait", label, 0, time.perf_counter() - start)
+
+    # -- device buffers ---------------------------------------------------------------------
+
+    def _transport(self) -> DeviceTransport:
+        """The transport for the current backend (decided again if the backend changed)."""
+        if self.transport is None or self.transport.backend != self.backend:
+            self.transport = transport_for(self.backend)
+        return self.transport
+
+    def _mpi_buffer(self, buf: Any, send: bool = True,
+                    receive: bool = True) -> AbstractContextManager[Any]:
+        """What an in-place MPI call on ``buf`` should be given: a host array itself; a device
+        buffer itself or, staged, its host copy (hpcopt/staging.py)."""
+        if isinstance(buf, np.ndarray):
+            return nullcontext(buf)
+        return self._transport().inplace(buf, send, receive)
 
 
 def node_layout(mpi_comm: MPI.Comm) -> tuple[int, int]:

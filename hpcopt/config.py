@@ -22,14 +22,21 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ALGORITHMS = ("prsgd", "celgc", "naive_clip")
+ALGORITHMS = ("prsgd", "celgc", "naive_clip", "pprs", "pipelined_gd", "pipelined_agd")
+#: Algorithms whose ranks are pipeline stages (hpcopt.pipeline.run), and their problems.
+PIPELINE_ALGORITHMS = ("pprs", "pipelined_gd", "pipelined_agd")
+PIPELINE_PROBLEMS = ("attack", "few_shot", "l1_chain")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")  # hpcopt.pipeline.schedules.KINDS
+PPRS_OUTER_LOOPS = ("nesterov", "accelerated")  # hpcopt.algorithms.pprs.OUTER_LOOPS
 CLIPPING = ("celgc", "naive_clip")  # algorithms that clip (LocalClip, NaiveParallelClip)
 TEXT_CORPORA = ("shakespeare", "ptb", "wikitext2")  # data sets for language models
 MODELS = ("mlp", "lstm", "resnet", "plain_cnn")
 CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
 BUFFER_POLICIES = ("local", "average", "rank0")  # hpcopt.algorithms.buffers
 DTYPES = ("float32", "float64")
+DEVICES = ("cpu", "gpu")  # hpcopt.backend: NumPy, or CuPy on the GPU of each node-local rank
 AVERAGING_MODES = ("auto", "mpi", "shm")  # hpcopt.comm: how average_ runs
+NONFINITE_MODES = ("stop", "skip")  # hpcopt.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
 
 
 def _positive(name: str, value: float) -> None:
@@ -48,8 +55,20 @@ class DataConfig:
     test_fraction: float = 0.2
     bptt: int = 35              # language models: tokens per truncated-BPTT window
     augment: bool = False       # conv models: random crop (zero-pad 4) and horizontal flip
+    corpus_fraction: float = 1.0  # corpora: train on the first fraction of every document
+    problem: str = "attack"     # pipeline algorithms: attack | few_shot | l1_chain
+    images: int = 10            # attack: test images perturbed at once
+    eps: float = 0.1            # attack: l_inf radius of the perturbation
+    shots: int = 5              # few_shot: training samples per class
 
     def __post_init__(self) -> None:
+        if self.problem not in PIPELINE_PROBLEMS:
+            raise UserError(f"unknown problem {self.problem!r} (choose from {', '.join(PIPELINE_PROBLEMS)})")
+        for name in ("images", "shots"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            raise UserError(f"eps must be > 0, got {self.eps}")
         if self.partition == "dirichlet":
             if not (self.alpha > 0 and math.isfinite(self.alpha)):
                 raise UserError(f"partition dirichlet needs alpha > 0, got {self.alpha}")
@@ -67,12 +86,13 @@ class DataConfig:
         if self.bptt < 1:
             raise UserError(f"bptt must be >= 1, got {self.bptt}")
         if self.dataset in TEXT_CORPORA:
-            if self.partition != "iid" or self.alpha != 0.0 or self.similarity != -1.0:
-                raise UserError(f"partition applies only to image data sets; a corpus "
-                                f"({self.dataset}) is split into contiguous blocks per rank")
+            if not 0 < self.corpus_fraction <= 1:
+                raise UserError(f"corpus_fraction must be in (0, 1], got {self.corpus_fraction}")
             if self.test_fraction != 0.2:
                 raise UserError(f"test_fraction applies only to image data sets; a corpus "
                                 f"({self.dataset}) has its own test split")
+        elif self.corpus_fraction != 1.0:
+            raise UserError(f"corpus_fraction applies only to the text corpora ({', '.join(TEXT_CORPORA)})")
         elif self.bptt != 35:
             raise UserError(f"bptt applies only to the text corpora ({', '.join(TEXT_CORPORA)})")
 
@@ -88,8 +108,11 @@ class ModelConfig:
     width: int = 16             # resnet: channels of the first stage (then 2x, 4x)
     channels: tuple[int, ...] = (32, 64)  # plain_cnn: channels of each conv -> pool stage
     batch_norm: bool = False    # plain_cnn: batch norm after every convolution
+    stages: tuple[int, ...] = ()  # pipeline algorithms: cut before these layer indices; () = balanced
 
     def __post_init__(self) -> None:
+        if any(b < 1 for b in self.stages) or list(self.stages) != sorted(set(self.stages)):
+            raise UserError(f"stages must be increasing layer indices >= 1, got {self.stages}")
         if self.model not in MODELS:
             raise UserError(f"unknown model {self.model!r} (choose from {', '.join(MODELS)})")
         self._check_model_keys()
@@ -144,11 +167,18 @@ class AlgorithmConfig:
     weight_decay: float = 0.0     # celgc, naive_clip
     participation: float = 1.0    # celgc: fraction of ranks in each round's average
     buffer_policy: str = "average"  # batch-norm statistics at a round: local, average, rank0
+    samples: int = 10             # pprs: K perturbed samples per iteration
+    smoothing: float = 1e-3       # pprs: gamma (accelerated: gamma_t = smoothing * alpha_t)
+    outer: str = "nesterov"       # pprs: nesterov (fixed lr, momentum, gamma) | accelerated
+    pipeline: str = "gpipe"       # pipeline algorithms: gpipe (fill-drain) | 1f1b
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise UserError(f"unknown algorithm {self.algorithm!r} (choose from {', '.join(ALGORITHMS)})")
         _positive("lr", self.lr)
+        if not math.isfinite(self.lr):
+            raise UserError(f"lr must be finite, got {self.lr}")
+        self._check_pipeline_keys()
         if self.buffer_policy not in BUFFER_POLICIES:
             raise UserError(f"unknown buffer_policy {self.buffer_policy!r} "
                             f"(choose from {', '.join(BUFFER_POLICIES)})")
@@ -167,13 +197,46 @@ class AlgorithmConfig:
                 raise UserError(f"{name} applies only to --algorithm {' or '.join(only[name])}, "
                                 f"not {self.algorithm}")
 
+    def _check_pipeline_keys(self) -> None:
+        """Options of the pipeline algorithms: their ranges, and refused elsewhere when changed."""
+        if self.samples < 1:
+            raise UserError(f"samples K must be >= 1, got {self.samples}")
+        if not (self.smoothing >= 0 and math.isfinite(self.smoothing)):
+            raise UserError(f"smoothing (gamma) must be >= 0, got {self.smoothing}")
+        if self.outer not in PPRS_OUTER_LOOPS:
+            raise UserError(f"unknown outer loop {self.outer!r} (choose from {', '.join(PPRS_OUTER_LOOPS)})")
+        if self.pipeline not in PIPELINE_SCHEDULES:
+            raise UserError(f"unknown pipeline schedule {self.pipeline!r} "
+                            f"(choose from {', '.join(PIPELINE_SCHEDULES)})")
+        defaults = AlgorithmConfig.__dataclass_fields__
+        only = {"samples": ("pprs",), "smoothing": ("pprs",), "outer": ("pprs",),
+                "pipeline": PIPELINE_ALGORITHMS}
+        for name in only:
+            if getattr(self, name) != defaults[name].default and self.algorithm not in only[name]:
+                raise UserError(f"{name} applies only to --algorithm {' or '.join(only[name])}, "
+                                f"not {self.algorithm}")
+        if self.algorithm in PIPELINE_ALGORITHMS:
+            if not 0 <= self.momentum < 1:
+                raise UserError(f"momentum must be in [0, 1), got {self.momentum}")
+            if self.algorithm == "pipelined_agd" and self.momentum == 0:
+                raise UserError("pipelined_agd needs --momentum in (0, 1), e.g. 0.9 "
+                                "(with momentum 0 it is --algorithm pipelined_gd)")
+            if self.algorithm == "pipelined_gd" and self.momentum != 0:
+                raise UserError("momentum applies only to --algorithm pprs or pipelined_agd, "
+                                "not pipelined_gd")
+            changed = [name for name in ("interval", "schedule", "nesterov", "milestones")
+                       if getattr(self, name) != defaults[name].default]
+            if changed:
+                raise UserError(f"{changed[0]} does not apply to pipeline algorithms "
+                                f"({', '.join(PIPELINE_ALGORITHMS)})")
+
 
 @dataclass(frozen=True)
 class RunConfig:
     seed: int = 0
     epochs: float = 40.0
     steps: int = 0
-    device: str = "cpu"
+    device: str = "cpu"         # cpu | gpu (CuPy), see hpcopt.backend and hpcopt.staging
     dtype: str = "float32"
     eval_every: int = 0
     progress: bool = True
@@ -183,8 +246,18 @@ class RunConfig:
     trace: bool = True          # write OUT/trace.h5
     trace_every: int = 8        # clock ticks per trace row (and per check for SIGTERM)
     averaging: str = "auto"     # auto | mpi | shm (node-local shared memory), see hpcopt.comm
+    network: str = ""           # cost-model profile for modelled comm seconds in the trace, see hpcopt.costmodel
+    network_delay: bool = False  # also sleep the modelled seconds after every counted call
+    stall_timeout: float = 0.0  # seconds a collective may take before the job is aborted; 0 = off (hpcopt.watchdog)
+    on_nonfinite: str = "stop"  # stop | skip: NaN/Inf in the loss or model (hpcopt.nonfinite)
 
     def __post_init__(self) -> None:
+        if self.network:
+            from .costmodel import get_profile
+
+            get_profile(self.network)  # UserError for an unknown name or bad values
+        elif self.network_delay:
+            raise UserError("network_delay needs a profile: --network NAME or alpha=...,bandwidth=...")
         if self.averaging not in AVERAGING_MODES:
             raise UserError(f"averaging must be one of {', '.join(AVERAGING_MODES)}, "
                             f"got {self.averaging!r}")
@@ -194,12 +267,19 @@ class RunConfig:
             raise UserError("give a positive number of steps or epochs")
         if self.dtype not in DTYPES:
             raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device not in DEVICES:
+            raise UserError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("keep_checkpoints", "trace_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (0 <= self.stall_timeout < math.inf):
+            raise UserError(f"stall_timeout must be >= 0 seconds (0 = off), got {self.stall_timeout}")
+        if self.on_nonfinite not in NONFINITE_MODES:
+            raise UserError(f"on_nonfinite must be one of {', '.join(NONFINITE_MODES)}, "
+                            f"got {self.on_nonfinite!r}")
 
 
 @dataclass(frozen=True)
@@ -210,6 +290,8 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
+        if self.run.network and self.algorithm.algorithm in PIPELINE_ALGORITHMS:
+            raise UserError("network applies only to the data-parallel algorithms (prsgd, celgc, naive_clip)")
         text, lstm = self.data.dataset in TEXT_CORPORA, self.model.model == "lstm"
         if text and not lstm:
             raise UserError(f"{self.data.dataset} is a text corpus: train it with --model lstm")
@@ -223,10 +305,33 @@ class Config:
         if self.model.keeps_buffers and self.algorithm.algorithm != "prsgd":
             raise UserError(f"batch norm (--model {self.model.model}) trains only with "
                             f"--algorithm prsgd, not {self.algorithm.algorithm}")
+        self._check_pipeline()
+        if self.algorithm.algorithm in PIPELINE_ALGORITHMS and (
+                self.run.stall_timeout or self.run.on_nonfinite != "stop"):
+            raise UserError("stall_timeout and on_nonfinite apply only to the data-parallel "
+                            f"algorithms, not {self.algorithm.algorithm}")
         if (self.algorithm.buffer_policy != AlgorithmConfig.__dataclass_fields__["buffer_policy"].default
                 and not self.model.keeps_buffers):
             raise UserError("buffer_policy applies only to models with batch norm "
                             "(--model resnet, or plain_cnn with --batch-norm true)")
+
+    def _check_pipeline(self) -> None:
+        """Pipeline runs: an MLP (or none, for l1_chain) on an image data set; their options
+        (problem, images, eps, shots, stages) are refused elsewhere when changed."""
+        pipeline = self.algorithm.algorithm in PIPELINE_ALGORITHMS
+        if not pipeline:
+            for section, name in (("data", "problem"), ("data", "images"), ("data", "eps"),
+                                  ("data", "shots"), ("model", "stages")):
+                cls = SECTIONS[section]
+                if getattr(getattr(self, section), name) != cls.__dataclass_fields__[name].default:
+                    raise UserError(f"{name} applies only to --algorithm "
+                                    f"{' or '.join(PIPELINE_ALGORITHMS)}")
+            return
+        if self.model.model != "mlp":
+            raise UserError(f"pipeline algorithms train an mlp, not --model {self.model.model}")
+        if self.data.partition != "iid":
+            raise UserError("partition does not apply to pipeline algorithms (every stage sees "
+                            "the whole batch)")
 
     @property
     def language_model(self) -> bool:
@@ -337,9 +442,11 @@ def build_config(file_values: dict[str, Any] | None = None,
 
 
 #: Options a resumed run may change: where files go and how often, what is printed, evaluation,
-#: and the length of the run (not with the sqrt_nt schedule, whose step size depends on it).
+#: and the length of the run (not with the sqrt_nt schedule, whose step size depends on it),
+#: and the device (a GPU run's checkpoint resumes on CPU and vice versa: to float tolerance),
+#: and the failure handling (stall_timeout, on_nonfinite: docs/failures.md).
 RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_every", "progress",
-               "eval_every", "steps", "epochs")
+               "eval_every", "steps", "epochs", "device", "stall_timeout", "on_nonfinite")
 
 
 def check_resume(stored: Config, config: Config) -> None:

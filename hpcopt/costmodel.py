@@ -7,6 +7,18 @@ inverse bandwidth beta in seconds per byte). Allreduce of n bytes over p ranks:
 - tree (recursive doubling):         ``ceil(log2 p) * (alpha + n * beta)``
 - auto: the cheaper of the two (what MPI libraries choose between, roughly by size)
 
+Other operations ``Comm`` counts: broadcast (binomial tree) ``ceil(log2 p) (alpha + n beta)``;
+barrier ``ceil(log2 p) alpha``; allgather of n bytes a rank (ring) ``(p-1)(alpha + n beta)``;
+gather/scatter of n bytes a rank (tree) ``ceil(log2 p) alpha + (p-1) n beta``; a send
+``alpha + n beta`` (receives and waits cost nothing more: the transfer is the send's); any
+other collective as an allreduce of its bytes.
+
+A run with ``--network PROFILE`` carries, per trace row and label, the modelled seconds of the
+calls and bytes counted so far beside the measured ones (``comm_modelled``); ``project_wall``
+turns a trace's wall clock into the one the run would have had on another network (measured
+computation + modelled communication), which is how one run here projects time-to-accuracy
+onto a cluster.
+
 References: Thakur, Rabenseifner, Gropp, "Optimization of Collective Communication Operations in
 MPICH", IJHPCA 2005; Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009.
 """
@@ -15,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -88,6 +100,12 @@ def get_profile(spec: str) -> NetworkProfile:
     return NetworkProfile("custom", values["alpha"], beta)
 
 
+def profile_attrs(profile: NetworkProfile, algorithm: str = "auto") -> dict[str, float | str]:
+    """The trace attributes that name the profile a run was modelled on."""
+    return {"network": profile.name, "network_alpha": profile.alpha, "network_beta": profile.beta,
+            "network_allreduce": algorithm}
+
+
 def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
                   name: str = "fitted") -> NetworkProfile:
     """Least-squares alpha and beta from measured allreduce times (ring form, relative errors).
@@ -111,3 +129,95 @@ def predict_allreduce_seconds(calls: int, nbytes: int, ranks: int, profile: Netw
     if calls == 0:
         return 0.0
     return calls * profile.allreduce(nbytes / calls, ranks, algorithm)
+
+
+def op_seconds(op: str, calls: int, nbytes: float, ranks: int, profile: NetworkProfile,
+               algorithm: str = "auto") -> float:
+    """Modelled seconds of ``calls`` calls of one ``Comm`` operation moving ``nbytes`` in total
+    (equal sizes; for allgathers the bytes each rank contributes)."""
+    if calls == 0:
+        return 0.0
+    size = nbytes / calls
+    if op in ("send", "isend"):
+        return calls * profile.p2p(size)
+    if op in ("recv", "irecv", "wait") or ranks <= 1:
+        return 0.0
+    steps = math.ceil(math.log2(ranks))
+    if op == "allreduce":
+        return calls * profile.allreduce(size, ranks, algorithm)
+    if op == "bcast":
+        return calls * steps * profile.p2p(size)
+    if op == "barrier":
+        return calls * steps * profile.alpha
+    if op in ("allgather", "iallgather"):
+        return calls * (ranks - 1) * profile.p2p(size)
+    if op in ("gather", "scatter"):
+        return calls * (steps * profile.alpha + (ranks - 1) * size * profile.beta)
+    return calls * profile.allreduce(size, ranks, algorithm)  # any other collective: as an allreduce
+
+
+def network_delay(profile: NetworkProfile, ranks: int, algorithm: str = "auto") -> Callable[[str, int], float]:
+    """The delay of one call of (op, bytes) on ``profile``: ``CommStats.delay`` in delay mode."""
+    return lambda op, nbytes: op_seconds(op, 1, nbytes, ranks, profile, algorithm)
+
+
+def comm_modelled(counters: Mapping[tuple[str, str], object], ranks: int, profile: NetworkProfile,
+                  algorithm: str = "auto") -> dict[str, float]:
+    """label -> modelled seconds, from ``CommStats.counters`` ((op, label) -> calls, bytes)."""
+    out: dict[str, float] = {}
+    for (op, label), counter in counters.items():
+        seconds = op_seconds(op, counter.calls, counter.bytes, ranks, profile, algorithm)  # type: ignore[attr-defined]
+        out[label] = out.get(label, 0.0) + seconds
+    return out
+
+
+def main_ops(counters: Mapping[tuple[str, str], object]) -> dict[str, str]:
+    """label -> the operation that moved its bytes (most bytes, then most calls): what a trace
+    stores so that its per-label calls and bytes can be modelled on any profile later."""
+    best: dict[str, tuple[bool, int, int, str]] = {}
+    for (op, label), counter in counters.items():
+        costs = op not in ("recv", "irecv", "wait")  # a send's transfer is modelled at the send
+        key = (costs, counter.bytes, counter.calls, op)  # type: ignore[attr-defined]
+        if label not in best or key > best[label]:
+            best[label] = key
+    return {label: key[3] for label, key in best.items()}
+
+
+def trace_modelled(comm: Mapping[str, Mapping[str, np.ndarray]], ops: Mapping[str, str], ranks: int,
+                   profile: NetworkProfile, algorithm: str = "auto") -> np.ndarray:
+    """Per trace row, the modelled communication seconds on ``profile`` of all labels but the
+    set-up ones (``SETUP_LABELS``), from the trace's cumulative calls and bytes per label and
+    its ``ops`` (label -> operation). The trace's non-blocking allgather counts a post and a
+    wait per row, so half of its calls are modelled."""
+    rows = next(iter(comm.values()))["calls"].size if comm else 0
+    total = np.zeros(rows)
+    for label, fields in comm.items():
+        if label in SETUP_LABELS:
+            continue
+        op = ops.get(label, "allreduce")
+        calls = fields["calls"].astype(float)
+        if op == "iallgather":  # post + wait per row: the operation is every other call
+            calls = calls / 2
+        for i in range(rows):
+            total[i] += op_seconds(op, int(round(calls[i])), float(fields["bytes"][i]), ranks,
+                                   profile, algorithm)
+    return total
+
+
+#: Labels of the set-up traffic a training run does before its wall clock starts (agreeing on
+#: errors, the run directory, the initial model, the start barrier): left out of projections.
+SETUP_LABELS = ("preflight", "setup", "init", "start")
+
+
+def trace_comm_seconds(comm: Mapping[str, Mapping[str, np.ndarray]], field: str = "seconds") -> np.ndarray:
+    """Per trace row, the communication seconds (``seconds`` measured, or ``modelled``) of all
+    labels but the set-up ones."""
+    rows = [fields[field] for label, fields in comm.items() if label not in SETUP_LABELS]
+    return np.sum(rows, axis=0) if rows else np.zeros(0)
+
+
+def project_wall(wall: np.ndarray, measured_comm: np.ndarray, modelled_comm: np.ndarray) -> np.ndarray:
+    """Wall clock on another network: measured time minus measured communication plus the
+    modelled communication there (computation taken as unchanged; waiting for a slower rank,
+    which the measured communication includes, is then counted as communication and removed)."""
+    return np.asarray(wall) - np.asarray(measured_comm) + np.asarray(modelled_comm)

@@ -10,6 +10,7 @@ from mpi4py import MPI
 from . import __version__
 from .comm import Comm, node_layout
 from .mpi_support import cuda_aware_mpi, launcher_size, parallel_hdf5
+from .staging import gpu_report
 from .threads import configure_threads
 
 PACKAGES = ("numpy", "mpi4py", "h5py", "threadpoolctl", "cupy-cuda12x", "matplotlib", "mlxtend",
@@ -33,6 +34,7 @@ def info_lines(comm: Comm) -> list[str]:
                      "MPI world: mpiexec and mpi4py come from different MPI libraries")
     aware, why = cuda_aware_mpi()
     aware_text = {True: "yes", False: "no", None: "unknown"}[aware]
+    gpu, transfers = gpu_report(local_rank)
     library = MPI.Get_library_version().strip().splitlines()[0]
     lines = [
         f"hpcopt          {__version__}",
@@ -42,6 +44,8 @@ def info_lines(comm: Comm) -> list[str]:
         f"world size      {comm.size} ({local_size} rank(s) on this node){size_note}",
         f"threads         {threads.describe()}",
         f"CUDA-aware MPI  {aware_text} ({why})",
+        f"GPU             {gpu}",
+        f"GPU buffers     {transfers}",
         f"parallel HDF5   {'yes (h5py mpio driver)' if parallel_hdf5() else 'no (one writer per file)'}",
     ]
     return lines

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Mapping
 
 LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+
+#: Prefixes of the variables by which a launcher (MPICH's Hydra, Open MPI's PRRTE, PMIx, Slurm's
+#: PMI) tells a process that it is one rank of a job. A child process started without them
+#: initializes MPI as a singleton instead of joining (and confusing) the parent's job.
+LAUNCHER_VARIABLE_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_",
+                              "OMPI_FILE_LOCATION", "PRTE_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
 
 
 def cuda_aware_mpi() -> tuple[bool | None, str]:
     """(answer, why): ``MPIX_Query_cuda_support`` looked up in the MPI library mpi4py loaded.
 
-    None means the library has no such query (then the answer is unknown, and hpcopt stages
-    device buffers through host memory unless ``HPCOPT_GPU_AWARE_MPI=1`` says otherwise).
+    None means the library has no such query (MPICH and Open MPI have it; others may not).
+    The user's override and the decision what to do with device buffers are in
+    ``hpcopt.staging``.
     """
-    override = os.environ.get("HPCOPT_GPU_AWARE_MPI", "").strip()
-    if override in ("0", "1"):
-        return override == "1", f"set by HPCOPT_GPU_AWARE_MPI={override}"
     from mpi4py import MPI
 
     try:
@@ -26,6 +31,15 @@ def cuda_aware_mpi() -> tuple[bool | None, str]:
     query.restype = ctypes.c_int
     answer = bool(query())
     return answer, f"MPIX_Query_cuda_support() returned {int(answer)}"
+
+
+def singleton_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) without the launcher's per-job variables, for a
+    child process that must run MPI on its own. MPI settings (``OMPI_MCA_*``, ``MPIR_CVAR_*``,
+    ``UCX_*``) are kept, since they decide whether the library handles device memory."""
+    source = os.environ if environ is None else environ
+    return {name: value for name, value in source.items()
+            if not name.startswith(LAUNCHER_VARIABLE_PREFIXES)}
 
 
 def parallel_hdf5() -> bool:

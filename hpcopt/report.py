@@ -25,7 +25,8 @@ from .errors import UserError
 from .io.trace import FILE_NAME, Trace, read_trace
 
 #: Options that do not change what a run computes; never used to tell runs apart.
-NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "keep_checkpoints", "trace", "trace_every")
+NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "keep_checkpoints", "trace", "trace_every",
+                   "network")
 MB = 1e6
 
 
@@ -129,9 +130,11 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
 def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
     """A markdown table of each run's final figures."""
     column, metric = _metric(traces)
+    modelled = any("modelled" in fields for trace in traces for fields in trace.comm.values())
     lines = [f"| run | ranks | steps | rounds | train loss | {metric} | test loss | "
-             "MB communicated (rank 0) | wall time (s) | trace |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "MB communicated (rank 0) | wall time (s) | "
+             + ("comm s measured | comm s modelled (network) | " if modelled else "") + "trace |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if modelled else "") + "---|"]
     for trace, label in zip(traces, labels):
         summary = trace.summary or {}
         last = trace.rows - 1
@@ -143,9 +146,22 @@ def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
                  _number(summary.get("eval_loss", math.nan), 4),
                  _number(trace.bytes_total()[last] / MB if trace.rows else math.nan, 2),
                  _number(summary.get("wall", trace.columns["wall"][last] if trace.rows else math.nan), 1),
+                 *(_comm_seconds(trace) if modelled else ()),
                  f"`{trace.path}`" + ("" if trace.summary else " (unfinished)")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _comm_seconds(trace: Trace) -> tuple[str, str]:
+    """Rank 0's measured communication seconds at the last row, and the seconds the cost model
+    gives for the same calls on the run's ``--network`` profile ("-" without one)."""
+    if not trace.rows:
+        return "-", "-"
+    measured = sum(float(fields["seconds"][-1]) for fields in trace.comm.values())
+    if not all("modelled" in fields for fields in trace.comm.values()):
+        return _number(measured, 3), "-"
+    modelled = sum(float(fields["modelled"][-1]) for fields in trace.comm.values())
+    return _number(measured, 3), f"{_number(modelled, 3)} ({trace.attrs.get('network', '?')})"
 
 
 def _number(value: Any, digits: int) -> str:

@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -39,14 +39,20 @@ from .algorithms.local_sgd import AVERAGE_LABEL, LocalSGDState
 from .build import RunParts, build_run
 from .comm import Comm, agreed, node_layout
 from .config import Config, check_resume, to_toml
+from .costmodel import SETUP_LABELS, NetworkProfile, comm_modelled, get_profile, main_ops, network_delay, profile_attrs
 from .errors import UserError
+from .faults import FaultPlan
 from .io import checkpoint as ckpt_io
 from .io import versions
 from .io import trace as trace_io
+from .nonfinite import StepGuard
+from .preflight import agree_ticks, check_output
 from .problems.classification import Evaluation
 from .problems.language_model import LMEvaluation
 from .progress import Progress
+from .staging import prepare_gpu
 from .threads import ThreadChoice, configure_threads
+from .watchdog import watching
 
 State = LocalSGDState | LocalClipState
 
@@ -60,7 +66,7 @@ class Summary:
     final: Evaluation | LMEvaluation | None
     train_loss: float
     wall_seconds: float
-    comm_seconds: float            # mean over ranks
+    comm_seconds: float            # mean over ranks, while the wall clock runs (no set-up labels)
     bytes_per_rank: float          # mean over ranks, all labels
     average_bytes_per_rank: float  # the algorithm's own label
     parameters: int
@@ -73,6 +79,8 @@ class Summary:
     history: list[tuple[int, Evaluation | LMEvaluation]] = field(default_factory=list)
     unit: str = "samples"          # what samples_per_second counts: samples or tokens
     clip_fraction: float | None = None  # clipping algorithms: clipped steps / steps, all ranks
+    network: str = ""              # --network: the cost-model profile, and the communication
+    modelled_seconds: float = 0.0  # seconds it models for this run's calls (mean over ranks)
 
     def lines(self) -> list[str]:
         comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
@@ -87,6 +95,8 @@ class Summary:
             first = "stopped           by SIGTERM before the end; resume from the checkpoint below"
         clipped = ([f"clipped           {100 * self.clip_fraction:.1f}% of the steps (all ranks)"]
                    if self.clip_fraction is not None else [])
+        modelled = ([f"network model     {self.network}: {self.modelled_seconds:.3f} s of communication "
+                     f"(measured {self.comm_seconds:.3f} s)"] if self.network else [])
         return [
             first,
             f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",
@@ -95,6 +105,7 @@ class Summary:
             f"communicated      {_megabytes(self.bytes_per_rank)} per rank "
             f"({_megabytes(self.average_bytes_per_rank)} averaging the {self.parameters:,} parameters)",
             f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
+            *modelled,
             f"throughput        {self.samples_per_second:,.0f} {self.unit}/s over {self.workers} rank(s)",
             f"threads           {self.threads.describe()}",
             f"files             {self.out or 'none'} (checkpoint {self.checkpoint or 'none'})",
@@ -169,6 +180,8 @@ class _Run:
     wall_before: float                   # seconds of earlier segments (resumed runs)
     start: float = 0.0
     checkpoint: str = ""
+    network: NetworkProfile | None = None  # --network: modelled seconds in each trace row
+    guard: StepGuard = field(default_factory=StepGuard)  # --on-nonfinite, --debug-fail-at
 
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.start
@@ -182,8 +195,9 @@ class _Run:
         fields = {"step": state.step, "rounds": state.rounds, "wall": self.wall(),
                   "lr": self.parts.algorithm.schedule(max(state.step - 1, 0)),
                   **_evaluation_fields(evaluation, self.config.language_model)}
-        row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm))
+        row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm, self.network))
         self.window.post(self.comm, stop, row)
+        self.guard.window_skips = 0
         return self._publish(finished)
 
     def finish_rows(self) -> list[trace_io.Row]:
@@ -192,6 +206,8 @@ class _Run:
 
     def _publish(self, rows: list[trace_io.Row]) -> list[trace_io.Row]:
         if self.writer is not None:
+            if self.network is not None:
+                self.writer.ops.update(main_ops(self.comm.stats.counters))
             for row in rows:
                 assert row.stats is not None
                 stats = {"loss_mean": row.stats.loss_mean, "loss_max": row.stats.loss_max,
@@ -212,19 +228,22 @@ class _Run:
             scratch[...] = state.x
             model = comm.average_(scratch, label=ckpt_io.LABEL)
         assert self.out is not None
+        self.guard.check_model(model, tick, self.checkpoint)
         path = ckpt_io.checkpoint_path(self.out, tick)
         ckpt_io.save(path, comm, self.config, self.parts.model.layout, state,
                      self.parts.problem.sampler, self.window.fold(), model, tick, self.run_id,
                      self.writer.rows if self.writer else 0, self.wall(),
                      hidden=self.parts.carried[0]() if self.parts.carried else None,
-                     buffers=getattr(state, "buffers", None))
+                     buffers=getattr(state, "buffers", None),
+                     before_commit=self.guard.commit_hook(tick))
         if comm.rank == 0:
             ckpt_io.prune(path.parent, self.config.run.keep_checkpoints)
         self.checkpoint = str(path)
 
 
 def train(config: Config, comm: Comm | None = None, verbose: bool = True,
-          resume: str | Path | None = None) -> tuple[Summary, State]:
+          resume: str | Path | None = None,
+          faults: FaultPlan | None = None) -> tuple[Summary, State]:
     """Run the configured algorithm (PR-SGD, CELGC or the naive clipping baseline) (continuing from checkpoint ``resume`` when given); returns the
     summary and this rank's final state.
 
@@ -234,11 +253,19 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     empty: no files, the default here, while the command line defaults to ``runs/{time}``):
     ``trace.h5`` and ``checkpoints/step-<tick>.h5``. A resumed run always has one (by default
     the checkpoint's). With a run directory, SIGTERM makes the ranks agree at the next trace
-    row, write a checkpoint and return with ``summary.stopped`` set.
+    row, write a checkpoint and return with ``summary.stopped`` set. Failure handling
+    (docs/failures.md): checks before the first step (hpcopt.preflight), the stall
+    watchdog (``stall_timeout``), NaN/Inf (``on_nonfinite``), and ``faults``, a debug
+    fault to inject (hpcopt.faults).
     """
     comm = comm or Comm()
     comm.averaging = config.run.averaging
-    threads = configure_threads(node_layout(comm.mpi)[1])
+    if config.run.network_delay:  # sleep what the modelled network would take, after every call
+        comm.stats.delay = network_delay(get_profile(config.run.network), comm.size)
+    local_rank, local_size = node_layout(comm.mpi)
+    threads = configure_threads(local_size)
+    if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
+        agreed(lambda: prepare_gpu(comm, local_rank), comm)
     ckpt = agreed(lambda: _read_checkpoint(resume, comm), comm) if resume else None
     parts = agreed(lambda: build_run(config, comm), comm)
     comm.backend = parts.backend
@@ -247,21 +274,27 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
              else algorithm.init(parts.x0, comm, buffers=parts.buffers))
     window = trace_io.Window(backend, clipping=parts.clipping)
     total = algorithm.clock_ticks(parts.total_steps)
+    agree_ticks(total, parts.local_steps, comm)
     if ckpt is not None:
         window_state = agreed(lambda: _restore(ckpt, config, parts, state, total, comm), comm)
         window.restore(window_state)
     out, run_id = _run_directory(config, ckpt, comm)
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out or "")))
     writer = agreed(lambda: _trace_writer(config, parts, out, run_id, ckpt, comm), comm)
+    agreed(lambda: check_output(out, parts, comm), comm)
     run = _Run(config, parts, comm, state, window, out, run_id, writer,
-               ckpt.wall_seconds if ckpt else 0.0)
+               ckpt.wall_seconds if ckpt else 0.0,
+               network=get_profile(config.run.network) if config.run.network else None)
+    run.guard = StepGuard(config.run.on_nonfinite, faults, comm.rank)
     show = verbose and config.run.progress and comm.rank == 0
     if show:
         print(_header(parts, comm, threads, out, ckpt), flush=True)
     try:
-        with _StopSignal(out is not None) as stop_signal:
+        with _StopSignal(out is not None) as stop_signal, \
+                watching(comm, config.run.stall_timeout, lambda: state.step):
             summary = _loop(run, ckpt, total, stop_signal, threads, show)
     finally:
+        comm.stats.delay = None  # delay mode ends with the run
         if writer is not None:
             writer.close()
     if show:
@@ -278,7 +311,8 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
     config, parts, comm, state, window = run.config, run.parts, run.comm, run.state, run.window
     algorithm = parts.algorithm
     every, eval_every = config.run.trace_every, config.run.eval_every
-    oracle = window.traced(parts.problem.oracle)
+    guard = run.guard
+    oracle = window.traced(guard.wrap(parts.problem.oracle, lambda: state.step))
     scratch = parts.backend.xp.empty_like(state.x)
     progress = Progress(total, show)
     history: list[tuple[int, Evaluation | LMEvaluation]] = []
@@ -292,6 +326,9 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
     def arm(t: int) -> bool:  # take ||g|| on the steps up to tick t when it ends a traced row
         return tracing and (row_due(t) or t == total)
 
+    def last_good() -> str:  # the newest checkpoint on disk, for a NaN/Inf stop's message
+        return run.checkpoint or (str(ckpt.path) if ckpt else "")
+
     comm.barrier(label="start")
     if ckpt is not None:
         ckpt_io.restore_counters(ckpt, comm)
@@ -300,7 +337,8 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
     window.armed = arm(tick + 1)
     for _ in range(parts.local_steps - state.step):
         loss = algorithm.step(state, oracle, comm)
-        window.add(loss, getattr(state, "clipped", False))
+        if guard.kept():
+            window.add(loss, getattr(state, "clipped", False))
         tick_now = algorithm.clock(state)
         if tick_now is None:
             continue
@@ -316,6 +354,7 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
                                                          tick % config.run.checkpoint_every == 0))
         if save or stopped:
             rows += run.finish_rows()
+        guard.check_rows(rows, tick, last_good(), run.finish_rows)
         for row in rows:
             train_loss = row.stats.loss_mean
             if report_due:
@@ -328,9 +367,10 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
         window.armed = arm(tick + 1)
     final = None
     if not stopped:
-        if window.steps or window.losses:
-            run.row(tick, None, False)
-        for row in run.finish_rows():
+        rows = run.row(tick, None, False) if window.steps or window.losses or guard.window_skips else []
+        rows += run.finish_rows()
+        guard.check_rows(rows, tick, last_good(), run.finish_rows)
+        for row in rows:
             train_loss = row.stats.loss_mean
         if state.steps_in_round:
             comm.average_(state.x, label="final")
@@ -339,6 +379,7 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _
             state.steps_in_round = 0
         parts.backend.synchronize()
         final = evaluate_average(parts, state, scratch, comm)
+    guard.report(comm, show)
     summary = _summarize(run, final, train_loss, history, threads, stopped)
     if run.writer is not None and final is not None:
         run.writer.finish({"step": state.step, "rounds": state.rounds, "wall": run.wall(),
@@ -408,8 +449,19 @@ def _unused(path: Path) -> Path:
 
 def _trace_writer(config: Config, parts: RunParts, out: Path | None, run_id: str,
                   ckpt: ckpt_io.Checkpoint | None, comm: Comm) -> trace_io.TraceWriter | None:
-    """Rank 0 makes the run directory and, when tracing, opens the trace (UserError if a new
-    run would overwrite another run's files)."""
+    network = profile_attrs(get_profile(config.run.network)) if config.run.network else {}
+    extra = (("clip_fraction",) if parts.clipping else ()) + \
+        (("eval_perplexity",) if config.language_model else ())
+    return open_trace(config, out, run_id, comm, parts.model.layout.size,
+                      (ckpt.trace_rows, ckpt.tick) if ckpt else None, extra, network)
+
+
+def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parameters: int,
+               resume_at: tuple[int, int] | None, extra_columns: Sequence[str] = (),
+               network: dict[str, Any] | None = None) -> trace_io.TraceWriter | None:
+    """Rank 0 makes the run directory and, when tracing, opens the trace with ``extra_columns``
+    (and modelled communication columns when ``network`` describes a profile); UserError if a
+    new run would overwrite another run's files. None on the other ranks."""
     if comm.rank != 0 or out is None:
         return None
     try:
@@ -417,28 +469,30 @@ def _trace_writer(config: Config, parts: RunParts, out: Path | None, run_id: str
     except OSError as exc:
         raise UserError(f"cannot create the run directory {out}: {exc.strerror}") from None
     path = out / trace_io.FILE_NAME
-    if ckpt is None and (path.exists() or ckpt_io.has_checkpoints(out)):
+    if resume_at is None and (path.exists() or ckpt_io.has_checkpoints(out)):
         raise UserError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
                         "or choose another --out")
     if not config.run.trace:
         return None
-    attrs = {**versions(), "run_id": run_id, "world_size": comm.size,
+    attrs = {**versions(), "run_id": run_id, "world_size": comm.size, **(network or {}),
              "algorithm": config.algorithm.algorithm, "config": to_toml(config),
-             "parameters": parts.model.layout.size,
+             "parameters": parameters,
              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    resume_at = (ckpt.trace_rows, ckpt.tick) if ckpt else None
-    extra = (("clip_fraction",) if parts.clipping else ()) + \
-        (("eval_perplexity",) if config.language_model else ())
-    return trace_io.TraceWriter(path, attrs, resume_at, extra_columns=extra)
+    return trace_io.TraceWriter(path, attrs, resume_at, extra_columns=extra_columns,
+                                modelled=bool(network))
 
 
 def _summarize(run: _Run, final: Evaluation | LMEvaluation | None, train_loss: float,
                history: list[tuple[int, Evaluation | LMEvaluation]], threads: ThreadChoice, stopped: bool) -> Summary:
     comm, state, parts = run.comm, run.state, run.parts
     totals = comm.stats.totals()
-    local = np.array([totals.seconds, totals.bytes, comm.stats.totals(AVERAGE_LABEL).bytes,
+    modelled = (sum(seconds for label, seconds in
+                    comm_modelled(comm.stats.counters, comm.size, run.network).items()
+                    if label not in SETUP_LABELS) if run.network else 0.0)
+    timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
+    local = np.array([timed_seconds, totals.bytes, comm.stats.totals(AVERAGE_LABEL).bytes,
                       parts.processed(state.step), getattr(state, "clip_count", 0),
-                      state.step])
+                      state.step, modelled])
     comm.allreduce_host_(local, label="summary")
     wall = float(comm.allreduce_host_(np.array([run.wall()]), op=MPI.MAX, label="summary")[0])
     size = comm.size
@@ -448,6 +502,7 @@ def _summarize(run: _Run, final: Evaluation | LMEvaluation | None, train_loss: f
                    workers=size, samples_per_second=local[3] / wall if wall else 0.0,
                    threads=threads, out=str(run.out or ""), checkpoint=run.checkpoint, stopped=stopped,
                    history=history, unit=parts.unit,
+                   network=run.network.name if run.network else "", modelled_seconds=local[6] / size,
                    clip_fraction=(float(local[4] / local[5]) if local[5] else 0.0) if parts.clipping else None)
 
 
@@ -455,10 +510,13 @@ def _header(parts: RunParts, comm: Comm, threads: ThreadChoice, out: Path | None
             ckpt: ckpt_io.Checkpoint | None) -> str:
     cfg = parts.config
     resumed = f"\nresuming from {ckpt.path} at step {ckpt.tick}" if ckpt else ""
+    gpu = ""
+    if parts.backend.is_gpu and comm.transport is not None:
+        gpu = f"\nrank 0 on GPU {parts.backend.device}; MPI: {comm.transport.choice.describe()}"
     return (f"hpcopt train: {cfg.algorithm.algorithm} on {parts.description} "
             f"({parts.model.layout.size:,} parameters, {cfg.run.dtype}), "
             f"{comm.size} rank(s), {_algorithm_settings(parts)}, batch {cfg.data.batch_size}/rank, "
-            f"{parts.total_steps} steps, {threads.describe()}\nrun directory {out or 'none'}{resumed}")
+            f"{parts.total_steps} steps, {threads.describe()}\nrun directory {out or 'none'}{resumed}{gpu}")
 
 
 def _final_fields(final: Evaluation | LMEvaluation) -> dict[str, Any]:

@@ -8,6 +8,9 @@ rank) and aborts the whole MPI job at once, turning a hang into a failure in wel
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +35,17 @@ def pytest_runtest_makereport(item, call):
         # straight to file descriptor 2: pytest may be capturing sys.stderr at this point
         os.write(2, "".join(f"[rank {rank}] {line}\n" for line in lines).encode())
         MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """One temporary directory for all ranks (made by rank 0), removed after the test; a test
+    module may override it to put files in it first."""
+    path = comm.mpi.bcast(tempfile.mkdtemp(prefix="hpcopt-test-") if comm.rank == 0 else None)
+    yield Path(path)
+    comm.mpi.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: serial tests, then the MPI tests under mpiexec at 1, 2, 3 and 4 ranks.
+# tests/gpu runs in both (each test skipped, with the reason, where CuPy finds no GPU).
 # Every MPI run has an outer timeout and a conftest hook that aborts all ranks when one fails,
 # so a broken test ends the run instead of hanging it. Exits non-zero on any failure, and when
 # pytest collects no test (its exit code 5).
@@ -17,6 +18,6 @@ for n in ${HPCOPT_TEST_SIZES:-1 2 3 4}; do
     timeout -k 10 660 mpiexec -n "$n" bash -c '
         rank="${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}"
         if [ "$rank" = 0 ]; then exec python -m pytest "$@"; fi
-        exec python -m pytest "$@" > /dev/null' _ --with-mpi "${pytest_args[@]}" tests/mpi
+        exec python -m pytest "$@" > /dev/null' _ --with-mpi "${pytest_args[@]}" tests/mpi tests/gpu
 done
 echo "== all test runs passed"

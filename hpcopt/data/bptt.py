@@ -1,7 +1,11 @@
 """Token streams per rank and the truncated-BPTT windows a language model trains on.
 
 ``rank_streams`` gives rank r of N the r-th contiguous block of the corpus, cut into B parallel
-streams (the columns of an (L, B) array, as in AWD-LSTM's ``batchify``). ``BpttSampler`` walks
+streams (the columns of an (L, B) array, as in AWD-LSTM's ``batchify``). ``corpus_shard``
+gives the other partitions: the training text is cut into chunks of consecutive tokens, each
+labelled by the document (play) it starts in, and ``partition_indices`` deals the chunks; a
+rank's tokens are its chunks in corpus order (``iid``: a random equal share of chunks;
+``dirichlet`` / ``similarity``: few documents per rank, heterogeneous data). ``BpttSampler`` walks
 those streams in order in windows of ``bptt`` steps: inputs ``streams[i:i+T]``, targets
 ``streams[i+1:i+1+T]`` for i = 0, bptt, 2 bptt, ... (the last window of an epoch may be
 shorter), so the hidden state at the end of one window is the right start for the next. Its
@@ -14,21 +18,64 @@ from typing import Any
 
 import numpy as np
 
+from hpcopt.data.partition import partition_indices
 from hpcopt.errors import UserError
 
 Array = Any
 
 
+CHUNK_TOKENS = 1000  # tokens per chunk that the non-block partitions of a corpus deal out
+
+
 def rank_streams(tokens: np.ndarray, batch_size: int, rank: int = 0, size: int = 1) -> np.ndarray:
     """(L, B) int64 array: rank ``rank``'s block of ``tokens`` (the first ``len % size`` ranks
     one token longer), trimmed to a multiple of B, column b = the b-th contiguous piece."""
-    if batch_size < 1:
-        raise UserError(f"batch size must be at least 1, got {batch_size}")
+    return streams_of(_block(tokens, rank, size), batch_size, rank, size)
+
+
+def _block(tokens: np.ndarray, rank: int, size: int) -> np.ndarray:
+    """Rank ``rank``'s contiguous block of ``tokens``, the first ``len % size`` one longer."""
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"rank {rank} is not in a communicator of size {size}")
     base, extra = divmod(len(tokens), size)
     start = rank * base + min(rank, extra)
-    block = np.asarray(tokens[start:start + base + (1 if rank < extra else 0)], dtype=np.int64)
+    return np.asarray(tokens[start:start + base + (1 if rank < extra else 0)], dtype=np.int64)
+
+
+def chunk_length(tokens: int, size: int) -> int:
+    """``CHUNK_TOKENS``, shortened on small corpora so that there are >= 8 chunks per rank."""
+    return max(1, min(CHUNK_TOKENS, tokens // (8 * size)))
+
+
+def corpus_shard(tokens: np.ndarray, documents: np.ndarray, kind: str, rank: int, size: int,
+                 seed: int, *, alpha: float | None = None,
+                 similarity: float | None = None) -> np.ndarray:
+    """Rank ``rank``'s training tokens under partition ``kind`` (see ``partition_indices``).
+
+    ``block`` is ``rank_streams``' contiguous block. Otherwise chunk k is
+    ``tokens[k c:(k + 1) c]`` with c = ``chunk_length``, its label the index of the document
+    it starts in (``documents``: ascending start offsets, the first 0); the rank's chunks are
+    concatenated in corpus order. Every token lands on exactly one rank.
+    """
+    if size > len(tokens):
+        raise UserError(f"{size} ranks but only {len(tokens)} training tokens: "
+                        "every rank needs at least one")
+    if kind == "block":
+        return _block(tokens, rank, size)
+    chunk = chunk_length(len(tokens), size)
+    starts = np.arange(0, len(tokens), chunk)
+    labels = np.searchsorted(np.asarray(documents), starts, side="right") - 1
+    chosen = partition_indices(kind, starts.size, rank, size, seed, labels=labels, alpha=alpha,
+                               similarity=similarity)
+    return np.concatenate([np.asarray(tokens[s:s + chunk], dtype=np.int64) for s in starts[chosen]])
+
+
+def streams_of(block: np.ndarray, batch_size: int, rank: int = 0, size: int = 1) -> np.ndarray:
+    """(L, B) int64 array of one rank's tokens ``block``, trimmed to a multiple of B, column b =
+    the b-th contiguous piece; ``rank`` and ``size`` only name the rank in the error."""
+    if batch_size < 1:
+        raise UserError(f"batch size must be at least 1, got {batch_size}")
+    block = np.asarray(block, dtype=np.int64)
     length = block.size // batch_size
     if length < 2:
         raise UserError(f"the corpus is too small for one batch: rank {rank} of {size} holds "

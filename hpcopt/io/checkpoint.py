@@ -26,7 +26,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -56,6 +56,10 @@ PER_RANK = ("x", "momentum", "hidden", "buffers")
 RNG_NOTE = ("every random draw comes from hpcopt.rng.stream(seed, purpose, *key), a pure function "
             "of its key; a rank's random state is the seed (config) and its sampler row")
 _TAG = 7301
+#: Every dataset carries HDF5's Fletcher-32 checksum per chunk: a flipped bit in the numbers is
+#: a read error (a UserError), never a silently different model; any HDF5 reader checks it.
+CHECKSUMMED = {"fletcher32": True}
+ROW_CHUNK = 1 << 18  # values per chunk of a per-rank row (1 MB of float32): read one row at a time
 
 CommRow = tuple[str, str, int, int, float]
 
@@ -160,9 +164,9 @@ class CheckpointWriter:
         })
         model = self.file.create_group("model")
         model.attrs["layout"] = json.dumps([[name, list(shape)] for name, shape in ckpt.layout.entries])
-        model.create_dataset("flat", data=ckpt.model)
+        model.create_dataset("flat", data=ckpt.model, **CHECKSUMMED)
         for name, view in ckpt.layout.views(ckpt.model).items():
-            model.create_dataset(f"params/{name}", data=view)
+            model.create_dataset(f"params/{name}", data=view, **CHECKSUMMED)
         ranks = self.file.create_group("ranks")
         ranks.attrs["rng"] = RNG_NOTE
         tables = [("counters", ckpt.counters, COUNTER_COLUMNS),
@@ -171,10 +175,11 @@ class CheckpointWriter:
         if ckpt.clipping is not None:
             tables.append(("clipping", ckpt.clipping, CLIPPING_COLUMNS))
         for name, data, columns in tables:
-            ranks.create_dataset(name, data=data).attrs["columns"] = json.dumps(columns)
+            ranks.create_dataset(name, data=data, **CHECKSUMMED).attrs["columns"] = json.dumps(columns)
         for name in self.names:
             width = self.widths.get(name, d)
-            ranks.create_dataset(name, (ckpt.world_size, width), dtype=ckpt.model.dtype)
+            ranks.create_dataset(name, (ckpt.world_size, width), dtype=ckpt.model.dtype,
+                                 chunks=(1, max(1, min(width, ROW_CHUNK))), **CHECKSUMMED)
         return self
 
     def row(self, name: str, rank: int, values: np.ndarray) -> None:
@@ -305,8 +310,10 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None) -> Check
 
 def _array(f: Any, name: str, path: Path, dtype: Any, shape: tuple[int, ...]) -> Any:
     """The dataset ``name``, after checking that it exists with this dtype and shape."""
+    import h5py
+
     obj = f.get(name)
-    if obj is None or not hasattr(obj, "dtype"):
+    if not isinstance(obj, h5py.Dataset):  # missing, or a group or named type in its place
         raise UserError(f"{path}: dataset /{name} is missing")
     if obj.dtype != np.dtype(dtype) or obj.shape != tuple(shape):
         raise UserError(f"{path}: /{name} has dtype {obj.dtype} and shape {obj.shape}, "
@@ -350,14 +357,16 @@ def _comm_rows(f: Any, path: Path) -> list[CommRow]:
 
 def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: LocalSGDState,
          sampler: MinibatchSampler, window: np.ndarray, model: Any, tick: int, run_id: str,
-         trace_rows: int, wall_seconds: float, hidden: Any = None, buffers: Any = None) -> None:
+         trace_rows: int, wall_seconds: float, hidden: Any = None, buffers: Any = None,
+         before_commit: Callable[[], None] | None = None) -> None:
     """Collective (every rank, at the same clock tick): rank 0 writes ``path`` atomically.
 
     ``model`` is the averaged model (every rank holds it). Each rank's ``x`` is stored only
     while the ranks' models differ (``steps_in_round > 0``); momentum always, when used.
     ``hidden`` (an LSTM's state) and ``buffers`` (batch-norm statistics) are this rank's
     flat vectors, stored for every rank when given. Rank 0's counters are stored after all of
-    this checkpoint's traffic.
+    this checkpoint's traffic. ``before_commit`` runs on rank 0 just before the file is
+    published (a debug fault, hpcopt.faults).
     """
     to_host = comm.backend.to_host
     ints = np.array([state.step, state.rounds, state.steps_in_round,
@@ -388,6 +397,8 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: Loc
                 for source in range(1, comm.size):
                     comm.waitall([comm.irecv_(buffer, source, _TAG + i, LABEL)], LABEL)
                     writer.row(name, source, buffer)
+            if before_commit is not None:
+                before_commit()
             writer.commit(comm.stats.as_rows())
     except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
         raise UserError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None

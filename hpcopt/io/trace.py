@@ -43,10 +43,28 @@ COLUMNS = {"step": "int64", "rounds": "int64", "loss_mean": "float64", "loss_max
 ROW_DTYPE = np.dtype(list(COLUMNS.items()))
 #: Columns only some runs have: ``clip_fraction`` with a clipping algorithm (celgc, naive_clip),
 #: ``eval_perplexity`` with a language model (whose ``eval_accuracy`` is NaN).
-OPTIONAL_COLUMNS = {"clip_fraction": "float64", "eval_perplexity": "float64"}
+OPTIONAL_COLUMNS = {"clip_fraction": "float64", "eval_perplexity": "float64",
+                    # pipeline runs (hpcopt.pipeline.run): measured and ideal bubble, seconds per
+                    # op tau, modelled pipeline time, point-to-point messages so far (all stages)
+                    "bubble": "float64", "bubble_ideal": "float64", "tau": "float64",
+                    "modelled_time": "float64", "messages": "int64"}
+#: Per-stage columns of pipeline runs: ``busy_<s>`` and ``idle_<s>``, stage s's seconds in the window.
+STAGE_COLUMNS = ("busy", "idle")
+
+
+def optional_dtype(name: str) -> str | None:
+    """The dtype of optional column ``name`` (``OPTIONAL_COLUMNS`` or a per-stage column)."""
+    prefix, _, stage = name.rpartition("_")
+    if prefix in STAGE_COLUMNS and stage.isdigit():
+        return "float64"
+    return OPTIONAL_COLUMNS.get(name)
 #: ``/comm/<name>`` (rows x labels): rank 0's counters per label, summed over operations,
 #: cumulative since the start of the run.
 COMM_COLUMNS = {"calls": "int64", "bytes": "int64", "seconds": "float64"}
+#: With a cost-model profile (``--network``): ``/comm/modelled``, the modelled seconds of the same
+#: calls and bytes on that profile (hpcopt.costmodel); ``/comm``'s ``ops`` attribute names each
+#: label's operation, so any profile can be applied later (``costmodel.trace_modelled``).
+MODELLED = "modelled"
 CHUNK_ROWS = 256
 
 Oracle = Callable[[Any, Any], Any]
@@ -179,15 +197,21 @@ class Window:
         return [p.row for p in posted]
 
 
-def comm_totals(comm: Comm) -> dict[str, tuple[int, int, float]]:
-    """label -> (calls, bytes, seconds) of this rank, summed over operations."""
+def comm_totals(comm: Comm, network: Any = None) -> dict[str, tuple]:
+    """label -> (calls, bytes, seconds) of this rank, summed over operations; with a
+    ``costmodel.NetworkProfile`` also the modelled seconds on it, as a fourth value."""
     totals: dict[str, list] = {}
     for (_, label), counter in comm.stats.counters.items():
         entry = totals.setdefault(label, [0, 0, 0.0])
         entry[0] += counter.calls
         entry[1] += counter.bytes
         entry[2] += counter.seconds
-    return {label: (c, b, s) for label, (c, b, s) in totals.items()}
+    if network is not None:
+        from ..costmodel import comm_modelled
+
+        for label, seconds in comm_modelled(comm.stats.counters, comm.size, network).items():
+            totals[label].append(seconds)
+    return {label: tuple(entry) for label, entry in totals.items()}
 
 
 class TraceWriter:
@@ -206,10 +230,12 @@ class TraceWriter:
 
     def __init__(self, path: Path, attrs: dict[str, Any], resume_at: tuple[int, int] | None = None,
                  flush_rows: int = 64, flush_seconds: float = 10.0,
-                 extra_columns: tuple[str, ...] = ()) -> None:
+                 extra_columns: tuple[str, ...] = (), modelled: bool = False) -> None:
         import h5py
 
-        self.columns = {**COLUMNS, **{name: OPTIONAL_COLUMNS[name] for name in extra_columns}}
+        self.columns = {**COLUMNS, **{name: optional_dtype(name) for name in extra_columns}}
+        self.comm_columns = {**COMM_COLUMNS, **({MODELLED: "float64"} if modelled else {})}
+        self.ops: dict[str, str] = {}  # label -> operation, written with the labels (``ops``)
         self.row_dtype = np.dtype(list(self.columns.items()))
         self.path, self.flush_rows, self.flush_seconds = path, flush_rows, flush_seconds
         self._rows: list[tuple[dict[str, float], dict[str, tuple[int, int, float]]]] = []
@@ -221,6 +247,7 @@ class TraceWriter:
                 raise UserError(f"{path}: its rows have columns {', '.join(self.file['rows'].dtype.names)}, "
                                 f"this run writes {', '.join(self.columns)}")
             self.labels = json.loads(self.file["comm"].attrs["labels"])
+            self.ops = json.loads(self.file["comm"].attrs.get("ops", "{}"))
             self._truncate(resume_at[0])
             self.file.attrs["resumed_at"] = _resumed(self.file.attrs.get("resumed_at"), resume_at[1])
             self.file.attrs["config"] = attrs["config"]  # a resumed run may run longer
@@ -234,7 +261,7 @@ class TraceWriter:
         self.file.create_dataset("rows", (0,), maxshape=(None,), dtype=self.row_dtype, chunks=(CHUNK_ROWS,))
         comm = self.file.create_group("comm")
         comm.attrs["labels"] = "[]"
-        for name, dtype in COMM_COLUMNS.items():
+        for name, dtype in self.comm_columns.items():
             comm.create_dataset(name, (0, 0), maxshape=(None, None), dtype=dtype, chunks=(CHUNK_ROWS, 8))
         self.labels: list[str] = []
         self.rows_on_disk = 0
@@ -269,8 +296,11 @@ class TraceWriter:
             if new:  # labels first used now: their earlier counters are 0 (the fill value)
                 self.labels += new
                 self.file["comm"].attrs["labels"] = json.dumps(self.labels)
-            for i, (name, dtype) in enumerate(COMM_COLUMNS.items()):
-                values = np.array([[c.get(label, (0, 0, 0.0))[i] for label in self.labels]
+                if self.ops:
+                    self.file["comm"].attrs["ops"] = json.dumps(self.ops)
+            zero = (0, 0, 0.0, 0.0)
+            for i, (name, dtype) in enumerate(self.comm_columns.items()):
+                values = np.array([[c.get(label, zero)[i] for label in self.labels]
                                    for _, c in rows], dtype)
                 dataset = self.file[f"comm/{name}"]
                 dataset.resize((start + len(rows), len(self.labels)))
@@ -293,7 +323,7 @@ class TraceWriter:
 
     def _truncate(self, rows: int) -> None:
         self.file["rows"].resize((rows,))
-        for name in COMM_COLUMNS:
+        for name in self.comm_columns:
             self.file[f"comm/{name}"].resize((rows, len(self.labels)))
         if "summary" in self.file:
             del self.file["summary"]
@@ -322,6 +352,7 @@ class Trace:
     columns: dict[str, np.ndarray]
     comm: dict[str, dict[str, np.ndarray]]
     summary: dict[str, Any] | None
+    ops: dict[str, str] | None = None  # label -> operation (traces written with --network)
 
     @property
     def rows(self) -> int:
@@ -355,17 +386,20 @@ def read_trace(path: str | Path) -> Trace:
             labels = json_attr(f["comm"].attrs, "labels", path) if "comm" in f else None
             if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
                 raise UserError(f"{path}: /comm attribute 'labels' is missing or malformed")
-            counters = {name: _dataset(f, f"comm/{name}", path, 2)[()] for name in COMM_COLUMNS}
+            names = [*COMM_COLUMNS, *([MODELLED] if MODELLED in f["comm"] else [])]
+            counters = {name: _dataset(f, f"comm/{name}", path, 2)[()] for name in names}
             summary = {k: _plain(v) for k, v in f["summary"].attrs.items()} if "summary" in f else None
+            ops = json_attr(f["comm"].attrs, "ops", path) if "ops" in f["comm"].attrs else None
         except READ_ERRORS as exc:
             raise UserError(f"{path} is a damaged trace ({type(exc).__name__}: {exc})") from None
     rows = min(data.shape[0], *(c.shape[0] for c in counters.values()))
     width = min(len(labels), *(c.shape[1] for c in counters.values()))
-    present = [*COLUMNS, *(name for name in OPTIONAL_COLUMNS if name in (data.dtype.names or ()))]
+    present = [*COLUMNS, *(name for name in (data.dtype.names or ())
+                           if name not in COLUMNS and optional_dtype(name))]
     columns = {name: np.ascontiguousarray(data[name][:rows]) for name in present}
-    comm = {label: {name: counters[name][:rows, j] for name in COMM_COLUMNS}
+    comm = {label: {name: counters[name][:rows, j] for name in counters}
             for j, label in enumerate(labels[:width])}
-    return Trace(path, attrs, config, columns, comm, summary)
+    return Trace(path, attrs, config, columns, comm, summary, ops if isinstance(ops, dict) else None)
 
 
 def _dataset(f: Any, name: str, path: Path, ndim: int) -> Any:

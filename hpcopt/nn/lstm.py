@@ -97,23 +97,22 @@ class LSTM(Layer):
         """Back-propagate dL/dh_1..h_T (T, B, hidden) through time; writes dL/dW and dL/db."""
         xp = array_module(dy)
         steps, batch, hidden = dy.shape
-        w_h = self.params["weight"][self.inputs:]
-        gates, c, tanh_c = self._gates, self._c, self._tanh_c
-        dz = xp.empty_like(gates)
+        # W_h^T once, contiguous, for the T matmuls of the loop
+        w_h_t = xp.ascontiguousarray(self.params["weight"][self.inputs:].T)
+        dz, to_c, f = self._local_derivatives()
+        dz4 = dz.reshape(steps, batch, 4, hidden)
         dh = xp.zeros((batch, hidden), dtype=dy.dtype)  # dL/dh_t from step t + 1
         dc = xp.zeros_like(dh)                          # dL/dc_t from step t + 1
         for t in range(steps - 1, -1, -1):
-            i, f, o, g = (gates[t, :, k * hidden:(k + 1) * hidden] for k in range(4))
             dh += dy[t]
-            dc += dh * o * (1 - tanh_c[t] * tanh_c[t])
-            d = dz[t]
-            xp.multiply(dc * g, i * (1 - i), out=d[:, :hidden])
-            xp.multiply(dc * c[t], f * (1 - f), out=d[:, hidden:2 * hidden])
-            xp.multiply(dh * tanh_c[t], o * (1 - o), out=d[:, 2 * hidden:3 * hidden])
-            xp.multiply(dc * i, 1 - g * g, out=d[:, 3 * hidden:])
-            dc *= f
+            to_c[t] *= dh
+            dc += to_c[t]                   # dc_t = dc_{t+1} f_{t+1} + dh_t o_t (1 - tanh^2 c_t)
+            dz4[t, :, :2] *= dc[:, None]    # dz_i, dz_f
+            dz4[t, :, 2] *= dh              # dz_o
+            dz4[t, :, 3] *= dc              # dz_g
+            dc *= f[t]
             if t:
-                xp.matmul(d, w_h.T, out=dh)
+                xp.matmul(dz[t], w_h_t, out=dh)
         flat_dz = dz.reshape(steps * batch, 4 * hidden)
         grad_w = self.grads["weight"]
         xp.matmul(self._x.reshape(steps * batch, self.inputs).T, flat_dz,
@@ -125,3 +124,30 @@ class LSTM(Layer):
             return None
         w_x = self.params["weight"][: self.inputs]
         return (flat_dz @ w_x.T).reshape(steps, batch, self.inputs)
+
+    def _local_derivatives(self) -> tuple[Array, Array, Array]:
+        """For all T steps at once, from the forward pass: P (T, B, 4 hidden), with
+        dz_{i,f,g} = dc_t * P_{i,f,g} and dz_o = dh_t * P_o (gate order i, f, o, g)::
+
+            P_i = g i (1 - i),  P_f = c_{t-1} f (1 - f),  P_o = tanh(c_t) o (1 - o),
+            P_g = i (1 - g^2);
+
+        Q = o (1 - tanh^2 c_t) (T, B, hidden), the path dh_t -> dc_t; and the forget gates f.
+        ``backward`` scales them in place, so its time loop runs few, large-enough ops."""
+        xp = array_module(self._gates)
+        hidden, gates, tanh_c = self.hidden, self._gates, self._tanh_c
+        i, f, o, g = (gates[..., k * hidden:(k + 1) * hidden] for k in range(4))
+        p = xp.empty_like(gates)
+        sig = p[..., :3 * hidden]
+        xp.subtract(1, gates[..., :3 * hidden], out=sig)
+        sig *= gates[..., :3 * hidden]                  # s (1 - s) for i, f, o
+        p[..., :hidden] *= g
+        p[..., hidden:2 * hidden] *= self._c[:-1]
+        p[..., 2 * hidden:3 * hidden] *= tanh_c
+        xp.multiply(g, g, out=p[..., 3 * hidden:])
+        xp.subtract(1, p[..., 3 * hidden:], out=p[..., 3 * hidden:])
+        p[..., 3 * hidden:] *= i
+        q = tanh_c * tanh_c
+        xp.subtract(1, q, out=q)
+        q *= o
+        return p, q, f

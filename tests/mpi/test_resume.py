@@ -6,34 +6,21 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from hpcopt.comm import Comm
 from hpcopt.config import build_config
 from hpcopt.io.checkpoint import read_checkpoint
 from hpcopt.io.trace import COLUMNS, read_trace
 from hpcopt.problems.classification import ClassificationProblem
-from hpcopt.train import train
 from tests.mpi.lm_corpus import write_tiny_ptb
+from tests.runs import fresh_train
 
 pytestmark = pytest.mark.mpi
 
 TIME_COLUMNS = {"wall"}
-
-
-@pytest.fixture
-def shared_dir(comm):
-    """One temporary directory for all ranks (made by rank 0), removed after the test."""
-    path = comm.mpi.bcast(tempfile.mkdtemp(prefix="hpcopt-resume-") if comm.rank == 0 else None)
-    yield Path(path)
-    comm.mpi.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def config(out, **overrides):
@@ -42,15 +29,6 @@ def config(out, **overrides):
                 out=str(out))
     base.update({k: str(v) for k, v in overrides.items()})
     return build_config(None, {k: v for k, v in base.items() if v != "None"})  # None: drop a key
-
-
-def fresh_train(cfg, resume=None):
-    """train() on a new Comm, so each run's counters start from zero as in a new process."""
-    comm = Comm()
-    try:
-        return train(cfg, comm, verbose=False, resume=resume)
-    finally:
-        comm.free()
 
 
 def assert_same_run(a_state, b_state, a_dir, b_dir, rank):

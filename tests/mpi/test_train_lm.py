@@ -4,9 +4,6 @@ same on every rank."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,15 +19,12 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture
-def shared_dir(comm):
-    path = comm.mpi.bcast(tempfile.mkdtemp(prefix="hpcopt-lm-") if comm.rank == 0 else None)
+def shared_dir(shared_dir, comm):
+    """The shared directory with a tiny PTB corpus in ``ptb/``."""
     if comm.rank == 0:
-        write_tiny_ptb(Path(path) / "ptb")
+        write_tiny_ptb(shared_dir / "ptb")
     comm.mpi.Barrier()
-    yield Path(path)
-    comm.mpi.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
+    return shared_dir
 
 
 def lm_config(directory, **overrides):
@@ -62,7 +56,7 @@ def test_celgc_on_the_lstm_matches_the_serial_reference(comm, shared_dir):
 def test_prsgd_lstm_epochs_trace_and_perplexity(comm, shared_dir):
     out = shared_dir / "run"
     config = lm_config(shared_dir, algorithm="prsgd", gamma="inf", steps=0, epochs=1.5,
-                       eval_every=8, trace_every=4, out=str(out))
+                       eval_every=8, trace_every=4, out=str(out), partition="block")
     summary, state = train(config, comm, verbose=False)
     # 3000 words + <eos> per line over N ranks, 3 streams, windows of 7
     words = 3000 + 250

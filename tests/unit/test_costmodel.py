@@ -51,3 +51,40 @@ def test_prediction_for_a_run():
     one = net.allreduce(4e5, 4)
     assert predict_allreduce_seconds(10, 4e6, 4, net) == pytest.approx(10 * one)
     assert math.isfinite(one)
+
+
+def test_every_comm_operation_has_a_cost():
+    from hpcopt.comm import OpCounter
+    from hpcopt.costmodel import comm_modelled, main_ops, op_seconds
+
+    net = NetworkProfile("x", alpha=1e-6, beta=1e-9)
+    assert op_seconds("bcast", 2, 2000, 4, net) == pytest.approx(2 * 2 * (1e-6 + 1e-6))
+    assert op_seconds("barrier", 3, 0, 4, net) == pytest.approx(3 * 2 * 1e-6)
+    assert op_seconds("iallgather", 1, 24, 4, net) == pytest.approx(3 * (1e-6 + 24e-9))
+    assert op_seconds("send", 2, 2000, 2, net) == pytest.approx(2 * (1e-6 + 1e-6))
+    assert op_seconds("recv", 2, 2000, 2, net) == op_seconds("wait", 5, 0, 2, net) == 0.0
+    assert op_seconds("allreduce", 1, 1e6, 1, net) == op_seconds("allreduce", 0, 0, 4, net) == 0.0
+    counters = {("allreduce", "average"): OpCounter(4, 4000, 1.0), ("send", "p2p"): OpCounter(1, 8, 0.1),
+                ("recv", "p2p"): OpCounter(1, 8, 0.1), ("iallgather", "trace"): OpCounter(2, 48, 0.0),
+                ("wait", "trace"): OpCounter(2, 0, 0.0)}
+    modelled = comm_modelled(counters, 2, net)
+    assert modelled["average"] == pytest.approx(4 * net.allreduce(1000, 2))
+    assert modelled["p2p"] == pytest.approx(net.p2p(8))
+    assert main_ops(counters) == {"average": "allreduce", "p2p": "send", "trace": "iallgather"}
+
+
+def test_projected_wall_swaps_measured_for_modelled_communication():
+    from hpcopt.costmodel import project_wall
+
+    assert project_wall(np.array([10.0, 20.0]), np.array([2.0, 4.0]), np.array([5.0, 9.0])).tolist() == [13.0, 25.0]
+
+
+def test_the_network_option_is_checked():
+    from hpcopt.config import build_config
+
+    assert build_config(None, {"network": "ib100"}).run.network == "ib100"
+    assert build_config(None, {"network": "alpha=1e-6,bandwidth=1e9"}).run.network
+    with pytest.raises(UserError, match="unknown network profile"):
+        build_config(None, {"network": "token-ring"})
+    with pytest.raises(UserError, match="data-parallel"):
+        build_config(None, {"network": "eth10", "algorithm": "pprs"})

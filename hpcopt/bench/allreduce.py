@@ -1,0 +1,142 @@
+"""OSU-style allreduce benchmark with the nccl-tests bandwidths, and the cost model fitted to it.
+
+    mpiexec -n 2 python -m hpcopt bench allreduce [--min-bytes 4K] [--max-bytes 16M] [--json F]
+
+For each message size it times, interleaved over repetitions (a barrier before each call, the
+slowest rank's time kept, the median over repetitions reported):
+
+  raw        ``MPI_Allreduce(IN_PLACE)`` of the whole buffer, then ``buf /= n``
+  <mode>     ``Comm(averaging=mode).average_(buf)`` for each ``--averaging`` mode (default
+             auto: what training does)
+
+Bandwidths as nccl-tests defines them: algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
+rate each rank's link runs at in a ring allreduce, comparable across rank counts. The last
+lines fit the alpha-beta model (hpcopt.costmodel, ring form) to the first ``--averaging`` mode
+and print the ``--network`` value that replays it, with the model's error at each size.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from ..comm import Comm
+from ..config import AVERAGING_MODES
+from ..costmodel import NetworkProfile, fit_allreduce
+from ..errors import UserError
+from .common import KB, MB, Parser, fmt_bytes, mpi_library, parse_bytes, repetitions, sizes_between, write_json
+
+
+def bus_factor(ranks: int) -> float:
+    """nccl-tests' allreduce bus bandwidth factor 2(n-1)/n."""
+    return 2 * (ranks - 1) / ranks if ranks > 1 else 1.0
+
+
+def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "float32",
+            budget: float = 0.3, min_reps: int = 5, max_reps: int = 200) -> list[dict[str, Any]]:
+    """Per size: {"bytes", "reps", "seconds": {case: median s}}; the same on every rank."""
+    n = mpi.Get_size()
+    comms = {mode: Comm(mpi, averaging=mode) for mode in modes}
+    results = []
+    try:
+        for nbytes in sizes:
+            buf = np.random.default_rng(mpi.Get_rank()).random(max(1, nbytes // np.dtype(dtype).itemsize)).astype(dtype)
+            cases: dict[str, Callable[[], Any]] = {"raw": _raw(mpi, buf, float(n))}
+            for mode, comm in comms.items():
+                cases[mode] = (lambda c=comm: c.average_(buf))
+            for fn in cases.values():  # warm-up (also makes the shared-memory window once)
+                fn()
+            start = time.perf_counter()
+            for fn in cases.values():
+                fn()
+            reps = repetitions((time.perf_counter() - start) / len(cases), budget, min_reps, max_reps, mpi)
+            times = {name: np.empty(reps) for name in cases}
+            for r in range(reps):
+                for name in np.random.default_rng(r).permutation(list(cases)):  # same order on all ranks
+                    mpi.Barrier()
+                    t0 = time.perf_counter()
+                    cases[name]()
+                    times[name][r] = time.perf_counter() - t0
+            medians = {}
+            for name in cases:
+                mpi.Allreduce(MPI.IN_PLACE, times[name], op=MPI.MAX)
+                medians[name] = float(np.median(times[name]))
+            results.append({"bytes": int(buf.nbytes), "reps": reps, "seconds": medians})
+    finally:
+        for comm in comms.values():
+            comm.free()
+    return results
+
+
+def _raw(mpi: MPI.Comm, buf: np.ndarray, n: float) -> Callable[[], None]:
+    def raw() -> None:
+        mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        np.divide(buf, n, out=buf)
+    return raw
+
+
+def fit(results: list[dict[str, Any]], case: str, ranks: int) -> NetworkProfile:
+    """The alpha-beta profile (ring form) fitted to one case's medians."""
+    return fit_allreduce([r["bytes"] for r in results], [r["seconds"][case] for r in results], ranks,
+                         name=f"fitted-{case}")
+
+
+def table(results: list[dict[str, Any]], ranks: int) -> list[str]:
+    cases = list(results[0]["seconds"])
+    factor = bus_factor(ranks)
+    lines = ["| size | reps | " + " | ".join(f"{c} us | {c} algbw GB/s | {c} busbw GB/s" for c in cases) + " |",
+             "|---:|---:|" + "---:|---:|---:|" * len(cases)]
+    for r in results:
+        cells = []
+        for c in cases:
+            t = r["seconds"][c]
+            alg = r["bytes"] / t / 1e9
+            cells += [f"{1e6 * t:.1f}", f"{alg:.3f}", f"{alg * factor:.3f}"]
+        lines.append(f"| {fmt_bytes(r['bytes'])} | {r['reps']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(prog="hpcopt bench allreduce", description=__doc__.splitlines()[0])
+    p.add_argument("--min-bytes", type=parse_bytes, default=4 * KB)
+    p.add_argument("--max-bytes", type=parse_bytes, default=16 * MB)
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--averaging", default="auto", help=f"comma list of Comm modes ({', '.join(AVERAGING_MODES)})")
+    p.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per size and case")
+    p.add_argument("--min-reps", type=int, default=5)
+    p.add_argument("--max-reps", type=int, default=200)
+    p.add_argument("--json", type=Path, help="also write the medians here (rank 0)")
+    args = p.parse_args(argv)
+    modes = [m for m in args.averaging.split(",") if m]
+    if not modes or any(m not in AVERAGING_MODES for m in modes):
+        raise UserError(f"--averaging takes a comma list of {', '.join(AVERAGING_MODES)}")
+    mpi = MPI.COMM_WORLD.Dup()
+    try:
+        n, rank = mpi.Get_size(), mpi.Get_rank()
+        results = measure(mpi, sizes_between(args.min_bytes, args.max_bytes, args.factor), modes,
+                          args.dtype, args.budget, args.min_reps, args.max_reps)
+        if rank != 0:
+            return 0
+        print(f"# hpcopt bench allreduce: {n} rank(s), {args.dtype}, {mpi_library()}, "
+              f"{os.cpu_count()} cpu(s), load {os.getloadavg()[0]:.2f}; median over reps of the "
+              f"slowest rank; busbw = algbw * {bus_factor(n):.3f}")
+        print("\n".join(table(results, n)))
+        data: dict[str, Any] = {"ranks": n, "dtype": args.dtype, "mpi": mpi_library(), "results": results}
+        if n > 1 and len(results) > 1:
+            net = fit(results, modes[0], n)
+            print(f"# fitted to {modes[0]} (ring form): alpha {1e6 * net.alpha:.2f} us, bandwidth "
+                  f"{net.bandwidth / 1e9:.2f} GB/s -> --network alpha={net.alpha:.3g},beta={net.beta:.3g}")
+            errors = [net.allreduce(r["bytes"], n, "ring") / r["seconds"][modes[0]] for r in results]
+            print("# model / measured: " + ", ".join(f"{fmt_bytes(r['bytes'])} {e:.2f}"
+                                                      for r, e in zip(results, errors)))
+            data["fit"] = {"case": modes[0], "alpha": net.alpha, "beta": net.beta}
+        write_json(args.json, data)
+        return 0
+    finally:
+        mpi.Free()

@@ -1,0 +1,123 @@
+"""Divergence: NaN or Inf in the loss or the parameters stops the run, or drops the step.
+
+``--on-nonfinite stop`` (the default) costs nothing per step. Two checks, both agreed by every
+rank without any extra communication:
+
+- each trace row's loss statistics are already reduced over all ranks (the window's
+  Iallgather): a NaN or Inf loss on any rank makes the row's mean loss non-finite on every
+  rank, so all ranks stop at the same row;
+- before every checkpoint, the averaged model about to be written (the same on every rank)
+  must be finite; with a parameter this also covers the momentum buffers (a non-finite buffer
+  makes the parameters non-finite in the same step).
+
+Either failing raises :class:`NonFiniteError` on every rank: the run ends with one line and
+exit code 3, no checkpoint is written, and the newest one on disk, the last good one, is kept
+(older ones are pruned only after a successful write). Detection comes at the latest one trace
+row (``trace_every`` ticks) after the first bad step, and always before the next checkpoint.
+
+``--on-nonfinite skip``: every step, the rank that computed a minibatch loss and gradient checks
+both (one dot product and two scalars to the host); a non-finite one is replaced by a zero
+gradient for that step: the minibatch is dropped, counters advance (ranks stay in step), and
+without momentum or weight decay the model is unchanged. The check happens before any
+communication of the step, so no bad value reaches another rank; skipped steps are not counted
+in the trace row's loss. A rank whose whole trace window was skipped leaves the row without a
+loss, which stops the run as above: skipping never hides a run that has diverged for good.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import UserError
+from .faults import FaultPlan
+
+Oracle = Callable[[Any, Any], Any]
+
+
+class NonFiniteError(UserError):
+    """The loss or the parameters became NaN or Inf; raised on every rank at once (exit code 3)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, everywhere=True)
+
+
+class StepGuard:
+    """This rank's non-finite checks (``mode``: stop or skip, ``config.NONFINITE_MODES``) and its
+    debug fault plan."""
+
+    def __init__(self, mode: str = "stop", faults: FaultPlan | None = None, rank: int = 0) -> None:
+        self.mode, self.faults, self.rank = mode, faults, rank
+        self.skipped = 0        # steps this rank skipped
+        self.window_skips = 0   # of them, since the last trace row (reset by the run)
+        self._last_kept = True  # whether the newest step counts (False: skipped)
+
+    def wrap(self, oracle: Oracle, steps_done: Callable[[], int]) -> Oracle:
+        """``oracle`` with the fault plan applied and, in skip mode, the per-step check."""
+        if self.faults is None and self.mode == "stop":
+            return oracle
+        faults, skip = self.faults, self.mode == "skip"
+
+        def guarded(x: Any, grad: Any) -> Any:
+            poison = faults is not None and faults.before_gradient(self.rank, steps_done() + 1, grad)
+            loss = oracle(x, grad)
+            if poison:
+                grad.reshape(-1)[0] = math.nan
+            if skip:
+                self._last_kept = math.isfinite(float(loss)) and math.isfinite(float(grad @ grad))
+                if not self._last_kept:
+                    grad[...] = 0
+                    self.skipped += 1
+                    self.window_skips += 1
+            return loss
+
+        return guarded
+
+    def kept(self) -> bool:
+        """Whether the newest step's loss counts in the trace window (False: it was skipped)."""
+        return self._last_kept
+
+    def check_rows(self, rows: list, tick: int, last_checkpoint: str,
+                   finish: Callable[[], list]) -> None:
+        """Raise NonFiniteError (every rank alike) if a finished trace row has a non-finite
+        loss; ``finish`` first completes the reductions still in flight (collective)."""
+        bad = next((row for row in rows if not math.isfinite(row.stats.loss_mean)), None)
+        if bad is None:
+            return
+        finish()
+        what = ("a rank skipped every step of the window" if self.mode == "skip"
+                else f"mean loss {bad.stats.loss_mean}")
+        raise NonFiniteError(f"non-finite loss in the trace row at step {bad.fields['step']} ({what}), "
+                             f"seen at tick {tick}; {_advice(last_checkpoint)}")
+
+    def check_model(self, model: Any, tick: int, last_checkpoint: str) -> None:
+        """Raise NonFiniteError if the averaged ``model`` (the same on every rank) holds NaN or Inf."""
+        if not bool(np.isfinite(model).all()):
+            raise NonFiniteError(f"non-finite parameters at tick {tick}, not checkpointed; "
+                                 f"{_advice(last_checkpoint)}")
+
+    def commit_hook(self, tick: int) -> Callable[[], None] | None:
+        """The debug fault to run just before a checkpoint is published (None: none)."""
+        faults = self.faults
+        if faults is None or faults.kind != "checkpoint":
+            return None
+        return lambda: faults.before_commit(self.rank, tick)
+
+    def report(self, comm: Any, show: bool) -> None:
+        """Skip mode (collective): print how many steps all ranks skipped."""
+        if self.mode != "skip":
+            return
+        total = int(comm.allreduce_scalar(float(self.skipped), label="summary"))
+        if show:
+            print(f"hpcopt: --on-nonfinite skip: {total} step(s) with a non-finite loss or "
+                  "gradient were skipped (all ranks)", flush=True)
+
+
+def _advice(last_checkpoint: str) -> str:
+    kept = (f"the last good checkpoint is {last_checkpoint}" if last_checkpoint
+            else "no checkpoint was written")
+    return f"{kept}; try a smaller --lr, or --on-nonfinite skip"

@@ -1,0 +1,239 @@
+"""Checkpoints of pipeline runs: every stage's own block, in one atomically written HDF5 file.
+
+Same file name, attributes and atomic write as the data-parallel checkpoints
+(``hpcopt.io.checkpoint``: ``checkpoints/step-<tick>.h5``, written as ``.tmp``, fsynced,
+renamed), format ``hpcopt-pipeline-checkpoint``. Layout (docs/formats.md):
+
+- ``/model/flat`` and ``/model/params/<layer>.<tensor>``: the whole model (every stage's block
+  put together, frozen layers included), readable with h5py alone;
+- ``/stages/<s>``: stage s's optimizer state, one dataset per vector (``x``, and ``prev`` for
+  momentum, ``z``, ``anchor``, ``grad_sum`` for the accelerated loop), attributes ``step``,
+  ``alpha`` and ``block`` (its [start, stop) in the flat vector). With the seed in the config,
+  ``step`` is the whole random state: PPRS noise is keyed by (seed, step, sample, stage);
+- ``/ranks/window``: per rank, the trace window in progress (loss sum, loss max, iterations),
+  the messages all stages sent up to the last trace row, this rank's sends since, and the
+  modelled pipeline time so far;
+- ``/comm``: rank 0's communication counters.
+
+Each stage sends its block and state to rank 0 (label "checkpoint"), which writes the file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.pprs import PipelineState
+from ..comm import Comm
+from ..config import Config, to_toml
+from ..errors import UserError
+from ..flat import ParamLayout
+from ..io import (READ_ERRORS, check_format, config_from_toml, int_attr, json_attr,
+                  open_for_reading, text_attr, versions)
+from ..io import checkpoint as ckpt_io
+
+FORMAT = "hpcopt-pipeline-checkpoint"
+VERSION = 1
+LABEL = ckpt_io.LABEL
+#: Optimizer vectors a stage may carry (``PipelineState`` attributes), in file order.
+VECTORS = ("x", "prev", "z", "anchor", "grad_sum")
+WINDOW_COLUMNS = ("loss_sum", "loss_max", "iterations", "messages", "pending_sends",
+                  "modelled_time")
+_TAG = 7401
+
+
+@dataclass
+class StageRecord:
+    """One stage's part of a checkpoint."""
+
+    block: tuple[int, int]         # [start, stop) of the stage's parameters in the flat vector
+    vectors: dict[str, np.ndarray]  # VECTORS present for this algorithm
+    step: int
+    alpha: float
+
+
+@dataclass
+class PipelineCheckpoint:
+    config: Config
+    world_size: int
+    tick: int
+    run_id: str
+    trace_rows: int
+    wall_seconds: float
+    model: np.ndarray                       # the whole flat parameter vector
+    stages: list[StageRecord]
+    window: np.ndarray                      # (N, 4) WINDOW_COLUMNS
+    comm: list[ckpt_io.CommRow] = field(default_factory=list)
+    path: Path = Path()
+
+
+def _present(state: PipelineState) -> list[str]:
+    return [name for name in VECTORS if getattr(state, name) is not None]
+
+
+def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any, block_slice: slice,
+         state: PipelineState, window: np.ndarray, tick: int, run_id: str, trace_rows: int,
+         wall_seconds: float) -> None:
+    """Collective: every stage sends its parameter block and state to rank 0, which writes
+    ``path`` atomically. ``window`` is this rank's WINDOW_COLUMNS."""
+    to_host = comm.backend.to_host
+    names = _present(state)  # the same on every stage: one algorithm
+    header = np.array([block_slice.start, block_slice.stop, state.x.size, state.step,
+                       state.alpha, *window], dtype=np.float64)
+    mine = [np.ascontiguousarray(to_host(block)),
+            *(np.ascontiguousarray(to_host(getattr(state, n))) for n in names)]
+    if comm.rank != 0:
+        requests = [comm.isend(header, 0, _TAG, LABEL)]
+        requests += [comm.isend(v, 0, _TAG + 1 + i, LABEL) for i, v in enumerate(mine)]
+        comm.waitall(requests, LABEL)
+        return
+    headers, stages = [header], [mine]
+    for source in range(1, comm.size):
+        h = np.empty_like(header)
+        comm.waitall([comm.irecv_(h, source, _TAG, LABEL)], LABEL)
+        sizes = [int(h[1] - h[0])] + [int(h[2])] * len(names)
+        vectors = [np.empty(n, dtype=mine[0].dtype) for n in sizes]
+        comm.waitall([comm.irecv_(v, source, _TAG + 1 + i, LABEL) for i, v in enumerate(vectors)],
+                     LABEL)
+        headers.append(h)
+        stages.append(vectors)
+    model = np.empty(layout.size, dtype=mine[0].dtype)
+    records = []
+    for h, vectors in zip(headers, stages):
+        start, stop = int(h[0]), int(h[1])
+        model[start:stop] = vectors[0]
+        records.append(StageRecord((start, stop), dict(zip(names, vectors[1:])), int(h[3]),
+                                   float(h[4])))
+    ckpt = PipelineCheckpoint(config, comm.size, tick, run_id, trace_rows, wall_seconds, model,
+                              records, np.stack([h[5:] for h in headers]))
+    try:
+        _write(path, ckpt, layout, comm.stats.as_rows())
+    except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
+        raise UserError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+
+
+def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows: list) -> None:
+    import h5py
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ckpt_io.TMP_SUFFIX)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs.update({
+                "format": FORMAT, "format_version": VERSION, **versions(),
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "algorithm": ckpt.config.algorithm.algorithm, "config": to_toml(ckpt.config),
+                "run_id": ckpt.run_id, "world_size": ckpt.world_size, "tick": ckpt.tick,
+                "trace_rows": ckpt.trace_rows, "wall_seconds": ckpt.wall_seconds})
+            model = f.create_group("model")
+            model.attrs["layout"] = json.dumps([[n, list(s)] for n, s in layout.entries])
+            model.create_dataset("flat", data=ckpt.model)
+            for name, view in layout.views(ckpt.model).items():
+                model.create_dataset(f"params/{name}", data=view)
+            for s, record in enumerate(ckpt.stages):
+                group = f.create_group(f"stages/{s}")
+                group.attrs.update({"step": record.step, "alpha": record.alpha,
+                                    "block": json.dumps(list(record.block))})
+                for name, values in record.vectors.items():
+                    group.create_dataset(name, data=values)
+            window = f.create_group("ranks").create_dataset("window", data=ckpt.window)
+            window.attrs["columns"] = json.dumps(WINDOW_COLUMNS)
+            f.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm_rows])
+        ckpt_io._fsync(tmp)
+        os.replace(tmp, path)
+        ckpt_io._fsync(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def is_pipeline_checkpoint(path: Path) -> bool:
+    with open_for_reading(path, "checkpoint") as f:
+        return f.attrs.get("format") == FORMAT
+
+
+def stored_config(path: str | Path) -> tuple[Path, Config]:
+    """(the checkpoint file, its config) for either kind of checkpoint (data-parallel or
+    pipeline), reading nothing else."""
+    found = ckpt_io.find_checkpoint(path)
+    if not is_pipeline_checkpoint(found):
+        return ckpt_io.stored_config(found)
+    with open_for_reading(found, "checkpoint") as f:
+        try:
+            return found, config_from_toml(text_attr(f.attrs, "config", found), found)
+        except READ_ERRORS as exc:
+            raise UserError(f"{found} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def read(path: str | Path, world_size: int) -> PipelineCheckpoint:
+    """Read and validate a pipeline checkpoint written on ``world_size`` ranks (UserError,
+    one line naming the file, for anything wrong)."""
+    path = ckpt_io.find_checkpoint(path)
+    with open_for_reading(path, "checkpoint") as f:
+        try:
+            return _read(f, path, world_size)
+        except READ_ERRORS as exc:
+            raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
+    attrs = f.attrs
+    check_format(attrs, path, FORMAT, VERSION, "pipeline checkpoint")
+    config = config_from_toml(text_attr(attrs, "config", path), path)
+    size = int_attr(attrs, "world_size", path, minimum=1)
+    if size != world_size:
+        raise UserError(f"{path} was written by a pipeline of {size} stage(s); this run has "
+                        f"{world_size} rank(s): resume it with mpiexec -n {size}")
+    wall = float(attrs.get("wall_seconds", -1.0))
+    if not np.isfinite(wall) or wall < 0:
+        raise UserError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")
+    dtype = np.dtype(config.run.dtype)
+    model = f["model/flat"][()]
+    if model.dtype != dtype or model.ndim != 1 or not np.isfinite(model).all():
+        raise UserError(f"{path}: /model/flat is not a finite {dtype} vector")
+    stages = []
+    for s in range(size):
+        group = f[f"stages/{s}"]
+        start, stop = json_attr(group.attrs, "block", path)
+        vectors = {name: group[name][()] for name in VECTORS if name in group}
+        if any(v.dtype != dtype or not np.isfinite(v).all() for v in vectors.values()):
+            raise UserError(f"{path}: /stages/{s} holds non-finite or non-{dtype} values")
+        stages.append(StageRecord((int(start), int(stop)), vectors, int_attr(group.attrs, "step", path),
+                                  float(group.attrs["alpha"])))
+    window = f["ranks/window"][()]
+    if window.shape != (size, len(WINDOW_COLUMNS)):
+        raise UserError(f"{path}: /ranks/window has shape {window.shape}")
+    comm = ckpt_io._comm_rows(f, path)
+    return PipelineCheckpoint(config, size, int_attr(attrs, "tick", path),
+                              text_attr(attrs, "run_id", path),
+                              int_attr(attrs, "trace_rows", path), wall, model, stages, window,
+                              comm, path)
+
+
+def restore(ckpt: PipelineCheckpoint, rank: int, block: Any, block_slice: slice,
+            state: PipelineState, backend: Any) -> np.ndarray:
+    """Put stage ``rank``'s part of ``ckpt`` into a fresh run (its whole parameter block and
+    its optimizer state); returns this rank's trace window row. UserError when it does not fit."""
+    record = ckpt.stages[rank]
+    if record.block != (block_slice.start, block_slice.stop):
+        raise UserError(f"{ckpt.path}: stage {rank} holds parameters {list(record.block)}, this "
+                        f"run's stage {rank} holds [{block_slice.start}, {block_slice.stop}]")
+    names = _present(state)
+    if sorted(record.vectors) != sorted(names):
+        raise UserError(f"{ckpt.path}: stage {rank} holds {sorted(record.vectors)}, this "
+                        f"algorithm needs {sorted(names)}")
+    for name in names:
+        target = getattr(state, name)
+        if record.vectors[name].shape != target.shape:
+            raise UserError(f"{ckpt.path}: stage {rank}'s {name} has shape "
+                            f"{record.vectors[name].shape}, expected {target.shape}")
+    block[...] = backend.asarray(ckpt.model[block_slice])
+    for name in names:
+        getattr(state, name)[...] = backend.asarray(record.vectors[name])
+    state.step, state.alpha = record.step, record.alpha
+    return ckpt.window[rank].copy()

@@ -1,0 +1,76 @@
+"""Checks before the first step, so that a run cannot fail after hours on something knowable now.
+
+Already refused while the run is built (``build_run``, agreed by every rank): a missing or
+unreadable data set, a batch larger than a shard, more ranks than samples, ``local_steps``
+with another length than the number of ranks, a corpus too small for the ranks' streams. Here:
+
+- once the run is built, every rank must run the same number of clock ticks (``agree_ticks``,
+  one allgather of two integers): a rank that computed another length, e.g. from another copy
+  of the data set, would otherwise wait for ever in the last collectives of the others;
+- once the run directory exists, rank 0 (the only writer) must be able to create and delete a
+  file in the checkpoint directory, and the file system must have room for one more
+  checkpoint (``estimate``).
+
+Every problem is one UserError line, exit code 2 on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import UserError
+from .io import checkpoint as ckpt_io
+
+#: Bytes of a checkpoint beyond its vectors: attributes, config, tables, HDF5 metadata.
+CHECKPOINT_OVERHEAD = 1 << 20
+
+
+def agree_ticks(ticks: int, local_steps: int, comm: Any) -> None:
+    """UserError on every rank unless every rank runs ``ticks`` clock ticks (collective)."""
+    start = time.perf_counter()
+    everyone = comm.mpi.allgather((ticks, local_steps))
+    comm.stats.record("allgather", "preflight", 16, time.perf_counter() - start)
+    if len({t for t, _ in everyone}) > 1:
+        shown = ", ".join(f"rank {r}: {t} ticks ({s} steps)" for r, (t, s) in enumerate(everyone))
+        raise UserError(f"the ranks disagree on the length of the run ({shown}); "
+                        "is the data set the same on every node?", everywhere=True)
+
+
+def estimate(parts: Any, size: int) -> int:
+    """Upper bound of one checkpoint's size in bytes for ``parts`` on ``size`` ranks: the
+    averaged model twice (flat and per layer), and per rank its model (mid-round), momentum,
+    batch-norm statistics and LSTM state."""
+    itemsize = np.dtype(parts.config.run.dtype).itemsize
+    d = parts.model.layout.size
+    per_rank = d * (1 + (parts.config.algorithm.momentum > 0))
+    if parts.buffers is not None:
+        per_rank += int(parts.buffers.size)
+    if parts.carried is not None:
+        per_rank += int(parts.carried[0]().size)
+    return itemsize * (2 * d + size * per_rank) + CHECKPOINT_OVERHEAD
+
+
+def check_output(out: Path | None, parts: Any, comm: Any) -> None:
+    """Rank 0: the checkpoint directory is writable and has room for one checkpoint."""
+    if out is None or comm.rank != 0:
+        return
+    directory = out / ckpt_io.SUBDIR
+    probe = directory / f".preflight-{os.getpid()}"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"hpcopt preflight\n")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"the checkpoint directory {directory} is not writable: "
+                        f"{exc.strerror or exc}") from None
+    need = estimate(parts, comm.size)
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        raise UserError(f"not enough free space for a checkpoint in {directory}: "
+                        f"{free / 1e6:,.1f} MB free, a checkpoint needs about {need / 1e6:,.1f} MB")

@@ -1,0 +1,198 @@
+"""Stall watchdog (``--stall-timeout S``): a collective that has not completed after S seconds
+ends the job, with a report of where every rank is.
+
+Design. A daemon thread on every rank wakes every ``poll`` seconds (S/10, at most 0.5 s) and
+looks at the main thread's Python stack (``sys._current_frames``): when it is inside one of
+``Comm``'s blocking calls (an allreduce, average, broadcast, barrier, wait, or the checkpoint
+gather), the rank is *waiting*, on that call's label. The main thread does no extra work at
+all, so the watchdog costs nothing when off and one short wake-up per poll when on.
+
+When a rank has waited in the same call for S seconds, its thread asks every other rank where
+it is (point-to-point, on a communicator of the watchdog's own); the others' watchdog threads
+answer even when their main thread computes, sleeps or hangs. A rank that does not answer
+within ``answer_within`` seconds was killed or is stuck outside Python. The lowest-numbered
+waiting rank prints one report, naming the ranks that have not arrived, and aborts the job
+(MPI_Abort, exit code 4); the other waiting ranks report only if it has not done so a little
+later. Needs MPI_THREAD_MULTIPLE (mpi4py asks for it by default).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from types import CodeType, FrameType
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import UserError
+
+EXIT_CODE = 4
+#: ``Comm`` methods that block until other ranks take part.
+BLOCKING_CALLS = ("allreduce_", "average_", "bcast_", "allreduce_scalar", "allreduce_host_",
+                  "barrier", "agree_errors", "waitall")
+_QUERY_TAG, _REPLY_TAG = 31001, 31002
+_REPLY_BYTES = 1024
+
+
+def _blocking_codes() -> dict[CodeType, str]:
+    """Code object -> operation name of every call in which a rank waits for others."""
+    from .comm import Comm
+    from .io import checkpoint
+
+    codes = {getattr(Comm, name).__code__: name.rstrip("_")
+             for name in BLOCKING_CALLS if hasattr(getattr(Comm, name, None), "__code__")}
+    codes[checkpoint._gather.__code__] = "gather"
+    return codes
+
+
+class Watchdog:
+    """Watches the calling thread's collectives on ``comm`` (collective: every rank makes one)."""
+
+    def __init__(self, comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1) -> None:
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise UserError("--stall-timeout needs an MPI library with MPI_THREAD_MULTIPLE",
+                            everywhere=True)
+        self.mpi = comm.mpi.Dup()
+        self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
+        self.timeout = timeout
+        self.poll = min(0.5, max(0.02, timeout / 10))
+        self.answer_within = max(1.0, 4 * self.poll)
+        self.steps = steps
+        self._main = threading.get_ident()
+        self._codes = _blocking_codes()
+        self._seen: tuple[FrameType, float] | None = None  # (the call waited in, since when)
+        self._sends: list[MPI.Request] = []
+        self._round = 0
+        self._deferred_until = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpcopt-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread and free the watchdog's communicator."""
+        self._stop.set()
+        self._thread.join()
+        self.mpi.Free()
+
+    # -- where this rank is -----------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """This rank's main thread: its step and, when waiting, the call, label and seconds."""
+        frame = sys._current_frames().get(self._main)
+        while frame is not None and frame.f_code not in self._codes:
+            frame = frame.f_back
+        mine: dict[str, Any] = {"rank": self.rank, "step": int(self.steps())}
+        if frame is None:
+            self._seen = None
+            return mine
+        now = time.monotonic()
+        if self._seen is None or self._seen[0] is not frame:
+            self._seen = (frame, now)  # holding the frame: a later call cannot reuse it
+        try:
+            label = str(frame.f_locals.get("label", ""))
+        except Exception:  # noqa: BLE001 - a frame that is just ending
+            label = ""
+        return {**mine, "call": self._codes[frame.f_code], "label": label,
+                "waited": now - self._seen[1]}
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        query = np.zeros(2, dtype=np.int64)
+        request = self.mpi.Irecv(query, source=MPI.ANY_SOURCE, tag=_QUERY_TAG)
+        try:
+            while not self._stop.wait(self.poll):
+                request = self._answer(request, query)
+                mine = self.status()
+                if mine.get("waited", 0.0) >= self.timeout and time.monotonic() >= self._deferred_until:
+                    request = self._investigate(mine, request, query)
+        finally:
+            request.Cancel()
+            request.Wait()
+            MPI.Request.Waitall(self._sends)
+
+    def _answer(self, request: MPI.Request, query: np.ndarray) -> MPI.Request:
+        """Answer every query that has arrived with this rank's status; the re-posted receive."""
+        status = MPI.Status()
+        while request.Test(status):
+            reply = np.zeros(_REPLY_BYTES, dtype=np.uint8)
+            text = json.dumps(self.status()).encode()[:_REPLY_BYTES]
+            reply[:len(text)] = np.frombuffer(text, dtype=np.uint8)
+            self._sends.append(self.mpi.Isend(reply, dest=int(query[0]), tag=int(query[1])))
+            request = self.mpi.Irecv(query, source=MPI.ANY_SOURCE, tag=_QUERY_TAG)
+        return request
+
+    def _investigate(self, mine: dict[str, Any], request: MPI.Request,
+                     query: np.ndarray) -> MPI.Request:
+        """Ask every rank where it is; report and abort, or defer to a lower waiting rank."""
+        self._round += 1
+        tag = _REPLY_TAG + self._round
+        others = [r for r in range(self.size) if r != self.rank]
+        ask = np.array([self.rank, tag], dtype=np.int64)
+        self._sends += [self.mpi.Isend(ask, dest=r, tag=_QUERY_TAG) for r in others]
+        buffers = {r: np.zeros(_REPLY_BYTES, dtype=np.uint8) for r in others}
+        pending = {r: self.mpi.Irecv(buffers[r], source=r, tag=tag) for r in others}
+        answers = {self.rank: mine}
+        deadline = time.monotonic() + self.answer_within
+        while pending and time.monotonic() < deadline:
+            request = self._answer(request, query)
+            for r in [r for r, req in pending.items() if req.Test()]:
+                del pending[r]
+                answers[r] = json.loads(bytes(buffers[r]).rstrip(b"\0").decode())
+            time.sleep(0.005)
+        for req in pending.values():
+            req.Cancel()
+            req.Wait()
+        waiting = [r for r, a in answers.items() if a.get("waited", 0.0) >= self.timeout]
+        if min(waiting) != self.rank and self._deferred_until == 0.0:
+            self._deferred_until = time.monotonic() + 2 * self.answer_within
+            return request
+        _abort(self.report(answers))
+        return request  # pragma: no cover - Abort does not return
+
+    def report(self, answers: dict[int, dict[str, Any]]) -> str:
+        """The stall report: who is not in the call this rank waits in, then every rank's state."""
+        mine = answers[self.rank]
+        where = (mine["call"], mine["label"])
+        absent = [r for r in range(self.size)
+                  if r not in answers or (answers[r].get("call"), answers[r].get("label")) != where]
+        head = (f"not arrived: rank {', '.join(map(str, absent))}" if absent else
+                "every rank waits in the same call (the MPI library or the network does not progress)")
+        lines = [f"hpcopt: stall: a collective has not completed within --stall-timeout "
+                 f"{self.timeout:g} s; {head}"]
+        for r in range(self.size):
+            a = answers.get(r)
+            if a is None:
+                state = f"no answer within {self.answer_within:g} s (killed, or stuck outside Python)"
+            elif "call" in a:
+                state = f"waiting {a['waited']:.1f} s in {a['call']} '{a['label']}' at step {a['step']}"
+            else:
+                state = f"busy outside communication at step {a['step']}"
+            lines.append(f"  rank {r}: {state}")
+        lines.append(f"hpcopt: aborting the job (exit code {EXIT_CODE})")
+        return "\n".join(lines) + "\n"
+
+
+def _abort(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    time.sleep(0.2)  # let the launcher forward the report before the job is torn down
+    MPI.COMM_WORLD.Abort(EXIT_CODE)
+
+
+@contextmanager
+def watching(comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1) -> Iterator[Watchdog | None]:
+    """A watchdog for the block when ``timeout`` > 0 (collective), else nothing at all."""
+    if not timeout:
+        yield None
+        return
+    dog = Watchdog(comm, timeout, steps)
+    try:
+        yield dog
+    finally:
+        dog.stop()

@@ -1,0 +1,129 @@
+"""Launching real ``mpiexec`` jobs with a hard timeout, timing how fast a failure ends them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+#: A small PR-SGD job: 2 ranks x 32 steps of an MLP on digits, checkpoints every 8 ticks.
+SMALL = ["--dataset", "digits", "--hidden", "16", "--interval", "4", "--trace-every", "4",
+         "--checkpoint-every", "8", "--keep-checkpoints", "10", "--progress", "false"]
+STEPS = 32
+#: Hard limit on any one job: a test that would hang fails instead.
+HARD_TIMEOUT = 60
+INJECTED = "hpcopt: debug: injecting"
+
+
+@dataclass
+class Job:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float                       # launch to exit
+    after_fault: float | None = None     # the fault's announcement (or SIGTERM) to exit
+
+    def describe(self) -> str:
+        return f"exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
+def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
+            sigterm_after: float | None = None, timeout: float = HARD_TIMEOUT) -> Job:
+    """``mpiexec -n ranks python -m hpcopt ARGS`` (or ``python -c CODE``) from the repository.
+
+    ``sigterm_after``: send SIGTERM to the launcher that many seconds after the run header
+    appears. The launcher runs in its own session; past ``timeout`` the whole session is
+    SIGKILLed and the test fails, so no job can hang the suite.
+    """
+    command = ["mpiexec", "-n", str(ranks), sys.executable]
+    command += ["-c", python_code] if python_code else ["-m", "hpcopt", *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT=str(int(timeout) + 10))
+    start = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, cwd=ROOT, start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+    marks: dict[str, float] = {}
+
+    def pump(stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+            if INJECTED in line:
+                marks.setdefault("fault", time.monotonic())
+            if line.startswith("run directory"):
+                marks.setdefault("header", time.monotonic())
+
+    readers = [threading.Thread(target=pump, args=(process.stdout, out), daemon=True),
+               threading.Thread(target=pump, args=(process.stderr, err), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        if sigterm_after is not None:
+            while "header" not in marks:
+                assert process.poll() is None and time.monotonic() - start < timeout, "".join(err)
+                time.sleep(0.01)
+            time.sleep(sigterm_after)
+            marks["fault"] = time.monotonic()
+            process.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
+        process.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the job did not end within {timeout} s: {' '.join(command)}\n"
+                             + "".join(err)) from None
+    finally:
+        if process.poll() is None:
+            _kill_tree(process.pid)
+            process.wait()
+    end = time.monotonic()
+    for reader in readers:
+        reader.join(timeout=5)
+    after = end - marks["fault"] if "fault" in marks else None
+    return Job(process.returncode, "".join(out), "".join(err), end - start, after)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it (the ranks run in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    tree, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        tree.append(current)
+        queue += children.get(current, [])
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    """The final checkpoints and the traces of two runs are bitwise the same (but wall time)."""
+    from hpcopt.io.checkpoint import read_checkpoint
+    from hpcopt.io.trace import read_trace
+
+    ckpt, ref = read_checkpoint(run_dir), read_checkpoint(reference)
+    assert ckpt.tick == ref.tick
+    np.testing.assert_array_equal(ckpt.model, ref.model)
+    assert sorted(ckpt.rows) == sorted(ref.rows)
+    for name in ref.rows:
+        np.testing.assert_array_equal(ckpt.rows[name], ref.rows[name])
+    np.testing.assert_array_equal(ckpt.sampler, ref.sampler)
+    trace, ref_trace = read_trace(run_dir / "trace.h5"), read_trace(reference / "trace.h5")
+    assert trace.rows == ref_trace.rows
+    for name, column in ref_trace.columns.items():
+        if name != "wall":
+            np.testing.assert_array_equal(trace.columns[name], column, err_msg=name)

@@ -1,0 +1,92 @@
+"""Every failure ends the job quickly, with a non-zero exit code, and never costs the last good
+checkpoint: after each fault the run resumes from its newest checkpoint and ends bitwise where
+an uninterrupted run ends (real ``mpiexec`` jobs on 2 ranks; docs/results/reliability.md)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from hpcopt.io.checkpoint import find_checkpoint, read_checkpoint
+from tests.faults.jobs import SMALL, STEPS, assert_same_run, run_job
+from tests.unit.test_cli import assert_one_line_error
+
+#: fault -> (flags, exit code (None: any non-zero), what stderr says, seconds from the fault to
+#: the end of the job at most, newest checkpoint left behind)
+FAULTS = {
+    "raise": (["--debug-fail-at", "1:20"], 1,
+              "[rank 1] RuntimeError: --debug-fail-at: injected failure on rank 1 at step 20", 5, 16),
+    "kill-9": (["--debug-fail-at", "1:20:kill"], None, "signal 9", 5, None),
+    "kill-in-checkpoint": (["--debug-fail-at", "0:16:checkpoint"], None, "signal 9", 5, 8),
+    "nan": (["--debug-fail-at", "1:20:nan"], 3,
+            "hpcopt: error: non-finite loss in the trace row at step 24", 5, 16),
+    "hang": (["--debug-fail-at", "1:10:hang", "--stall-timeout", "2"], 4,
+             "not arrived: rank 1", 2 + 4, 8),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run every resumed one must match."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    job = run_job(["train", *SMALL, "--steps", str(STEPS), "--out", str(out)])
+    assert job.returncode == 0, job.describe()
+    return out
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_fault_ends_the_job_fast_and_the_run_resumes_bitwise(fault, reference, tmp_path):
+    flags, code, message, seconds, newest = FAULTS[fault]
+    out = tmp_path / "run"
+    job = run_job(["train", *SMALL, "--steps", str(STEPS), "--out", str(out), *flags])
+    assert job.returncode != 0 and job.returncode == (code or job.returncode), job.describe()
+    assert message in job.stderr + job.stdout, job.describe()
+    assert job.after_fault is not None and job.after_fault < seconds, (job.after_fault, job.describe())
+    ckpt = read_checkpoint(out)  # the newest complete checkpoint loads
+    assert ckpt.tick < STEPS and (newest is None or ckpt.tick == newest), ckpt.path
+    if fault == "kill-in-checkpoint":  # the interrupted write left only its temporary file
+        assert (out / "checkpoints" / "step-000000016.h5.tmp").exists()
+    resumed = run_job(["resume", str(out)])
+    assert resumed.returncode == 0, resumed.describe()
+    assert_same_run(out, reference)
+
+
+def test_nan_with_skip_drops_the_step_and_finishes(tmp_path):
+    out = tmp_path / "run"
+    job = run_job(["train", *SMALL, "--steps", str(STEPS), "--out", str(out),
+                   "--on-nonfinite", "skip", "--debug-fail-at", "1:20:nan", "--progress", "true"])
+    assert job.returncode == 0, job.describe()
+    assert "1 step(s) with a non-finite loss or gradient were skipped" in job.stdout
+    ckpt = read_checkpoint(out)
+    assert ckpt.tick == STEPS and np.isfinite(ckpt.model).all()
+
+
+def test_sigterm_to_the_launcher_checkpoints_and_resumes_bitwise(tmp_path):
+    out, reference = tmp_path / "run", tmp_path / "reference"
+    job = run_job(["train", *SMALL, "--steps", "100000", "--out", str(out), "--progress", "true"],
+                  sigterm_after=0.5)
+    assert job.returncode == 143, job.describe()  # stopped (128 + SIGTERM), not finished
+    assert "hpcopt: SIGTERM: stopped at step" in job.stdout
+    assert job.after_fault is not None and job.after_fault < 5, job.after_fault
+    tick = read_checkpoint(out).tick
+    assert 0 < tick < 100000 and tick % 4 == 0  # at a trace row
+    resumed = run_job(["resume", str(out), "--steps", str(tick + 8)])
+    assert resumed.returncode == 0, resumed.describe()
+    uninterrupted = run_job(["train", *SMALL, "--steps", str(tick + 8), "--out", str(reference)])
+    assert uninterrupted.returncode == 0, uninterrupted.describe()
+    assert_same_run(out, reference)
+
+
+def test_corrupted_checkpoint_is_one_line_and_the_previous_one_resumes_bitwise(reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    newest = find_checkpoint(out)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    job = run_job(["resume", str(out), "--steps", "40"])
+    assert_one_line_error(job, newest.name, "damaged or truncated")
+    previous = out / "checkpoints" / "step-000000024.h5"
+    resumed = run_job(["resume", str(previous)])
+    assert resumed.returncode == 0, resumed.describe()
+    assert_same_run(out, reference)

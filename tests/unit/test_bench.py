@@ -1,0 +1,47 @@
+"""``python -m hpcopt bench``: dispatch, option errors, and the scaling study at a tiny size."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcopt.bench.common import parse_bytes, sizes_between
+from hpcopt.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def hpcopt(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "hpcopt", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_sizes():
+    assert parse_bytes("64K") == 65536 and parse_bytes("2M") == 2 << 20 and parse_bytes("100") == 100
+    assert sizes_between(1, 16, 4) == [1, 4, 16]
+    with pytest.raises(UserError):
+        parse_bytes("lots")
+    with pytest.raises(UserError):
+        sizes_between(8, 4)
+
+
+def test_bench_scaling_runs_from_outside_the_repository(tmp_path):
+    """The installed package needs no benchmarks/ directory: run from an empty directory."""
+    done = hpcopt("bench", "scaling", "--ranks", "1", "--repeats", "1", "--steps", "4",
+                  "--out", "table.md", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "| prsgd | weak | 1 | 32 |" in done.stdout and "| prsgd | strong | 1 |" in done.stdout
+    assert "| prsgd | weak | 1 | 32 | 1 (user) |" in done.stdout
+    assert (tmp_path / "table.md").read_text().count("| prsgd |") == 3
+
+
+def test_bench_option_errors_are_one_line(tmp_path):
+    done = hpcopt("bench", "allreduce", "--max-bytes", "lots", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a size" in done.stderr
+    done = hpcopt("bench", "pingpong", cwd=tmp_path)
+    assert done.returncode == 2 and "invalid choice" in done.stderr
