@@ -9,6 +9,7 @@ to find. A trailing ``_`` means the buffer is updated in place.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -104,9 +105,8 @@ class Comm:
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, backend: Backend = CPU,
                  slice_bytes: int = ALLREDUCE_SLICE_BYTES, averaging: str = "auto") -> None:
-        if averaging not in AVERAGING_MODES:
-            raise ValueError(f"averaging must be one of {AVERAGING_MODES}, got {averaging!r}")
         self.mpi: MPI.Comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
+        self._rank, self._size = self.mpi.Get_rank(), self.mpi.Get_size()
         self.backend = backend
         self.slice_bytes = slice_bytes
         self.averaging = averaging
@@ -118,7 +118,21 @@ class Comm:
         #: for ``backend``, or set beforehand (``staging.prepare_gpu``, tests).
         self.transport: DeviceTransport | None = None
         self._scalar = np.zeros(1, dtype=np.float64)
-        self._rank, self._size = self.mpi.Get_rank(), self.mpi.Get_size()
+
+    @property
+    def averaging(self) -> str:
+        """How ``average_`` averages: "auto", "mpi" or "shm" (``AVERAGING_MODES``)."""
+        return self._averaging
+
+    @averaging.setter
+    def averaging(self, mode: str) -> None:
+        if mode not in AVERAGING_MODES:
+            raise ValueError(f"averaging must be one of {AVERAGING_MODES}, got {mode!r}")
+        self._averaging = mode
+        #: Smaller buffers take the plain path without asking ``_averager_for``: one comparison
+        #: on the hot path of small averages.
+        self._shm_from_bytes = (math.inf if mode == "mpi" or (mode == "auto" and self._size == 1)
+                                else SHM_AVERAGE_MIN_BYTES if mode == "auto" else 0)
 
     @property
     def rank(self) -> int:
@@ -164,7 +178,7 @@ class Comm:
         Counted as one ("allreduce", label) call of ``buf.nbytes`` whichever path runs; every
         rank ends with bitwise identical values on both paths.
         """
-        averager = self._averager_for(buf)
+        averager = None if buf.nbytes < self._shm_from_bytes else self._averager_for(buf)
         if averager is None:
             self.allreduce_(buf, MPI.SUM, label)
             if self._size > 1:

@@ -21,14 +21,10 @@ parameters and trace are bitwise the same.
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import signal
-import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -38,18 +34,18 @@ from .algorithms.local_clip import LocalClipState
 from .algorithms.local_sgd import AVERAGE_LABEL, LocalSGDState
 from .build import RunParts, build_run
 from .comm import Comm, agreed, node_layout
-from .config import Config, check_resume, to_toml
+from .config import Config, check_resume
 from .costmodel import SETUP_LABELS, NetworkProfile, comm_modelled, get_profile, main_ops, network_delay, profile_attrs
 from .errors import UserError
 from .faults import FaultPlan
 from .io import checkpoint as ckpt_io
-from .io import versions
 from .io import trace as trace_io
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, check_output
 from .problems.classification import Evaluation
 from .problems.language_model import LMEvaluation
 from .progress import Progress
+from .runs import StopSignal, open_trace, run_directory
 from .staging import prepare_gpu
 from .threads import ThreadChoice, configure_threads
 from .watchdog import watching
@@ -141,28 +137,6 @@ def _evaluation_fields(evaluation: Evaluation | LMEvaluation | None, lm: bool) -
     if lm:
         fields["eval_perplexity"] = getattr(evaluation, "perplexity", np.nan)
     return fields
-
-
-class _StopSignal:
-    """While training (and when there is a run directory to checkpoint to), SIGTERM (what
-    Slurm sends before the time limit) only sets a flag."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.raised = False
-        self._previous: Any = None
-
-    def __enter__(self) -> "_StopSignal":
-        if self.enabled and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.raised = True
-
-    def __exit__(self, *_: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
 
 
 @dataclass
@@ -278,7 +252,7 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     if ckpt is not None:
         window_state = agreed(lambda: _restore(ckpt, config, parts, state, total, comm), comm)
         window.restore(window_state)
-    out, run_id = _run_directory(config, ckpt, comm)
+    out, run_id = run_directory(config, ckpt, comm)
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out or "")))
     writer = agreed(lambda: _trace_writer(config, parts, out, run_id, ckpt, comm), comm)
     agreed(lambda: check_output(out, parts, comm), comm)
@@ -290,7 +264,7 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     if show:
         print(_header(parts, comm, threads, out, ckpt), flush=True)
     try:
-        with _StopSignal(out is not None) as stop_signal, \
+        with StopSignal(out is not None) as stop_signal, \
                 watching(comm, config.run.stall_timeout, lambda: state.step):
             summary = _loop(run, ckpt, total, stop_signal, threads, show)
     finally:
@@ -306,7 +280,7 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     return summary, state
 
 
-def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: _StopSignal,
+def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: StopSignal,
           threads: ThreadChoice, show: bool) -> Summary:
     config, parts, comm, state, window = run.config, run.parts, run.comm, run.state, run.window
     algorithm = parts.algorithm
@@ -414,39 +388,6 @@ def _describe(layout: Any) -> str:
     return ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in layout.entries)
 
 
-def _run_directory(config: Config, ckpt: ckpt_io.Checkpoint | None,
-                   comm: Comm) -> tuple[Path | None, str]:
-    """(run directory, run id): for a resumed run from the config or the checkpoint; for a new
-    one rank 0 fills in ``{time}`` (never an existing directory), draws an id, and broadcasts
-    both (label "setup"). (None, "") when no files are written."""
-    if ckpt is not None:
-        out = Path(config.run.out) if config.run.out else ckpt_io.run_directory(ckpt.path, ckpt.config)
-        return out, ckpt.run_id
-    if not config.run.out:
-        return None, ""
-    text = ""
-    if comm.rank == 0:
-        out = Path(config.run.out)
-        if "{time}" in config.run.out:
-            stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-            out = _unused(Path(config.run.out.replace("{time}", stamp)))
-        text = f"{uuid.uuid4().hex} {out}"
-    buffer = np.zeros(4096, dtype=np.uint8)
-    encoded = text.encode("utf-8")[:buffer.size]
-    buffer[:len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
-    comm.bcast_(buffer, root=0, label="setup")
-    run_id, out_text = bytes(buffer).rstrip(b"\0").decode("utf-8").split(" ", 1)
-    return Path(out_text), run_id
-
-
-def _unused(path: Path) -> Path:
-    candidate, n = path, 1
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
-
-
 def _trace_writer(config: Config, parts: RunParts, out: Path | None, run_id: str,
                   ckpt: ckpt_io.Checkpoint | None, comm: Comm) -> trace_io.TraceWriter | None:
     network = profile_attrs(get_profile(config.run.network)) if config.run.network else {}
@@ -454,32 +395,6 @@ def _trace_writer(config: Config, parts: RunParts, out: Path | None, run_id: str
         (("eval_perplexity",) if config.language_model else ())
     return open_trace(config, out, run_id, comm, parts.model.layout.size,
                       (ckpt.trace_rows, ckpt.tick) if ckpt else None, extra, network)
-
-
-def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parameters: int,
-               resume_at: tuple[int, int] | None, extra_columns: Sequence[str] = (),
-               network: dict[str, Any] | None = None) -> trace_io.TraceWriter | None:
-    """Rank 0 makes the run directory and, when tracing, opens the trace with ``extra_columns``
-    (and modelled communication columns when ``network`` describes a profile); UserError if a
-    new run would overwrite another run's files. None on the other ranks."""
-    if comm.rank != 0 or out is None:
-        return None
-    try:
-        (out / ckpt_io.SUBDIR).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create the run directory {out}: {exc.strerror}") from None
-    path = out / trace_io.FILE_NAME
-    if resume_at is None and (path.exists() or ckpt_io.has_checkpoints(out)):
-        raise UserError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
-                        "or choose another --out")
-    if not config.run.trace:
-        return None
-    attrs = {**versions(), "run_id": run_id, "world_size": comm.size, **(network or {}),
-             "algorithm": config.algorithm.algorithm, "config": to_toml(config),
-             "parameters": parameters,
-             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    return trace_io.TraceWriter(path, attrs, resume_at, extra_columns=extra_columns,
-                                modelled=bool(network))
 
 
 def _summarize(run: _Run, final: Evaluation | LMEvaluation | None, train_loss: float,

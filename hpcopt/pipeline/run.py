@@ -45,7 +45,7 @@ from ..io import trace as trace_io
 from ..problems.staged import StagedProblem, setup_stage
 from ..progress import Progress
 from ..threads import ThreadChoice, configure_threads
-from ..train import _run_directory, _StopSignal, open_trace
+from ..runs import StopSignal, open_trace, run_directory
 from . import checkpoint as pipe_ckpt
 from .executor import Pipeline
 from .parts import Algorithm, build_algorithm, build_problem, describe, plan_for, samples_per_iteration
@@ -153,7 +153,7 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     if ckpt is not None:
         window = agreed(lambda: pipe_ckpt.restore(ckpt, comm.rank, pipe.params, block, state,
                                                   comm.backend), comm)
-    out, run_id = _run_directory(config, ckpt, comm)
+    out, run_id = run_directory(config, ckpt, comm)
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out or "")))
     loop = _Loop(config, comm, built, pipe, evaluator, state, block, window, out, run_id,
                  ckpt.wall_seconds if ckpt else 0.0)
@@ -165,7 +165,7 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
               f"{config.run.dtype}, {built.total} iterations, {threads.describe()}\n"
               f"run directory {out or 'none'}{resumed}", flush=True)
     try:
-        with _StopSignal(out is not None) as stop_signal:
+        with StopSignal(out is not None) as stop_signal:
             summary = loop.run(ckpt, stop_signal, threads, show)
     finally:
         if loop.writer is not None:
@@ -212,7 +212,7 @@ class _Loop:
         return sum(stats.totals(label=f"{self.label}.{kind}", op="send").calls
                    for kind in ("activation", "gradient"))
 
-    def run(self, ckpt: pipe_ckpt.PipelineCheckpoint | None, stop_signal: _StopSignal,
+    def run(self, ckpt: pipe_ckpt.PipelineCheckpoint | None, stop_signal: StopSignal,
             threads: ThreadChoice, show: bool) -> PipelineSummary:
         config, comm, state = self.config, self.comm, self.state
         algorithm, total = self.built.algorithm, self.built.total
