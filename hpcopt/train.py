@@ -240,7 +240,10 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     threads = configure_threads(local_size)
     if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
         agreed(lambda: prepare_gpu(comm, local_rank), comm)
-    ckpt = agreed(lambda: _read_checkpoint(resume, comm), comm) if resume else None
+    ckpt = None
+    if resume:  # rank 0 checks the whole file's digest once; then each rank reads its own rows
+        agreed(lambda: ckpt_io.verify_checkpoint(resume) if comm.rank == 0 else None, comm)
+        ckpt = agreed(lambda: ckpt_io.read_checkpoint(resume, comm.rank, comm.size, verify=False), comm)
     parts = agreed(lambda: build_run(config, comm), comm)
     comm.backend = parts.backend
     algorithm, backend = parts.algorithm, parts.backend
@@ -360,10 +363,6 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: S
                            "bytes": sum(c[1] for c in trace_io.comm_totals(comm).values()),
                            **_final_fields(final), "checkpoint": run.checkpoint})
     return summary
-
-
-def _read_checkpoint(path: str | Path, comm: Comm) -> ckpt_io.Checkpoint:
-    return ckpt_io.read_checkpoint(path, comm.rank, comm.size)
 
 
 def _restore(ckpt: ckpt_io.Checkpoint, config: Config, parts: RunParts, state: State,

@@ -13,8 +13,10 @@ Writing is atomic: the file is written as ``NAME.tmp``, flushed, fsynced, rename
 and the directory fsynced, so a crash or kill at any moment leaves the previous checkpoint
 intact; readers never take a ``.tmp`` file. Rank 0 is the only writer: the small per-rank
 tables are gathered, and per-rank vectors arrive one rank at a time (a writer holds one model
-in memory, not N), all on the label "checkpoint". Reading validates everything it returns and
-raises one UserError line for any problem, so a bad file is never partly loaded.
+in memory, not N), all on the label "checkpoint". Committing seals the file with a SHA-256
+content digest (hpcopt.io.digest) that reading verifies before anything else, once per reader;
+reading then validates everything it returns and raises one UserError line for any problem, so a
+bad file is never partly loaded.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from ..errors import UserError
 from ..flat import ParamLayout
 from . import (READ_ERRORS, check_format, config_from_toml, int_attr, json_attr, open_for_reading,
                text_attr, versions)
+from .digest import check_sealed, refuse_damaged, seal
 
 FORMAT = "hpcopt-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the content digest (root attribute content_sha256)
 LABEL = "checkpoint"
 TMP_SUFFIX = ".tmp"
 NAME_PATTERN = re.compile(r"^step-(\d+)\.h5$")
@@ -188,6 +191,7 @@ class CheckpointWriter:
     def commit(self, comm: Sequence[CommRow]) -> None:
         """Add the counters, then flush, fsync, rename over ``path`` and fsync the directory."""
         self.file.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm])
+        seal(self.file)
         self.file.flush()
         self.file.close()
         _fsync(self.tmp)
@@ -232,9 +236,11 @@ def _fsync(path: Path) -> None:
 # -- reading -----------------------------------------------------------------------------------
 
 def read_checkpoint(path: str | Path, rank: int | None = None,
-                    world_size: int | None = None) -> Checkpoint:
+                    world_size: int | None = None, verify: bool = True) -> Checkpoint:
     """Read and validate a checkpoint: every rank's vectors, or only those of ``rank`` (of a
-    run on ``world_size`` ranks, which must be the size that wrote it).
+    run on ``world_size`` ranks, which must be the size that wrote it). ``verify=False`` skips
+    the content digest, for a job whose rank 0 has checked it (``verify_checkpoint``): hashing
+    reads the whole file, and N ranks each hashing it would read it N times.
 
     Raises UserError (one line, naming the file) for anything wrong; nothing in the file is
     executed or unpickled (TOML and JSON text, numbers).
@@ -242,25 +248,46 @@ def read_checkpoint(path: str | Path, rank: int | None = None,
     path = find_checkpoint(path)
     with open_for_reading(path, "checkpoint") as f:
         try:
-            return _read(f, path, rank, world_size)
+            return _read(f, path, rank, world_size, verify)
         except READ_ERRORS as exc:
             raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
 
 
 def stored_config(path: str | Path) -> tuple[Path, Config]:
-    """(the checkpoint file, its config), reading nothing else: for merging command-line flags."""
+    """(the checkpoint file, its config), reading nothing else: for merging command-line flags.
+
+    The digest is not computed here (``read_checkpoint`` verifies it before a run uses anything,
+    so each reader hashes the file once); a problem found here is reported as damage when the
+    digest does not match."""
     path = find_checkpoint(path)
     with open_for_reading(path, "checkpoint") as f:
         try:
-            check_format(f.attrs, path, FORMAT, VERSION, "checkpoint")
-            return path, config_from_toml(text_attr(f.attrs, "config", path), path)
+            try:
+                check_format(f.attrs, path, FORMAT, VERSION, "checkpoint")
+                return path, config_from_toml(text_attr(f.attrs, "config", path), path)
+            except UserError as exc:
+                raise refuse_damaged(f, path, FORMAT, VERSION, "checkpoint", exc) from None
         except READ_ERRORS as exc:
             raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
 
 
-def _read(f: Any, path: Path, rank: int | None, world_size: int | None) -> Checkpoint:
+def verify_checkpoint(path: str | Path) -> None:
+    """UserError (one line, naming the file) unless the checkpoint's content digest and format
+    are right: the whole file is read once."""
+    path = find_checkpoint(path)
+    with open_for_reading(path, "checkpoint") as f:
+        try:
+            check_sealed(f, path, FORMAT, VERSION, "checkpoint")
+        except READ_ERRORS as exc:
+            raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: bool) -> Checkpoint:
     attrs = f.attrs
-    check_format(attrs, path, FORMAT, VERSION, "checkpoint")
+    if verify:
+        check_sealed(f, path, FORMAT, VERSION, "checkpoint")
+    else:
+        check_format(attrs, path, FORMAT, VERSION, "checkpoint")
     config = config_from_toml(text_attr(attrs, "config", path), path)
     size = int_attr(attrs, "world_size", path, minimum=1)
     if world_size is not None and world_size != size:
@@ -453,6 +480,6 @@ def restore_counters(ckpt: Checkpoint, comm: Comm) -> None:
         comm.stats.counters[(op, label)] = OpCounter(calls, nbytes, seconds)
 
 
-__all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint", "stored_config",
+__all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint", "verify_checkpoint", "stored_config",
            "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "prune", "save",
            "restore", "restore_counters", "FORMAT", "VERSION"]

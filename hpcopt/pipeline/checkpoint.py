@@ -15,7 +15,8 @@ renamed), format ``hpcopt-pipeline-checkpoint``. Layout (docs/formats.md):
   modelled pipeline time so far;
 - ``/comm``: rank 0's communication counters.
 
-Each stage sends its block and state to rank 0 (label "checkpoint"), which writes the file.
+Each stage sends its block and state to rank 0 (label "checkpoint"), which writes the file and
+seals it with the same SHA-256 content digest (hpcopt.io.digest), verified before reading.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ from ..comm import Comm
 from ..config import Config, to_toml
 from ..errors import UserError
 from ..flat import ParamLayout
-from ..io import (READ_ERRORS, check_format, config_from_toml, int_attr, json_attr,
+from ..io import (READ_ERRORS, config_from_toml, int_attr, json_attr,
                   open_for_reading, text_attr, versions)
 from ..io import checkpoint as ckpt_io
+from ..io.digest import check_sealed, refuse_damaged, seal
 
 FORMAT = "hpcopt-pipeline-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the content digest (root attribute content_sha256)
 LABEL = ckpt_io.LABEL
 #: Optimizer vectors a stage may carry (``PipelineState`` attributes), in file order.
 VECTORS = ("x", "prev", "z", "anchor", "grad_sum")
@@ -145,6 +147,7 @@ def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows:
             window = f.create_group("ranks").create_dataset("window", data=ckpt.window)
             window.attrs["columns"] = json.dumps(WINDOW_COLUMNS)
             f.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm_rows])
+            seal(f)
         ckpt_io._fsync(tmp)
         os.replace(tmp, path)
         ckpt_io._fsync(path.parent)
@@ -165,7 +168,10 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
         return ckpt_io.stored_config(found)
     with open_for_reading(found, "checkpoint") as f:
         try:
-            return found, config_from_toml(text_attr(f.attrs, "config", found), found)
+            try:
+                return found, config_from_toml(text_attr(f.attrs, "config", found), found)
+            except UserError as exc:
+                raise refuse_damaged(f, found, FORMAT, VERSION, "pipeline checkpoint", exc) from None
         except READ_ERRORS as exc:
             raise UserError(f"{found} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
 
@@ -183,7 +189,7 @@ def read(path: str | Path, world_size: int) -> PipelineCheckpoint:
 
 def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
     attrs = f.attrs
-    check_format(attrs, path, FORMAT, VERSION, "pipeline checkpoint")
+    check_sealed(f, path, FORMAT, VERSION, "pipeline checkpoint")
     config = config_from_toml(text_attr(attrs, "config", path), path)
     size = int_attr(attrs, "world_size", path, minimum=1)
     if size != world_size:

@@ -1,6 +1,7 @@
 """Property-based tests of the two readers of user input: random mutations of a valid config
 or of a valid checkpoint give the documented error (UserError: one line, exit 2) or a valid
-result, and never any other exception."""
+result, and never any other exception; a checkpoint damaged on disk never loads with values
+that differ from the ones written (the content digest)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from hypothesis import strategies as st
 from hpcopt.config import Config, build_config, option_index
 from hpcopt.errors import UserError
 from hpcopt.io.checkpoint import Checkpoint, read_checkpoint
+from hpcopt.io.digest import seal
 
-SETTINGS = settings(max_examples=80, deadline=None, database=None,
+#: Derandomized: the same examples on every run, so CI cannot fail by chance (HDF5 itself has
+#: been seen to crash on one damaged attribute in thousands of random edits; see
+#: benchmarks/checkpoint_fuzz.py for the open-ended search).
+SETTINGS = settings(max_examples=80, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 #: A valid config as TOML tables (tuples as lists, as tomllib gives them).
@@ -102,6 +107,16 @@ def checkpoint(tmp_path_factory) -> Path:
     return out / "checkpoints" / "step-000000006.h5"
 
 
+def _same(a: Checkpoint, b: Checkpoint) -> bool:
+    """Every field of two loaded checkpoints equal (arrays bitwise)."""
+    arrays = [(a.model, b.model), (a.counters, b.counters), (a.sampler, b.sampler),
+              (a.window, b.window), *((a.rows[n], b.rows.get(n)) for n in a.rows)]
+    return (all(y is not None and x.shape == y.shape and x.tobytes() == y.tobytes() for x, y in arrays)
+            and sorted(a.rows) == sorted(b.rows) and a.layout.entries == b.layout.entries
+            and (a.config, a.world_size, a.tick, a.run_id, a.trace_rows, a.wall_seconds, a.comm)
+            == (b.config, b.world_size, b.tick, b.run_id, b.trace_rows, b.wall_seconds, b.comm))
+
+
 def _load_or_user_error(path: Path) -> Checkpoint | None:
     try:
         loaded = read_checkpoint(path)
@@ -116,7 +131,7 @@ def _load_or_user_error(path: Path) -> Checkpoint | None:
 @given(edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)),
                       min_size=1, max_size=8),
        keep=st.one_of(st.none(), st.floats(0, 1)))
-def test_damaged_bytes_give_a_user_error_or_a_valid_checkpoint(checkpoint, edits, keep):
+def test_damaged_bytes_give_a_user_error_or_the_same_checkpoint(checkpoint, edits, keep):
     data = bytearray(checkpoint.read_bytes())
     for where, byte in edits:
         data[int(where * len(data))] = byte
@@ -125,7 +140,8 @@ def test_damaged_bytes_give_a_user_error_or_a_valid_checkpoint(checkpoint, edits
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / checkpoint.name
         path.write_bytes(bytes(data))
-        _load_or_user_error(path)
+        loaded = _load_or_user_error(path)
+        assert loaded is None or _same(loaded, read_checkpoint(checkpoint)), "damage loaded silently"
 
 
 def _objects(path: Path) -> tuple[list[str], list[tuple[str, str]]]:
@@ -147,8 +163,11 @@ ATTRIBUTE_VALUES = st.one_of(st.integers(-2**40, 2**40), st.floats(allow_nan=Tru
 
 
 @settings(SETTINGS, max_examples=50)
-@given(data=st.data(), action=st.sampled_from(["delete", "dataset", "attribute", "drop-attribute"]))
-def test_edited_objects_give_a_user_error_or_a_valid_checkpoint(checkpoint, data, action):
+@given(data=st.data(), action=st.sampled_from(["delete", "dataset", "attribute", "drop-attribute"]),
+       sealed=st.booleans())
+def test_edited_objects_give_a_user_error_or_a_valid_checkpoint(checkpoint, data, action, sealed):
+    """``sealed``: the edited file carries the digest of its new contents, as if a faulty writer
+    had made it, so the checks after the digest see the edit; unsealed, the digest refuses it."""
     names, attributes = _objects(checkpoint)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / checkpoint.name
@@ -166,6 +185,9 @@ def test_edited_objects_give_a_user_error_or_a_valid_checkpoint(checkpoint, data
                     del f[owner].attrs[key]
                 else:
                     f[owner].attrs[key] = data.draw(ATTRIBUTE_VALUES)
+            if sealed:
+                seal(f)
         loaded = _load_or_user_error(path)
         if loaded is not None:
             assert math.isfinite(loaded.wall_seconds)
+            assert sealed or _same(loaded, read_checkpoint(checkpoint)), "an edit loaded silently"

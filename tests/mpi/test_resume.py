@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from hpcopt.config import build_config
+from hpcopt.io import digest
 from hpcopt.io.checkpoint import read_checkpoint
+from hpcopt.io.digest import verify
 from hpcopt.io.trace import COLUMNS, read_trace
 from hpcopt.problems.classification import ClassificationProblem
 from tests.mpi.lm_corpus import write_tiny_ptb
@@ -132,6 +134,17 @@ def test_resume_from_an_earlier_checkpoint_drops_the_later_trace_rows(comm, shar
         np.testing.assert_array_equal(final_a.rows["momentum"], final_b.rows["momentum"])
 
 
+def test_resume_hashes_the_checkpoint_once_per_job(comm, shared_dir, monkeypatch):
+    """Rank 0 checks the content digest; the other ranks read only their rows (N ranks each
+    hashing the whole file would read it N times)."""
+    out = shared_dir / "run"
+    fresh_train(config(out, steps=8, checkpoint_every=4))
+    checked = []  # (writing the next checkpoint hashes it too: that is sealing, not checking)
+    monkeypatch.setattr(digest, "verify", lambda *args: checked.append(1) or verify(*args))
+    fresh_train(config(out, steps=12, checkpoint_every=4), resume=out)
+    assert comm.mpi.allreduce(len(checked)) == 1 and (comm.rank == 0) == bool(checked)
+
+
 def test_sigterm_on_one_rank_stops_every_rank_with_a_checkpoint(comm, shared_dir, monkeypatch):
     """SIGTERM reaches only the last rank, mid-window: all ranks stop together at the next
     trace row, write a checkpoint, and the resumed run ends as the uninterrupted one."""
@@ -202,5 +215,5 @@ def test_checkpoint_opens_without_hpcopt(comm, shared_dir):
         np.testing.assert_array_equal(np.concatenate(pieces), flat)
         assert f["ranks/x"].shape == f["ranks/momentum"].shape == (comm.size, flat.size)
         np.testing.assert_allclose(f["ranks/x"][()].mean(axis=0), flat, rtol=1e-12, atol=1e-14)
-        assert f.attrs["world_size"] == comm.size and f.attrs["format_version"] == 1
+        assert f.attrs["world_size"] == comm.size and f.attrs["format_version"] == 2
         assert 'hidden = [12]' in f.attrs["config"]

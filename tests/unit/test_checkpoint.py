@@ -20,6 +20,7 @@ from hpcopt.errors import UserError
 from hpcopt.flat import ParamLayout
 from hpcopt.io.checkpoint import (Checkpoint, find_checkpoint, prune, read_checkpoint, restore,
                                   write_checkpoint)
+from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,11 +191,26 @@ def _write(target: Path, data: bytes) -> Path:
     return target
 
 
-def _edit(source: Path, target: Path, change) -> Path:
+def _edit(source: Path, target: Path, change, sealed: bool = True) -> Path:
+    """A copy of ``source`` changed by ``change``; ``sealed``: with the digest of the changed
+    contents (a consistent file with a bad value: the checks after the digest), else with the
+    original digest (damage)."""
     shutil.copy(source, target)
     with h5py.File(target, "a") as f:
         change(f)
+        if sealed:
+            seal(f)
     return target
+
+
+def _unsealed(change):
+    return lambda s, d: _edit(s, d, change, sealed=False)
+
+
+def _old_version(f):
+    """A file as version 1 wrote it: no digest."""
+    del f.attrs[ATTRIBUTE]
+    f.attrs["format_version"] = 1
 
 
 def _replace(name, data):
@@ -242,6 +258,18 @@ BAD_FILES = {
         (0, 1), 10**6)), "sampler state position"),
     "counters-vs-tick": (lambda s, d: _edit(s, d, lambda f: f.attrs.__setitem__("tick", 3)),
                          "counters do not match its tick 3"),
+    "digest-mismatch-value": (_unsealed(lambda f: f["ranks/momentum"].__setitem__((0, 1), 0.5)),
+                              "is a damaged checkpoint (content digest mismatch)"),
+    "digest-mismatch-attribute": (_unsealed(lambda f: f.attrs.__setitem__("trace_rows", 1)),
+                                  "is a damaged checkpoint (content digest mismatch)"),
+    "digest-mismatch-config": (_unsealed(_bad_config), "is a damaged checkpoint (content digest mismatch)"),
+    "digest-mismatch-format": (_unsealed(lambda f: f.attrs.__setitem__("format", "other")),
+                               "is a damaged checkpoint (content digest mismatch)"),
+    "digest-missing": (_unsealed(lambda f: f.attrs.__delitem__(ATTRIBUTE)),
+                       "is a damaged checkpoint (content digest missing)"),
+    "digest-garbage": (_unsealed(lambda f: f.attrs.__setitem__(ATTRIBUTE, "0" * 64)),
+                       "is a damaged checkpoint (content digest mismatch)"),
+    "version-1-no-digest": (_unsealed(_old_version), "checkpoint format version 1; this hpcopt reads version 2"),
     "temporary-file": (lambda s, d: shutil.copy(s, d.with_name("step-1.h5.tmp")) and
                        d.with_name("step-1.h5.tmp"), "incomplete checkpoint"),
     "missing-file": (lambda s, d: d.with_name("nothing.h5"), "checkpoint not found"),

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hpcopt.io.checkpoint import find_checkpoint, read_checkpoint
+from hpcopt.io.digest import seal
 from hpcopt.io.trace import read_trace
 from tests.unit.test_cli import ROOT, assert_one_line_error, launch
 
@@ -45,9 +46,20 @@ def test_bad_checkpoint_on_two_ranks_is_one_line_and_exit_2(run_dir, tmp_path):
     bad.write_bytes(find_checkpoint(run_dir).read_bytes())
     with h5py.File(bad, "a") as f:
         f["ranks/momentum"][1, 0] = np.nan
+        seal(f)  # a consistent file with a bad value (damage is the digest's, on every rank)
     result = launch(["resume", str(bad), "--steps", "30"])
     # only rank 1 reads row 1: the error names it, and both ranks still exit 2
     assert_one_line_error(result, "rank 1:", "/ranks/momentum contains NaN")
+
+
+def test_damage_is_refused_on_every_rank_alike(run_dir, tmp_path):
+    bad = tmp_path / "step-000000020.h5"
+    bad.write_bytes(find_checkpoint(run_dir).read_bytes())
+    with h5py.File(bad, "a") as f:
+        f["ranks/momentum"][1, 0] = 0.5
+    result = launch(["resume", str(bad), "--steps", "30"])
+    assert_one_line_error(result, f"{bad} is a damaged checkpoint (content digest mismatch)")
+    assert "rank 1:" not in result.stderr
 
 
 def test_sigterm_through_mpiexec_checkpoints_and_resumes(tmp_path):

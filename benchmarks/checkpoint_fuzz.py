@@ -1,0 +1,143 @@
+"""Random byte edits of a real checkpoint: how many are refused, load unchanged, or load with
+different values (silently). The probe of docs/results/reliability.md::
+
+    python benchmarks/checkpoint_fuzz.py [--edits 1200] [--seed 0] [--no-digest]
+
+The checkpoint is the one the property tests use (tests/faults/test_properties.py): PR-SGD on
+1 rank, MLP 64-12-10 on digits, momentum 0.9, I = 4, taken at tick 6 (mid-round: every kind
+of per-rank dataset). Each edit sets 1 to 4 bytes at uniformly random offsets to random values,
+then ``read_checkpoint`` loads the copy in a forked child process. Outcomes: ``refused`` (one
+UserError line naming the file), ``unchanged`` (loads, every field equal to the original's),
+``silent`` (loads, some field differs: the damage went undetected), ``other`` (any other
+exception: a reader bug), ``crash`` (the child died of a signal: a crash inside HDF5).
+``--no-digest`` writes and reads without the content digest (as before it existed), for the
+baseline on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hpcopt.errors import UserError  # noqa: E402
+from hpcopt.io.checkpoint import Checkpoint, read_checkpoint  # noqa: E402
+
+OUTCOMES = ("refused", "unchanged", "silent", "other", "crash")
+
+
+def make_checkpoint(out: Path) -> Path:
+    """The property tests' checkpoint, written by a real 1-rank run."""
+    from hpcopt.comm import Comm
+    from hpcopt.config import build_config
+    from hpcopt.train import train
+
+    config = build_config(None, {"dataset": "digits", "hidden": "12", "steps": "6", "interval": "4",
+                                 "momentum": "0.9", "progress": "false", "out": str(out)})
+    comm = Comm()
+    train(config, comm, verbose=False)
+    comm.free()
+    return out / "checkpoints" / "step-000000006.h5"
+
+
+def differences(a: Checkpoint, b: Checkpoint) -> list[str]:
+    """The fields in which two loaded checkpoints differ (bitwise for arrays)."""
+    found = []
+    for name in ("model", "counters", "sampler", "window", "clipping"):
+        x, y = getattr(a, name), getattr(b, name)
+        if (x is None) != (y is None) or (x is not None and (x.shape != y.shape or x.tobytes() != y.tobytes())):
+            found.append(name)
+    if sorted(a.rows) != sorted(b.rows):
+        found.append("rows")
+    found += [f"rows/{n}" for n in a.rows if n in b.rows and a.rows[n].tobytes() != b.rows[n].tobytes()]
+    for name in ("config", "world_size", "tick", "run_id", "trace_rows", "wall_seconds", "comm"):
+        if getattr(a, name) != getattr(b, name):
+            found.append(name)
+    if a.layout.entries != b.layout.entries:
+        found.append("layout")
+    return found
+
+
+def outcome(path: Path, reference: Checkpoint) -> tuple[str, str]:
+    """(outcome, detail) of loading ``path``."""
+    try:
+        loaded = read_checkpoint(path)
+    except UserError as exc:
+        return ("refused", "") if str(path) in str(exc) and "\n" not in str(exc) else ("other", str(exc))
+    except Exception as exc:  # noqa: BLE001 - counted: any other exception is a reader bug
+        return "other", f"{type(exc).__name__}: {exc}"
+    diff = differences(reference, loaded)
+    return ("silent", ", ".join(diff)) if diff else ("unchanged", "")
+
+
+def in_child(path: Path, reference: Checkpoint) -> tuple[str, str]:
+    """``outcome`` in a forked process: a crash (a signal) is an outcome, not the end of the probe."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        name, detail = outcome(path, reference)
+        os.write(write_end, f"{name}\t{detail}".encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        message = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return "crash", signal.Signals(os.WTERMSIG(status)).name
+    name, _, detail = message.partition("\t")
+    return name, detail
+
+
+def probe(original: Path, edits: int, seed: int) -> tuple[Counter, list[str]]:
+    data, reference = original.read_bytes(), read_checkpoint(original)
+    rng, outcomes, notes = random.Random(seed), Counter(), []
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / original.name
+        for _ in range(edits):
+            edited = bytearray(data)
+            changes = [(rng.randrange(len(data)), rng.randrange(256)) for _ in range(rng.randint(1, 4))]
+            for offset, value in changes:
+                edited[offset] = value
+            path.write_bytes(bytes(edited))
+            name, detail = in_child(path, reference)
+            outcomes[name] += 1
+            if name not in ("refused", "unchanged"):
+                notes.append(f"{name} {changes}: {detail}")
+    return outcomes, notes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--edits", type=int, default=1200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-digest", action="store_true", help="the baseline: no content digest")
+    args = parser.parse_args()
+    np.seterr(all="ignore")
+    if args.no_digest:
+        from checkpoint_digest_cost import without_digest
+
+        without_digest()
+    with tempfile.TemporaryDirectory() as directory:
+        original = make_checkpoint(Path(directory) / "run")
+        outcomes, notes = probe(original, args.edits, args.seed)
+        size = original.stat().st_size
+    print(f"checkpoint: {size / 1e3:.1f} kB, {'without' if args.no_digest else 'with'} the content "
+          f"digest; {args.edits} edits of 1-4 random bytes (seed {args.seed})")
+    for name in OUTCOMES:
+        print(f"{name:<10} {outcomes[name]:>6}")
+    for line in notes:
+        print(f"  {line}")
+
+
+if __name__ == "__main__":
+    main()

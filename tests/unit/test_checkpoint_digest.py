@@ -1,0 +1,126 @@
+"""The content digest of checkpoints (hpcopt.io.digest): canonical, sensitive to every part of
+the content, verified once per read, and the same for both checkpoint formats."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcopt.errors import UserError
+from hpcopt.io import digest
+from hpcopt.io.checkpoint import read_checkpoint, stored_config, write_checkpoint
+from hpcopt.io.digest import ATTRIBUTE, BLOCK_BYTES, content_digest
+
+from test_checkpoint import synthetic  # noqa: E402  (tests/unit is on the path: no package)
+
+MISMATCH = "is a damaged checkpoint (content digest mismatch)"
+
+
+def _file(path: Path, order: list[str], attributes: dict) -> str:
+    """A small HDF5 file whose datasets are created in ``order``; its digest."""
+    values = {"a/x": np.arange(6.0).reshape(2, 3), "b": np.array([1, 2], np.int64), "c": np.float32(3)}
+    with h5py.File(path, "w") as f:
+        f.attrs.update(attributes)
+        for name in order:
+            f.create_dataset(name, data=values[name])
+        return content_digest(f)
+
+
+def test_the_digest_is_canonical_and_covers_names_values_and_types(tmp_path):
+    attrs = {"text": "é", "n": 3}
+    reference = _file(tmp_path / "1.h5", ["a/x", "b", "c"], attrs)
+    assert _file(tmp_path / "2.h5", ["c", "b", "a/x"], dict(reversed(attrs.items()))) == reference
+    assert _file(tmp_path / "3.h5", ["a/x", "b", "c"], {"text": "é", "n": 4}) != reference
+    assert _file(tmp_path / "4.h5", ["a/x", "b", "c"], {"text": "é", "m": 3}) != reference
+    assert _file(tmp_path / "5.h5", ["a/x", "b", "c"], {"text": "é", "n": np.int32(3)}) != reference
+    assert _file(tmp_path / "6.h5", ["a/x", "b"], attrs) != reference
+    with h5py.File(tmp_path / "1.h5", "a") as f:
+        f.attrs[ATTRIBUTE] = "anything"  # the digest itself is left out
+        assert content_digest(f) == reference
+        f["b"][0] = 9
+        assert content_digest(f) != reference
+
+
+def test_large_datasets_hash_in_blocks_as_one_stream(tmp_path, monkeypatch):
+    data = np.arange(10 * 7, dtype=np.float64).reshape(10, 7)
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f["v"] = data
+        whole = content_digest(f)
+        monkeypatch.setattr(digest, "BLOCK_BYTES", 3 * 7 * 8)  # 3 rows a block: 4 blocks
+        assert content_digest(f) == whole  # the block size is not part of the format
+        f["v"][9, 6] = -1.0
+        assert content_digest(f) != whole
+    assert BLOCK_BYTES >= 1 << 20
+
+
+@pytest.fixture
+def written(tmp_path) -> Path:
+    path = tmp_path / "step-000000005.h5"
+    write_checkpoint(path, synthetic(world_size=3))
+    return path
+
+
+def test_every_reader_hashes_the_file_exactly_once(written, monkeypatch):
+    calls = []
+    monkeypatch.setattr(digest, "content_digest", lambda f: calls.append(1) or content_digest(f))
+    stored_config(written)  # parsing the flags: no hashing
+    assert calls == []
+    for rank in range(3):
+        read_checkpoint(written, rank, 3)
+    read_checkpoint(written)
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize("change", ["value", "row", "attribute", "group-attribute", "new-attribute"])
+def test_edits_that_pass_every_other_check_are_refused(written, tmp_path, change):
+    bad = tmp_path / "bad" / written.name
+    bad.parent.mkdir()
+    shutil.copy(written, bad)
+    with h5py.File(bad, "a") as f:
+        if change == "value":
+            f["model/flat"][0] += 0.5
+        elif change == "row":
+            f["ranks/momentum"][2, 1] = 0.25
+        elif change == "attribute":
+            f.attrs["wall_seconds"] = 2.5
+        elif change == "group-attribute":
+            f["comm"].attrs["counters"] = '[["allreduce", "average", 2, 48, 0.01]]'
+        else:
+            f["ranks"].attrs["note"] = "x"
+    with pytest.raises(UserError, match="content digest mismatch") as error:
+        read_checkpoint(bad, 0, 3)
+    assert str(bad) in str(error.value) and MISMATCH in str(error.value)
+    with pytest.raises(UserError, match="content digest mismatch"):
+        read_checkpoint(bad)
+
+
+def test_a_damaged_config_is_reported_as_damage_when_merging_flags(written):
+    with h5py.File(written, "a") as f:
+        f.attrs["config"] = "[[["
+    with pytest.raises(UserError, match="content digest mismatch"):
+        stored_config(written)
+
+
+def test_the_pipeline_format_is_sealed_and_verified_the_same_way(tmp_path):
+    from hpcopt.config import build_config
+    from hpcopt.flat import ParamLayout
+    from hpcopt.pipeline import checkpoint as pipe
+
+    layout = ParamLayout.of(w=(4,), b=(2,))
+    model = np.linspace(0, 1, 6)
+    ckpt = pipe.PipelineCheckpoint(
+        build_config(None, {"dtype": "float64"}), 2, 7, "abc", 1, 0.5, model,
+        [pipe.StageRecord((0, 4), {"x": model[:4].copy()}, 7, 0.1),
+         pipe.StageRecord((4, 6), {"x": model[4:].copy()}, 7, 0.1)],
+        np.zeros((2, len(pipe.WINDOW_COLUMNS))))
+    path = tmp_path / "step-000000007.h5"
+    pipe._write(path, ckpt, layout, [])
+    assert pipe.read(path, 2).stages[1].vectors["x"].tolist() == model[4:].tolist()
+    with h5py.File(path, "a") as f:
+        f["stages/1"].attrs["alpha"] = 0.2  # not covered by Fletcher-32
+    with pytest.raises(UserError, match=f"{path} {MISMATCH.replace('(', '.').replace(')', '.')}"):
+        pipe.read(path, 2)
