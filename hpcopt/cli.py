@@ -29,17 +29,19 @@ CLI_DEFAULTS = {"out": "runs/{time}"}
 STOPPED_EXIT_CODE = 143
 
 
-def _flag_help(section: str, default: Any) -> str:
+def _flag_help(section: str, default: Any, text: str) -> str:
     if isinstance(default, tuple):
         default = ",".join(str(v) for v in default) or "none"
-    return f"[{section}] default: {default}"
+    elif default == "":
+        default = '""'
+    return f"{text} [{section}; default: {default}]".replace("%", "%%")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name, (section, f) in option_index().items():
         default = CLI_DEFAULTS.get(name, getattr(SECTIONS[section](), name))
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE",
-                            help=_flag_help(section, default))
+                            help=_flag_help(section, default, f.metadata.get("help", "")))
 
 
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:

@@ -39,6 +39,11 @@ AVERAGING_MODES = ("auto", "mpi", "shm")  # hpcopt.comm: how average_ runs
 NONFINITE_MODES = ("stop", "skip")  # hpcopt.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
 
 
+def option(default: Any, help: str) -> Any:
+    """A config field with its one-line help, shown by ``hpcopt train --help``."""
+    return field(default=default, metadata={"help": help})
+
+
 def _positive(name: str, value: float) -> None:
     if not value > 0:
         raise UserError(f"{name} must be > 0, got {value}")
@@ -46,20 +51,24 @@ def _positive(name: str, value: float) -> None:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "mnist5k"
-    path: str = ""
-    partition: str = "iid"
-    alpha: float = 0.0          # Dirichlet concentration (partition = "dirichlet"); 0 = unset
-    similarity: float = -1.0    # share of i.i.d. samples (partition = "similarity"); -1 = unset
-    batch_size: int = 32        # samples per rank and step; token streams per rank for a corpus
-    test_fraction: float = 0.2
-    bptt: int = 35              # language models: tokens per truncated-BPTT window
-    augment: bool = False       # conv models: random crop (zero-pad 4) and horizontal flip
-    corpus_fraction: float = 1.0  # corpora: train on the first fraction of every document
-    problem: str = "attack"     # pipeline algorithms: attack | few_shot | l1_chain
-    images: int = 10            # attack: test images perturbed at once
-    eps: float = 0.1            # attack: l_inf radius of the perturbation
-    shots: int = 5              # few_shot: training samples per class
+    dataset: str = option("mnist5k", "mnist5k | digits | shakespeare (shipped) | mnist_idx | cifar10 | "
+                                     "ptb | wikitext2 (read from path)")
+    path: str = option("",
+                       "mnist_idx, cifar10, ptb, wikitext2: the directory holding the data set's files")
+    partition: str = option("iid",
+                            "how samples are dealt to ranks: iid | block | dirichlet (alpha) | "
+                            "similarity (similarity)")
+    alpha: float = option(0.0, "Dirichlet concentration (partition = 'dirichlet'); 0 = unset")
+    similarity: float = option(-1.0, "share of i.i.d. samples (partition = 'similarity'); -1 = unset")
+    batch_size: int = option(32, "samples per rank and step; token streams per rank for a corpus")
+    test_fraction: float = option(0.2, "image data sets: share of the samples held out for testing")
+    bptt: int = option(35, "language models: tokens per truncated-BPTT window")
+    augment: bool = option(False, "conv models: random crop (zero-pad 4) and horizontal flip")
+    corpus_fraction: float = option(1.0, "corpora: train on the first fraction of every document")
+    problem: str = option("attack", "pipeline algorithms: attack | few_shot | l1_chain")
+    images: int = option(10, "attack: test images perturbed at once")
+    eps: float = option(0.1, "attack: l_inf radius of the perturbation")
+    shots: int = option(5, "few_shot: training samples per class")
 
     def __post_init__(self) -> None:
         if self.problem not in PIPELINE_PROBLEMS:
@@ -99,16 +108,18 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str = "mlp"
-    hidden: tuple[int, ...] = (512, 256)  # lstm: one equal size per layer
-    activation: str = "relu"
-    embed: int = 0              # lstm: embedding size; 0 = the hidden size
-    tie: bool = False           # lstm: decoder weight = embedding weight
-    depth: int = 20             # resnet: 6n + 2 layers (8, 14, 20, 32, ...)
-    width: int = 16             # resnet: channels of the first stage (then 2x, 4x)
-    channels: tuple[int, ...] = (32, 64)  # plain_cnn: channels of each conv -> pool stage
-    batch_norm: bool = False    # plain_cnn: batch norm after every convolution
-    stages: tuple[int, ...] = ()  # pipeline algorithms: cut before these layer indices; () = balanced
+    model: str = option("mlp", "mlp | resnet | plain_cnn | lstm")
+    hidden: tuple[int, ...] = option((512, 256), "lstm: one equal size per layer")
+    activation: str = option("relu", "mlp: relu | tanh")
+    embed: int = option(0, "lstm: embedding size; 0 = the hidden size")
+    tie: bool = option(False, "lstm: decoder weight = embedding weight")
+    depth: int = option(20, "resnet: 6n + 2 layers (8, 14, 20, 32, ...)")
+    width: int = option(16, "resnet: channels of the first stage (then 2x, 4x)")
+    channels: tuple[int, ...] = option((32, 64), "plain_cnn: channels of each conv -> pool stage")
+    batch_norm: bool = option(False, "plain_cnn: batch norm after every convolution")
+    stages: tuple[int, ...] = option((),
+                                     "pipeline algorithms: cut before these layer indices; () = "
+                                     "balanced")
 
     def __post_init__(self) -> None:
         if any(b < 1 for b in self.stages) or list(self.stages) != sorted(set(self.stages)):
@@ -152,25 +163,30 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    algorithm: str = "prsgd"
-    lr: float = 0.1
-    interval: int = 8
-    schedule: str = "constant"
-    decay: float = 0.1
-    milestones: tuple[int, ...] = ()
-    momentum: float = 0.0
-    nesterov: bool = False
-    momentum_policy: str = "keep"
-    local_steps: tuple[int, ...] = ()
-    gamma: float = math.inf       # clipping threshold (celgc, naive_clip); inf = no clipping
-    clip_norm: str = "local"      # celgc: local ||g_i|| or global sqrt(mean_j ||g_j||^2)
-    weight_decay: float = 0.0     # celgc, naive_clip
-    participation: float = 1.0    # celgc: fraction of ranks in each round's average
-    buffer_policy: str = "average"  # batch-norm statistics at a round: local, average, rank0
-    samples: int = 10             # pprs: K perturbed samples per iteration
-    smoothing: float = 1e-3       # pprs: gamma (accelerated: gamma_t = smoothing * alpha_t)
-    outer: str = "nesterov"       # pprs: nesterov (fixed lr, momentum, gamma) | accelerated
-    pipeline: str = "gpipe"       # pipeline algorithms: gpipe (fill-drain) | 1f1b
+    algorithm: str = option("prsgd", "prsgd | celgc | naive_clip | pprs | pipelined_gd | pipelined_agd")
+    lr: float = option(0.1, "learning rate eta")
+    interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
+    schedule: str = option("constant",
+                           "learning-rate schedule: constant | step (decay at milestones) | sqrt_nt")
+    decay: float = option(0.1, "step schedule: factor applied at each milestone")
+    milestones: tuple[int, ...] = option((),
+                                         "step schedule: increasing steps at which lr is multiplied by "
+                                         "decay")
+    momentum: float = option(0.0, "heavy-ball momentum mu; 0 = plain SGD")
+    nesterov: bool = option(False, "Nesterov momentum instead of heavy ball")
+    momentum_policy: str = option("keep", "momentum buffers at a round: keep | average | reset")
+    local_steps: tuple[int, ...] = option((),
+                                          "prsgd: local steps per round of each rank (one value per "
+                                          "rank); none = interval")
+    gamma: float = option(math.inf, "clipping threshold (celgc, naive_clip); inf = no clipping")
+    clip_norm: str = option("local", "celgc: local ||g_i|| or global sqrt(mean_j ||g_j||^2)")
+    weight_decay: float = option(0.0, "celgc, naive_clip")
+    participation: float = option(1.0, "celgc: fraction of ranks in each round's average")
+    buffer_policy: str = option("average", "batch-norm statistics at a round: local, average, rank0")
+    samples: int = option(10, "pprs: K perturbed samples per iteration")
+    smoothing: float = option(1e-3, "pprs: gamma (accelerated: gamma_t = smoothing * alpha_t)")
+    outer: str = option("nesterov", "pprs: nesterov (fixed lr, momentum, gamma) | accelerated")
+    pipeline: str = option("gpipe", "pipeline algorithms: gpipe (fill-drain) | 1f1b")
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -233,23 +249,29 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    seed: int = 0
-    epochs: float = 40.0
-    steps: int = 0
-    device: str = "cpu"         # cpu | gpu (CuPy), see hpcopt.backend and hpcopt.staging
-    dtype: str = "float32"
-    eval_every: int = 0
-    progress: bool = True
-    out: str = ""               # run directory ({time}: the start time); "" = no files
-    checkpoint_every: int = 0   # clock ticks between checkpoints; 0 = only the final one
-    keep_checkpoints: int = 3   # the newest K checkpoints are kept, older ones deleted
-    trace: bool = True          # write OUT/trace.h5
-    trace_every: int = 8        # clock ticks per trace row (and per check for SIGTERM)
-    averaging: str = "auto"     # auto | mpi | shm (node-local shared memory), see hpcopt.comm
-    network: str = ""           # cost-model profile for modelled comm seconds in the trace, see hpcopt.costmodel
-    network_delay: bool = False  # also sleep the modelled seconds after every counted call
-    stall_timeout: float = 0.0  # seconds a collective may take before the job is aborted; 0 = off (hpcopt.watchdog)
-    on_nonfinite: str = "stop"  # stop | skip: NaN/Inf in the loss or model (hpcopt.nonfinite)
+    seed: int = option(0, "seed of every random stream (data order, initial model, noise)")
+    epochs: float = option(40.0, "run length in epochs of a rank's shard (used when steps = 0)")
+    steps: int = option(0, "run length in local steps per rank; 0 = from epochs")
+    device: str = option("cpu", "cpu | gpu (CuPy), see hpcopt.backend and hpcopt.staging")
+    dtype: str = option("float32", "float32 | float64")
+    eval_every: int = option(0,
+                             "clock ticks between evaluations of the averaged model; 0 = only at the "
+                             "end")
+    progress: bool = option(True, "print progress lines and the summary (rank 0)")
+    out: str = option("", "run directory ({time}: the start time); '' = no files")
+    checkpoint_every: int = option(0, "clock ticks between checkpoints; 0 = only the final one")
+    keep_checkpoints: int = option(3, "the newest K checkpoints are kept, older ones deleted")
+    trace: bool = option(True, "write OUT/trace.h5")
+    trace_every: int = option(8, "clock ticks per trace row (and per check for SIGTERM)")
+    averaging: str = option("auto", "auto | mpi | shm (node-local shared memory), see hpcopt.comm")
+    network: str = option("",
+                          "cost-model profile for modelled comm seconds in the trace, see "
+                          "hpcopt.costmodel")
+    network_delay: bool = option(False, "also sleep the modelled seconds after every counted call")
+    stall_timeout: float = option(0.0,
+                                  "seconds a collective may take before the job is aborted; 0 = off "
+                                  "(hpcopt.watchdog)")
+    on_nonfinite: str = option("stop", "stop | skip: NaN/Inf in the loss or model (hpcopt.nonfinite)")
 
     def __post_init__(self) -> None:
         if self.network:

@@ -191,3 +191,17 @@ def test_plain_cnn_with_batch_norm_on_digits(tmp_path):
     assert ckpt.rows["buffers"].shape == (2, 2 * (8 + 16))
     np.testing.assert_array_equal(ckpt.rows["buffers"][0], ckpt.rows["buffers"][1])
     assert "buffers" in read_trace(out / "trace.h5").comm
+
+
+def test_every_option_explains_itself_in_help(capsys):
+    """Each config field carries a one-line help that ``train --help`` prints with its default."""
+    from hpcopt.cli import make_parser
+    from hpcopt.config import option_index
+
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    for name, (section, f) in option_index().items():
+        help_text = f.metadata.get("help", "")
+        assert len(help_text) > 10, f"option {name} has no help"
+        assert f"--{name.replace('_', '-')} VALUE {help_text} [{section}; default:" in text, name
