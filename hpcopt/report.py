@@ -8,6 +8,11 @@ For runs R1..Rk it writes, into one directory:
   between the runs (``interval=8, lr=0.05``), or by run directory when none do;
 - ``report.md``: a markdown table of the final figures of every run.
 
+Pipeline runs (``--algorithm pprs|pipelined_gd|pipelined_agd``) get their own set:
+``steps.png``, ``wall.png`` and ``modelled.png`` (modelled pipeline time) with the loss f(x)
+(top) and the measured bubble against the ideal (Delta-1)/(K+Delta-1) (bottom), and a table of
+loss, bubble, messages and times. One report compares runs of one kind.
+
 matplotlib (the ``plot`` extra) is imported only here, and only its object-oriented API is used
 (no pyplot, no global backend change).
 """
@@ -47,6 +52,14 @@ AXES = (
     Axis("bytes", "MB communicated (rank 0, all labels)", lambda t: t.bytes_total() / MB,
          lambda t: _final(t, "bytes") / MB, "log"),  # runs differ by orders of magnitude
     Axis("wall", "wall time (s)", lambda t: t.columns["wall"], lambda t: _final(t, "wall")),
+)
+
+
+PIPELINE_AXES = (
+    Axis("steps", "iterations", lambda t: t.columns["step"], lambda t: _final(t, "step")),
+    Axis("wall", "wall time (s)", lambda t: t.columns["wall"], lambda t: _final(t, "wall")),
+    Axis("modelled", "modelled pipeline time (s): sum of 2 tau (K + Delta - 1)",
+         lambda t: t.columns["modelled_time"], lambda t: _final(t, "modelled_time")),
 )
 
 
@@ -93,13 +106,30 @@ def _metric(traces: Sequence[Trace]) -> tuple[str, str]:
     return "eval_accuracy", "test accuracy"
 
 
-def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
-    """name -> matplotlib Figure: loss and the test metric against one axis, a line per run."""
+def is_pipeline(traces: Sequence[Trace]) -> bool:
+    """True for pipeline runs (their traces carry the bubble), False for data-parallel ones;
+    UserError for a mix, whose panels would not share axes."""
+    kinds = {"bubble" in trace.columns for trace in traces}
+    if len(kinds) > 1:
+        raise UserError("report compares runs of one kind: pipeline runs (pprs, pipelined_gd, "
+                        "pipelined_agd) and data-parallel runs need separate reports")
+    return kinds == {True}
+
+
+def _figure_classes() -> tuple[Any, Any]:
     try:
         from matplotlib.figure import Figure
         from matplotlib.ticker import FormatStrFormatter
     except ImportError:
         raise UserError("report needs matplotlib: pip install 'hpcopt[plot]'") from None
+    return Figure, FormatStrFormatter
+
+
+def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
+    """name -> matplotlib Figure: loss and the test metric against one axis, a line per run."""
+    if is_pipeline(traces):
+        return pipeline_figures(traces, labels)
+    Figure, FormatStrFormatter = _figure_classes()
     column, metric = _metric(traces)
     out = {}
     for axis in AXES:
@@ -127,8 +157,35 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def pipeline_figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
+    """name -> Figure for pipeline runs: the loss f(x) (top) and the measured bubble, with the
+    ideal dashed (bottom), against iterations, wall time and modelled pipeline time."""
+    Figure, _ = _figure_classes()
+    positive = all((trace.columns["loss_mean"] > 0).all() for trace in traces)
+    out = {}
+    for axis in PIPELINE_AXES:
+        fig = Figure(figsize=(8, 7.5), layout="constrained")
+        loss_ax, bubble_ax = fig.subplots(2, 1, sharex=True)
+        for trace, label in zip(traces, labels):
+            x = axis.rows(trace)
+            line, = loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4)
+            bubble_ax.plot(x, 100 * trace.columns["bubble"], color=line.get_color(), linewidth=1.4)
+            bubble_ax.plot(x, 100 * trace.columns["bubble_ideal"], color=line.get_color(),
+                           linestyle="--", linewidth=1)
+        loss_ax.set(ylabel="loss f(x) (no smoothing)", yscale="log" if positive else "linear",
+                    title=f"Loss and pipeline bubble against {axis.label.split(':')[0]}")
+        bubble_ax.set(xlabel=axis.label, ylabel="bubble % (measured; ideal dashed)")
+        for ax in (loss_ax, bubble_ax):
+            ax.grid(True, alpha=0.3)
+        loss_ax.legend(fontsize="small")
+        out[axis.name] = fig
+    return out
+
+
 def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
     """A markdown table of each run's final figures."""
+    if is_pipeline(traces):
+        return pipeline_table(traces, labels)
     column, metric = _metric(traces)
     modelled = any("modelled" in fields for trace in traces for fields in trace.comm.values())
     lines = [f"| run | ranks | steps | rounds | train loss | {metric} | test loss | "
@@ -147,6 +204,26 @@ def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
                  _number(trace.bytes_total()[last] / MB if trace.rows else math.nan, 2),
                  _number(summary.get("wall", trace.columns["wall"][last] if trace.rows else math.nan), 1),
                  *(_comm_seconds(trace) if modelled else ()),
+                 f"`{trace.path}`" + ("" if trace.summary else " (unfinished)")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def pipeline_table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
+    """A markdown table of each pipeline run's final figures."""
+    lines = ["| run | stages | iterations | final loss | bubble measured | bubble ideal | messages | "
+             "wall time (s) | modelled time (s) | trace |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for trace, label in zip(traces, labels):
+        summary = trace.summary or {}
+
+        def last(key: str) -> Any:
+            return summary.get(key, trace.columns[key][-1] if trace.rows else math.nan)
+
+        cells = [label, trace.attrs.get("world_size", "?"), last("step"),
+                 _number(summary.get("final_loss", last("loss_mean")), 5),
+                 _number(100 * last("bubble"), 1) + "%", _number(100 * last("bubble_ideal"), 1) + "%",
+                 last("messages"), _number(last("wall"), 2), _number(last("modelled_time"), 2),
                  f"`{trace.path}`" + ("" if trace.summary else " (unfinished)")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"

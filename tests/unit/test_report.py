@@ -9,7 +9,7 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import UserError
 from hpcopt.io.trace import read_trace
-from hpcopt.report import AXES, figures, load_traces, run_labels, write_report
+from hpcopt.report import AXES, PIPELINE_AXES, figures, load_traces, run_labels, write_report
 from tests.unit.test_cli import assert_one_line_error, launch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -114,3 +114,31 @@ def test_language_model_runs_are_reported_by_perplexity(tmp_path):
     written = write_report([out], tmp_path / "report")
     table = (tmp_path / "report" / "report.md").read_text()
     assert "test perplexity" in table and len(written) == 5
+
+
+def test_pipeline_runs_get_loss_and_bubble_panels_and_their_own_table(two_runs, tmp_path):
+    from hpcopt.comm import Comm
+    from hpcopt.pipeline.run import train_pipeline
+
+    paths = []
+    for algorithm, momentum in (("pprs", "0.8"), ("pipelined_agd", "0.9")):
+        out = tmp_path / algorithm
+        config = build_config(None, {"algorithm": algorithm, "problem": "l1_chain", "lr": "0.02",
+                                     "momentum": momentum, "steps": "12", "trace_every": "3",
+                                     "progress": "false", "out": str(out)})
+        comm = Comm()
+        train_pipeline(config, comm, verbose=False)
+        comm.free()
+        paths.append(out)
+    traces = load_traces(paths)
+    figs = figures(traces, run_labels(traces))
+    assert sorted(figs) == sorted(axis.name for axis in PIPELINE_AXES)
+    for fig in figs.values():
+        loss_ax, bubble_ax = fig.axes
+        assert len(loss_ax.get_lines()) == 2 and len(bubble_ax.get_lines()) == 4  # + ideal, dashed
+    write_report(paths, tmp_path / "report")
+    table = (tmp_path / "report" / "report.md").read_text()
+    assert "| bubble measured | bubble ideal | messages |" in table
+    assert table.count("`" + str(tmp_path)) == 2
+    with pytest.raises(UserError, match="one kind"):
+        write_report([paths[0], two_runs[0]], tmp_path / "mixed")
