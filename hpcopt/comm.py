@@ -226,6 +226,31 @@ class Comm:
         self.stats.record("allreduce", label, values.nbytes, time.perf_counter() - start)
         return values
 
+    def allgather(self, values: np.ndarray, label: str) -> np.ndarray:
+        """Every rank's small host vector ``values``, stacked (N, k) on every rank."""
+        start = time.perf_counter()
+        everyone = np.empty((self._size, values.size), dtype=values.dtype)
+        self.mpi.Allgather(values, everyone)
+        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start)
+        return everyone
+
+    def iallgather(self, values: np.ndarray, label: str) -> tuple[MPI.Request, np.ndarray]:
+        """Start an ``allgather``: the request (complete it with ``waitall``) and the (N, k)
+        array it fills; counted when posted."""
+        start = time.perf_counter()
+        everyone = np.empty((self._size, values.size), dtype=values.dtype)
+        request = self.mpi.Iallgather(values, everyone)
+        self.stats.record("iallgather", label, values.nbytes, time.perf_counter() - start)
+        return request, everyone
+
+    def gather(self, values: np.ndarray, label: str, root: int = 0) -> np.ndarray | None:
+        """Every rank's small host vector ``values`` stacked (N, k) on ``root``; None elsewhere."""
+        start = time.perf_counter()
+        everyone = np.empty((self._size, values.size), dtype=values.dtype) if self._rank == root else None
+        self.mpi.Gather(values, everyone, root=root)
+        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
+        return everyone
+
     def barrier(self, label: str = "barrier") -> None:
         start = time.perf_counter()
         self.mpi.Barrier()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,7 @@ CHECKPOINT_OVERHEAD = 1 << 20
 
 def agree_ticks(ticks: int, local_steps: int, comm: Any) -> None:
     """UserError on every rank unless every rank runs ``ticks`` clock ticks (collective)."""
-    start = time.perf_counter()
-    everyone = comm.mpi.allgather((ticks, local_steps))
-    comm.stats.record("allgather", "preflight", 16, time.perf_counter() - start)
+    everyone = comm.allgather(np.array([ticks, local_steps], dtype=np.int64), "preflight")
     if len({t for t, _ in everyone}) > 1:
         shown = ", ".join(f"rank {r}: {t} ticks ({s} steps)" for r, (t, s) in enumerate(everyone))
         raise UserError(f"the ranks disagree on the length of the run ({shown}); "

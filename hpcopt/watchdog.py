@@ -3,8 +3,8 @@ ends the job, with a report of where every rank is.
 
 Design. A daemon thread on every rank wakes every ``poll`` seconds (S/10, at most 0.5 s) and
 looks at the main thread's Python stack (``sys._current_frames``): when it is inside one of
-``Comm``'s blocking calls (an allreduce, average, broadcast, barrier, wait, or the checkpoint
-gather), the rank is *waiting*, on that call's label. The main thread does no extra work at
+``Comm``'s blocking calls (an allreduce, average, broadcast, gather, barrier or wait), the
+rank is *waiting*, on that call's label. The main thread does no extra work at
 all, so the watchdog costs nothing when off and one short wake-up per poll when on.
 
 When a rank has waited in the same call for S seconds, its thread asks every other rank where
@@ -34,7 +34,7 @@ from .errors import UserError
 EXIT_CODE = 4
 #: ``Comm`` methods that block until other ranks take part.
 BLOCKING_CALLS = ("allreduce_", "average_", "bcast_", "allreduce_scalar", "allreduce_host_",
-                  "barrier", "agree_errors", "waitall")
+                  "allgather", "gather", "barrier", "agree_errors", "waitall")
 _QUERY_TAG, _REPLY_TAG = 31001, 31002
 _REPLY_BYTES = 1024
 
@@ -42,12 +42,8 @@ _REPLY_BYTES = 1024
 def _blocking_codes() -> dict[CodeType, str]:
     """Code object -> operation name of every call in which a rank waits for others."""
     from .comm import Comm
-    from .io import checkpoint
 
-    codes = {getattr(Comm, name).__code__: name.rstrip("_")
-             for name in BLOCKING_CALLS if hasattr(getattr(Comm, name, None), "__code__")}
-    codes[checkpoint._gather.__code__] = "gather"
-    return codes
+    return {getattr(Comm, name).__code__: name.rstrip("_") for name in BLOCKING_CALLS}
 
 
 class Watchdog:

@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -398,11 +397,11 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: Loc
     to_host = comm.backend.to_host
     ints = np.array([state.step, state.rounds, state.steps_in_round,
                      *(sampler.state()[k] for k in sampler_columns(config))], dtype=np.int64)
-    all_ints, all_window = _gather(comm, ints), _gather(comm, window)
+    all_ints, all_window = comm.gather(ints, LABEL), comm.gather(window, LABEL)
     all_clipping = None
     if hasattr(state, "clip_count"):  # a clipping algorithm's counters (LocalClipState)
-        all_clipping = _gather(comm, np.array([state.clip_count, float(state.clipped),
-                                               state.grad_norm], dtype=np.float64))
+        all_clipping = comm.gather(np.array([state.clip_count, float(state.clipped),
+                                             state.grad_norm], dtype=np.float64), LABEL)
     vectors = {"x": state.x, "momentum": state.momentum, "hidden": hidden, "buffers": buffers}
     names = [n for n, keep in (("x", state.steps_in_round > 0), ("momentum", state.momentum is not None),
                                ("hidden", hidden is not None), ("buffers", buffers is not None))
@@ -429,15 +428,6 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: Loc
             writer.commit(comm.stats.as_rows())
     except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
         raise UserError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
-
-
-def _gather(comm: Comm, values: np.ndarray) -> np.ndarray:
-    """Every rank's ``values`` stacked on rank 0 (one buffer Gather, counted on "checkpoint")."""
-    start = time.perf_counter()
-    out = np.empty((comm.size, values.size), dtype=values.dtype) if comm.rank == 0 else None
-    comm.mpi.Gather(values, out, root=0)
-    comm.stats.record("gather", LABEL, values.nbytes, time.perf_counter() - start)
-    return out  # type: ignore[return-value]
 
 
 def restore(ckpt: Checkpoint, rank: int, state: LocalSGDState, sampler: MinibatchSampler,

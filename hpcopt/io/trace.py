@@ -173,10 +173,7 @@ class Window:
         if self.clipping:  # clipped steps and steps: the fraction over all ranks is their ratio
             values += [float(self.clips), float(self.steps)]
         mine = np.array(values)
-        everyone = np.empty((comm.size, mine.size))
-        start = time.perf_counter()
-        request = comm.mpi.Iallgather(mine, everyone)
-        comm.stats.record("iallgather", LABEL, mine.nbytes, time.perf_counter() - start)
+        request, everyone = comm.iallgather(mine, LABEL)
         self._posted.append(_Posted(row, request, mine, everyone))
         self.loss_sum, self.steps, self.clips, self._grad_sq = 0.0, 0, 0, None
 

@@ -272,10 +272,7 @@ class _Loop:
         mine = np.array([self.loss_sum, self.loss_max, self.iterations, grad_sq, timing.busy,
                          timing.idle, timing.samples, sends - self.sends_base, float(stop),
                          evaluation if math.isfinite(evaluation) else 0.0])
-        everyone = np.empty((comm.size, mine.size))
-        start = time.perf_counter()
-        comm.mpi.Allgather(mine, everyone)
-        comm.stats.record("allgather", trace_io.LABEL, mine.nbytes, time.perf_counter() - start)
+        everyone = comm.allgather(mine, trace_io.LABEL)
         col = {name: everyone[:, i] for i, name in enumerate(_FIELDS)}
         lastrow = comm.size - 1
         iterations = int(col["iterations"][lastrow])

@@ -371,3 +371,21 @@ def test_comm_is_a_duplicate_and_free_is_idempotent():
     c.free()
     assert c.mpi == MPI.COMM_NULL
     c.free()
+
+
+def test_gathers_of_small_host_vectors_are_counted(comm):
+    mine = np.array([comm.rank, 10 * comm.rank], dtype=np.int64)
+    expected = np.array([[r, 10 * r] for r in range(comm.size)])
+    np.testing.assert_array_equal(comm.allgather(mine, "stats"), expected)
+    request, everyone = comm.iallgather(mine, "stats")
+    comm.waitall([request], "stats")
+    np.testing.assert_array_equal(everyone, expected)
+    root = comm.size - 1
+    gathered = comm.gather(mine, "stats", root=root)
+    if comm.rank == root:
+        np.testing.assert_array_equal(gathered, expected)
+    else:
+        assert gathered is None
+    for op in ("allgather", "iallgather", "gather"):
+        counter = comm.stats.counters[(op, "stats")]
+        assert (counter.calls, counter.bytes) == (1, mine.nbytes)
