@@ -25,9 +25,10 @@ import datetime
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -157,18 +158,8 @@ class CheckpointWriter:
         ckpt, d = self.ckpt, self.ckpt.model.size
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = h5py.File(self.tmp, "w")
-        self.file.attrs.update({
-            "format": FORMAT, "format_version": VERSION, **versions(),
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "algorithm": ckpt.config.algorithm.algorithm, "config": to_toml(ckpt.config),
-            "run_id": ckpt.run_id, "world_size": ckpt.world_size, "tick": ckpt.tick,
-            "trace_rows": ckpt.trace_rows, "wall_seconds": ckpt.wall_seconds,
-        })
-        model = self.file.create_group("model")
-        model.attrs["layout"] = json.dumps([[name, list(shape)] for name, shape in ckpt.layout.entries])
-        model.create_dataset("flat", data=ckpt.model, **CHECKSUMMED)
-        for name, view in ckpt.layout.views(ckpt.model).items():
-            model.create_dataset(f"params/{name}", data=view, **CHECKSUMMED)
+        self.file.attrs.update(header_attrs(FORMAT, VERSION, ckpt))
+        write_model(self.file, ckpt.layout, ckpt.model, **CHECKSUMMED)
         ranks = self.file.create_group("ranks")
         ranks.attrs["rng"] = RNG_NOTE
         tables = [("counters", ckpt.counters, COUNTER_COLUMNS),
@@ -193,9 +184,7 @@ class CheckpointWriter:
         seal(self.file)
         self.file.flush()
         self.file.close()
-        _fsync(self.tmp)
-        os.replace(self.tmp, self.path)
-        _fsync(self.path.parent)
+        publish(self.tmp, self.path)
         self.committed = True
 
     def __exit__(self, *_: Any) -> None:
@@ -203,6 +192,49 @@ class CheckpointWriter:
             if self.file.id.valid:
                 self.file.close()
             self.tmp.unlink(missing_ok=True)
+
+
+def header_attrs(format_name: str, version: int, ckpt: Any) -> dict[str, Any]:
+    """The root attributes of either kind of checkpoint (``ckpt``: a Checkpoint or a
+    pipeline checkpoint): format, versions, the config as TOML, where the run stands."""
+    return {"format": format_name, "format_version": version, **versions(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "algorithm": ckpt.config.algorithm.algorithm, "config": to_toml(ckpt.config),
+            "run_id": ckpt.run_id, "world_size": ckpt.world_size, "tick": ckpt.tick,
+            "trace_rows": ckpt.trace_rows, "wall_seconds": ckpt.wall_seconds}
+
+
+def write_model(f: Any, layout: ParamLayout, model: np.ndarray, **filters: Any) -> None:
+    """``/model``: the flat vector, and one dataset per layer tensor (readable with h5py alone)."""
+    group = f.create_group("model")
+    group.attrs["layout"] = json.dumps([[name, list(shape)] for name, shape in layout.entries])
+    group.create_dataset("flat", data=model, **filters)
+    for name, view in layout.views(model).items():
+        group.create_dataset(f"params/{name}", data=view, **filters)
+
+
+def publish(tmp: Path, path: Path) -> None:
+    """Make a closed temporary file the checkpoint ``path``: fsync it, rename it over ``path``
+    (atomic), fsync the directory so the rename survives a crash."""
+    _fsync(tmp)
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+@contextmanager
+def opened(path: str | Path) -> Iterator[tuple[Path, Any]]:
+    """(the checkpoint file ``path`` names, the open file): what h5py or numpy raise while
+    it is read becomes one UserError line naming the file."""
+    path = find_checkpoint(path)
+    with open_for_reading(path, "checkpoint") as f:
+        try:
+            yield path, f
+        except READ_ERRORS as exc:
+            raise damaged(path, exc) from None
+
+
+def damaged(path: Path, exc: BaseException) -> UserError:
+    return UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})")
 
 
 def sampler_columns(config: Config) -> tuple[str, ...]:
@@ -244,12 +276,8 @@ def read_checkpoint(path: str | Path, rank: int | None = None,
     Raises UserError (one line, naming the file) for anything wrong; nothing in the file is
     executed or unpickled (TOML and JSON text, numbers).
     """
-    path = find_checkpoint(path)
-    with open_for_reading(path, "checkpoint") as f:
-        try:
-            return _read(f, path, rank, world_size, verify)
-        except READ_ERRORS as exc:
-            raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+    with opened(path) as (path, f):
+        return _read(f, path, rank, world_size, verify)
 
 
 def stored_config(path: str | Path) -> tuple[Path, Config]:
@@ -258,27 +286,19 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
     The digest is not computed here (``read_checkpoint`` verifies it before a run uses anything,
     so each reader hashes the file once); a problem found here is reported as damage when the
     digest does not match."""
-    path = find_checkpoint(path)
-    with open_for_reading(path, "checkpoint") as f:
+    with opened(path) as (path, f):
         try:
-            try:
-                check_format(f.attrs, path, FORMAT, VERSION, "checkpoint")
-                return path, config_from_toml(text_attr(f.attrs, "config", path), path)
-            except UserError as exc:
-                raise refuse_damaged(f, path, FORMAT, VERSION, "checkpoint", exc) from None
-        except READ_ERRORS as exc:
-            raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+            check_format(f.attrs, path, FORMAT, VERSION, "checkpoint")
+            return path, config_from_toml(text_attr(f.attrs, "config", path), path)
+        except UserError as exc:
+            raise refuse_damaged(f, path, FORMAT, VERSION, "checkpoint", exc) from None
 
 
 def verify_checkpoint(path: str | Path) -> None:
     """UserError (one line, naming the file) unless the checkpoint's content digest and format
     are right: the whole file is read once."""
-    path = find_checkpoint(path)
-    with open_for_reading(path, "checkpoint") as f:
-        try:
-            check_sealed(f, path, FORMAT, VERSION, "checkpoint")
-        except READ_ERRORS as exc:
-            raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+    with opened(path) as (path, f):
+        check_sealed(f, path, FORMAT, VERSION, "checkpoint")
 
 
 def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: bool) -> Checkpoint:
@@ -330,7 +350,7 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: 
                       run_id=text_attr(attrs, "run_id", path),
                       trace_rows=int_attr(attrs, "trace_rows", path), wall_seconds=float(wall),
                       layout=layout, model=model, counters=counters, sampler=sampler, window=window,
-                      comm=_comm_rows(f, path), rows=rows, ranks=ranks, path=path,
+                      comm=comm_rows(f, path), rows=rows, ranks=ranks, path=path,
                       clipping=clipping)
 
 
@@ -368,7 +388,8 @@ def _layout(f: Any, path: Path) -> ParamLayout:
         raise UserError(f"{path}: /model attribute 'layout' is missing or malformed") from None
 
 
-def _comm_rows(f: Any, path: Path) -> list[CommRow]:
+def comm_rows(f: Any, path: Path) -> list[CommRow]:
+    """``/comm``'s stored communication counters, checked (UserError naming the file)."""
     rows = json_attr(f["comm"].attrs, "counters", path) if "comm" in f else None
     ok = isinstance(rows, list) and all(
         isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], str)
@@ -470,6 +491,7 @@ def restore_counters(ckpt: Checkpoint, comm: Comm) -> None:
         comm.stats.counters[(op, label)] = OpCounter(calls, nbytes, seconds)
 
 
-__all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint", "verify_checkpoint", "stored_config",
+__all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint", "verify_checkpoint",
+           "stored_config", "opened", "damaged", "header_attrs", "write_model", "publish", "comm_rows",
            "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "prune", "save",
            "restore", "restore_counters", "FORMAT", "VERSION"]

@@ -131,11 +131,12 @@ def refuse_damaged(f: Any, path: Path, name: str, version: int, kind: str,
     """``error``, found by a reader that looked at part of ``f`` before verifying its digest,
     unless the file is damaged: then the digest's (or the format's) error instead."""
     from . import READ_ERRORS
+    from .checkpoint import damaged
 
     try:
         check_sealed(f, path, name, version, kind)
-    except UserError as damaged:
-        return damaged
+    except UserError as refused:
+        return refused
     except READ_ERRORS as exc:
-        return UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})")
+        return damaged(path, exc)
     return error

@@ -21,9 +21,7 @@ seals it with the same SHA-256 content digest (hpcopt.io.digest), verified befor
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,11 +30,10 @@ import numpy as np
 
 from ..algorithms.pprs import PipelineState
 from ..comm import Comm
-from ..config import Config, to_toml
+from ..config import Config
 from ..errors import UserError
 from ..flat import ParamLayout
-from ..io import (READ_ERRORS, config_from_toml, int_attr, json_attr,
-                  open_for_reading, text_attr, versions)
+from ..io import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
 from ..io import checkpoint as ckpt_io
 from ..io.digest import check_sealed, refuse_damaged, seal
 
@@ -127,17 +124,8 @@ def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows:
     tmp = path.with_name(path.name + ckpt_io.TMP_SUFFIX)
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs.update({
-                "format": FORMAT, "format_version": VERSION, **versions(),
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "algorithm": ckpt.config.algorithm.algorithm, "config": to_toml(ckpt.config),
-                "run_id": ckpt.run_id, "world_size": ckpt.world_size, "tick": ckpt.tick,
-                "trace_rows": ckpt.trace_rows, "wall_seconds": ckpt.wall_seconds})
-            model = f.create_group("model")
-            model.attrs["layout"] = json.dumps([[n, list(s)] for n, s in layout.entries])
-            model.create_dataset("flat", data=ckpt.model)
-            for name, view in layout.views(ckpt.model).items():
-                model.create_dataset(f"params/{name}", data=view)
+            f.attrs.update(ckpt_io.header_attrs(FORMAT, VERSION, ckpt))
+            ckpt_io.write_model(f, layout, ckpt.model)
             for s, record in enumerate(ckpt.stages):
                 group = f.create_group(f"stages/{s}")
                 group.attrs.update({"step": record.step, "alpha": record.alpha,
@@ -148,9 +136,7 @@ def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows:
             window.attrs["columns"] = json.dumps(WINDOW_COLUMNS)
             f.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm_rows])
             seal(f)
-        ckpt_io._fsync(tmp)
-        os.replace(tmp, path)
-        ckpt_io._fsync(path.parent)
+        ckpt_io.publish(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -166,25 +152,18 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
     found = ckpt_io.find_checkpoint(path)
     if not is_pipeline_checkpoint(found):
         return ckpt_io.stored_config(found)
-    with open_for_reading(found, "checkpoint") as f:
+    with ckpt_io.opened(found) as (found, f):
         try:
-            try:
-                return found, config_from_toml(text_attr(f.attrs, "config", found), found)
-            except UserError as exc:
-                raise refuse_damaged(f, found, FORMAT, VERSION, "pipeline checkpoint", exc) from None
-        except READ_ERRORS as exc:
-            raise UserError(f"{found} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+            return found, config_from_toml(text_attr(f.attrs, "config", found), found)
+        except UserError as exc:
+            raise refuse_damaged(f, found, FORMAT, VERSION, "pipeline checkpoint", exc) from None
 
 
 def read(path: str | Path, world_size: int) -> PipelineCheckpoint:
     """Read and validate a pipeline checkpoint written on ``world_size`` ranks (UserError,
     one line naming the file, for anything wrong)."""
-    path = ckpt_io.find_checkpoint(path)
-    with open_for_reading(path, "checkpoint") as f:
-        try:
-            return _read(f, path, world_size)
-        except READ_ERRORS as exc:
-            raise UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})") from None
+    with ckpt_io.opened(path) as (path, f):
+        return _read(f, path, world_size)
 
 
 def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
@@ -214,7 +193,7 @@ def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
     window = f["ranks/window"][()]
     if window.shape != (size, len(WINDOW_COLUMNS)):
         raise UserError(f"{path}: /ranks/window has shape {window.shape}")
-    comm = ckpt_io._comm_rows(f, path)
+    comm = ckpt_io.comm_rows(f, path)
     return PipelineCheckpoint(config, size, int_attr(attrs, "tick", path),
                               text_attr(attrs, "run_id", path),
                               int_attr(attrs, "trace_rows", path), wall, model, stages, window,
