@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -125,16 +126,23 @@ def _figure_classes() -> tuple[Any, Any]:
     return Figure, FormatStrFormatter
 
 
+def _panel_figures(axes: Sequence[Axis]) -> Iterator[tuple[Axis, Any, Any, Any]]:
+    """For each x axis: (axis, figure, top panel, bottom panel), the panels sharing x."""
+    Figure, _ = _figure_classes()
+    for axis in axes:
+        fig = Figure(figsize=(8, 7.5), layout="constrained")
+        top, bottom = fig.subplots(2, 1, sharex=True)
+        yield axis, fig, top, bottom
+
+
 def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
     """name -> matplotlib Figure: loss and the test metric against one axis, a line per run."""
     if is_pipeline(traces):
         return pipeline_figures(traces, labels)
-    Figure, FormatStrFormatter = _figure_classes()
+    _, FormatStrFormatter = _figure_classes()
     column, metric = _metric(traces)
     out = {}
-    for axis in AXES:
-        fig = Figure(figsize=(8, 7.5), layout="constrained")
-        loss_ax, acc_ax = fig.subplots(2, 1, sharex=True)
+    for axis, fig, loss_ax, acc_ax in _panel_figures(AXES):
         for trace, label in zip(traces, labels):
             x = axis.rows(trace)
             loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4)
@@ -160,12 +168,9 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
 def pipeline_figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
     """name -> Figure for pipeline runs: the loss f(x) (top) and the measured bubble, with the
     ideal dashed (bottom), against iterations, wall time and modelled pipeline time."""
-    Figure, _ = _figure_classes()
     positive = all((trace.columns["loss_mean"] > 0).all() for trace in traces)
     out = {}
-    for axis in PIPELINE_AXES:
-        fig = Figure(figsize=(8, 7.5), layout="constrained")
-        loss_ax, bubble_ax = fig.subplots(2, 1, sharex=True)
+    for axis, fig, loss_ax, bubble_ax in _panel_figures(PIPELINE_AXES):
         for trace, label in zip(traces, labels):
             x = axis.rows(trace)
             line, = loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4)
@@ -194,18 +199,15 @@ def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if modelled else "") + "---|"]
     for trace, label in zip(traces, labels):
         summary = trace.summary or {}
-        last = trace.rows - 1
         cells = [label, trace.attrs.get("world_size", "?"),
-                 summary.get("step", trace.columns["step"][last] if trace.rows else "-"),
-                 summary.get("rounds", trace.columns["rounds"][last] if trace.rows else "-"),
-                 _number(trace.columns["loss_mean"][last] if trace.rows else math.nan, 4),
+                 _final_value(trace, "step", "-"), _final_value(trace, "rounds", "-"),
+                 _number(trace.columns["loss_mean"][-1] if trace.rows else math.nan, 4),
                  _number(summary.get(column, math.nan), 4),
                  _number(summary.get("eval_loss", math.nan), 4),
-                 _number(trace.bytes_total()[last] / MB if trace.rows else math.nan, 2),
-                 _number(summary.get("wall", trace.columns["wall"][last] if trace.rows else math.nan), 1),
-                 *(_comm_seconds(trace) if modelled else ()),
-                 f"`{trace.path}`" + ("" if trace.summary else " (unfinished)")]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+                 _number(trace.bytes_total()[-1] / MB if trace.rows else math.nan, 2),
+                 _number(_final_value(trace, "wall"), 1),
+                 *(_comm_seconds(trace) if modelled else ()), _trace_cell(trace)]
+        lines.append(_table_row(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -215,18 +217,30 @@ def pipeline_table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
              "wall time (s) | modelled time (s) | trace |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for trace, label in zip(traces, labels):
-        summary = trace.summary or {}
-
-        def last(key: str) -> Any:
-            return summary.get(key, trace.columns[key][-1] if trace.rows else math.nan)
-
+        last = partial(_final_value, trace)
         cells = [label, trace.attrs.get("world_size", "?"), last("step"),
-                 _number(summary.get("final_loss", last("loss_mean")), 5),
+                 _number((trace.summary or {}).get("final_loss", last("loss_mean")), 5),
                  _number(100 * last("bubble"), 1) + "%", _number(100 * last("bubble_ideal"), 1) + "%",
                  last("messages"), _number(last("wall"), 2), _number(last("modelled_time"), 2),
-                 f"`{trace.path}`" + ("" if trace.summary else " (unfinished)")]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+                 _trace_cell(trace)]
+        lines.append(_table_row(cells))
     return "\n".join(lines) + "\n"
+
+
+def _final_value(trace: Trace, key: str, missing: Any = math.nan) -> Any:
+    """The run's end-of-run ``key`` (from its summary), else the last trace row's, else ``missing``."""
+    summary = trace.summary or {}
+    if key in summary:
+        return summary[key]
+    return trace.columns[key][-1] if trace.rows else missing
+
+
+def _trace_cell(trace: Trace) -> str:
+    return f"`{trace.path}`" + ("" if trace.summary else " (unfinished)")
+
+
+def _table_row(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def _comm_seconds(trace: Trace) -> tuple[str, str]:
