@@ -3,7 +3,7 @@ different values (silently). The probe of docs/results/reliability.md::
 
     python benchmarks/checkpoint_fuzz.py [--edits 1200] [--seed 0] [--no-digest]
 
-The checkpoint is the one the property tests use (tests/faults/test_properties.py): PR-SGD on
+The checkpoint is the one the property tests use (tests/checkpoints.py): PR-SGD on
 1 rank, MLP 64-12-10 on digits, momentum 0.9, I = 4, taken at tick 6 (mid-round: every kind
 of per-rank dataset). Each edit sets 1 to 4 bytes at uniformly random offsets to random values,
 then ``read_checkpoint`` loads the copy in a forked child process. Outcomes: ``refused`` (one
@@ -31,40 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcopt.errors import UserError  # noqa: E402
 from hpcopt.io.checkpoint import Checkpoint, read_checkpoint  # noqa: E402
+from tests.checkpoints import differences, small_checkpoint  # noqa: E402
 
 OUTCOMES = ("refused", "unchanged", "silent", "other", "crash")
-
-
-def make_checkpoint(out: Path) -> Path:
-    """The property tests' checkpoint, written by a real 1-rank run."""
-    from hpcopt.comm import Comm
-    from hpcopt.config import build_config
-    from hpcopt.train import train
-
-    config = build_config(None, {"dataset": "digits", "hidden": "12", "steps": "6", "interval": "4",
-                                 "momentum": "0.9", "progress": "false", "out": str(out)})
-    comm = Comm()
-    train(config, comm, verbose=False)
-    comm.free()
-    return out / "checkpoints" / "step-000000006.h5"
-
-
-def differences(a: Checkpoint, b: Checkpoint) -> list[str]:
-    """The fields in which two loaded checkpoints differ (bitwise for arrays)."""
-    found = []
-    for name in ("model", "counters", "sampler", "window", "clipping"):
-        x, y = getattr(a, name), getattr(b, name)
-        if (x is None) != (y is None) or (x is not None and (x.shape != y.shape or x.tobytes() != y.tobytes())):
-            found.append(name)
-    if sorted(a.rows) != sorted(b.rows):
-        found.append("rows")
-    found += [f"rows/{n}" for n in a.rows if n in b.rows and a.rows[n].tobytes() != b.rows[n].tobytes()]
-    for name in ("config", "world_size", "tick", "run_id", "trace_rows", "wall_seconds", "comm"):
-        if getattr(a, name) != getattr(b, name):
-            found.append(name)
-    if a.layout.entries != b.layout.entries:
-        found.append("layout")
-    return found
 
 
 def outcome(path: Path, reference: Checkpoint) -> tuple[str, str]:
@@ -128,7 +97,7 @@ def main() -> None:
 
         without_digest()
     with tempfile.TemporaryDirectory() as directory:
-        original = make_checkpoint(Path(directory) / "run")
+        original = small_checkpoint(Path(directory) / "run")
         outcomes, notes = probe(original, args.edits, args.seed)
         size = original.stat().st_size
     print(f"checkpoint: {size / 1e3:.1f} kB, {'without' if args.no_digest else 'with'} the content "
