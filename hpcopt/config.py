@@ -44,6 +44,15 @@ def option(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+def _refuse_changed(section: Any, key: str, value: str, only: dict[str, tuple[str, ...]]) -> None:
+    """UserError for the first option of ``only`` (in its order) changed from its default while
+    ``key`` is ``value``, which is not among the values the option applies to."""
+    defaults = type(section).__dataclass_fields__
+    for name, allowed in only.items():
+        if getattr(section, name) != defaults[name].default and value not in allowed:
+            raise UserError(f"{name} applies only to --{key} {' or '.join(allowed)}, not {value}")
+
+
 def _positive(name: str, value: float) -> None:
     if not value > 0:
         raise UserError(f"{name} must be > 0, got {value}")
@@ -146,14 +155,9 @@ class ModelConfig:
 
     def _check_model_keys(self) -> None:
         """Keys of one kind of model are refused (when changed from the default) for the others."""
-        defaults = ModelConfig.__dataclass_fields__
-        only = {"hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
-                "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)}
-        for name in only:
-            default = defaults[name].default
-            if getattr(self, name) != default and self.model not in only[name]:
-                raise UserError(f"{name} applies only to --model {' or '.join(only[name])}, "
-                                f"not {self.model}")
+        _refuse_changed(self, "model", self.model, {
+            "hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
+            "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)})
 
     @property
     def keeps_buffers(self) -> bool:
@@ -200,18 +204,10 @@ class AlgorithmConfig:
                             f"(choose from {', '.join(BUFFER_POLICIES)})")
         if self.interval < 1:
             raise UserError(f"interval I must be >= 1, got {self.interval}")
-        defaults = AlgorithmConfig.__dataclass_fields__
-        changed = {name for name in ("gamma", "clip_norm", "weight_decay", "participation",
-                                     "local_steps", "momentum_policy")
-                   if getattr(self, name) != defaults[name].default and
-                   not (name == "local_steps" and not self.local_steps)}
-        only = {"gamma": CLIPPING, "weight_decay": CLIPPING, "clip_norm": ("celgc",),
-                "participation": ("celgc",), "local_steps": ("prsgd",),
-                "momentum_policy": ("prsgd", "celgc")}
-        for name in sorted(changed):
-            if self.algorithm not in only[name]:
-                raise UserError(f"{name} applies only to --algorithm {' or '.join(only[name])}, "
-                                f"not {self.algorithm}")
+        _refuse_changed(self, "algorithm", self.algorithm, {
+            "clip_norm": ("celgc",), "gamma": CLIPPING, "local_steps": ("prsgd",),
+            "momentum_policy": ("prsgd", "celgc"), "participation": ("celgc",),
+            "weight_decay": CLIPPING})
 
     def _check_pipeline_keys(self) -> None:
         """Options of the pipeline algorithms: their ranges, and refused elsewhere when changed."""
@@ -224,13 +220,10 @@ class AlgorithmConfig:
         if self.pipeline not in PIPELINE_SCHEDULES:
             raise UserError(f"unknown pipeline schedule {self.pipeline!r} "
                             f"(choose from {', '.join(PIPELINE_SCHEDULES)})")
+        _refuse_changed(self, "algorithm", self.algorithm, {
+            "samples": ("pprs",), "smoothing": ("pprs",), "outer": ("pprs",),
+            "pipeline": PIPELINE_ALGORITHMS})
         defaults = AlgorithmConfig.__dataclass_fields__
-        only = {"samples": ("pprs",), "smoothing": ("pprs",), "outer": ("pprs",),
-                "pipeline": PIPELINE_ALGORITHMS}
-        for name in only:
-            if getattr(self, name) != defaults[name].default and self.algorithm not in only[name]:
-                raise UserError(f"{name} applies only to --algorithm {' or '.join(only[name])}, "
-                                f"not {self.algorithm}")
         if self.algorithm in PIPELINE_ALGORITHMS:
             if not 0 <= self.momentum < 1:
                 raise UserError(f"momentum must be in [0, 1), got {self.momentum}")
