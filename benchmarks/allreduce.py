@@ -73,10 +73,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
+from hpcopt.bench.common import KB, MB, fmt_bytes, parse_bytes  # noqa: E402
 from hpcopt.comm import ALLREDUCE_SLICE_BYTES, Comm  # noqa: E402
 from hpcopt.shm_average import SHM_AVERAGE_MIN_BYTES, SHM_CHUNK_BYTES, ShmAverager  # noqa: E402
 
-KB, MB = 1 << 10, 1 << 20
 DEFAULT_SLICES = (256 * KB, 1 * MB, 2 * MB, 4 * MB, 8 * MB, 16 * MB, 0)  # 0 = unsliced
 DEFAULT_SWEEP_SIZES = (16 * MB, 32 * MB, 64 * MB)
 DEFAULT_MAIN_SLICES = (1 * MB, 2 * MB, 4 * MB)
@@ -87,24 +87,6 @@ PLAIN = ("raw", "mpi")  # + every "sl..." case
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-def parse_bytes(text: str) -> int:
-    """'4096', '4K', '4KB', '16M', '1G' -> bytes (binary units)."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": KB, "M": MB, "G": 1 << 30}.get(t[-1:] or "", 1)
-    if t[-1:] in ("K", "M", "G"):
-        t = t[:-1]
-    return int(float(t) * mult)
-
-
-def fmt_bytes(n: int) -> str:
-    if n == 0:
-        return "unsliced"
-    for unit, size in (("GB", 1 << 30), ("MB", MB), ("KB", KB)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} B"
-
 
 def reps_for(round_seconds: float, budget: float, min_reps: int, max_reps: int) -> int:
     """Repetitions that fit ``budget`` seconds, given one warm-up round over all cases."""
@@ -267,7 +249,7 @@ def sweep_table(say, mpi: MPI.Comm, title: list[str], sizes: list[int], variants
     rows: list[dict] = []
     for line in title:
         say(line)
-    say(f"{'size':>9} {'reps':>4} | " + " ".join(f"{fmt_bytes(v):>19}" for v in variants))
+    say(f"{'size':>9} {'reps':>4} | " + " ".join(f"{fmt_bytes(v) if v else 'unsliced':>19}" for v in variants))
     for nbytes in sizes:
         length = nbytes // dtype.itemsize
         # Zeros: repeated unscaled sums of anything else would grow to inf (same add speed,
