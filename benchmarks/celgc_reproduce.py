@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,8 @@ sys.path.insert(0, str(ROOT))
 from hpcopt.data.bptt import corpus_shard, streams_of  # noqa: E402
 from hpcopt.data.text import load_corpus  # noqa: E402
 from hpcopt.io.trace import read_trace  # noqa: E402
+from hpcopt.report import write_report  # noqa: E402
+from launch import run_hpcopt  # noqa: E402  (benchmarks/launch.py)
 
 #: Shared by every row: the paper's step size and threshold, a small one-layer LSTM.
 COMMON = {"dataset": "shakespeare", "model": "lstm", "hidden": "128", "embed": "32",
@@ -85,13 +85,8 @@ def run_row(name: str, options: dict[str, str], args: argparse.Namespace, every:
     flags = {**COMMON, **options, "corpus-fraction": str(args.fraction),
              "steps": str(args.epochs * every), "eval-every": str(every), "progress": "false",
              "out": str(out)}
-    command = ["mpiexec", "-n", str(args.ranks), sys.executable, "-m", "hpcopt", "train"]
-    command += [item for key, value in flags.items() for item in (f"--{key}", value)]
     start = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    if result.returncode:
-        sys.exit(f"{name} failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    run_hpcopt(args.ranks, "train", *(item for key, value in flags.items() for item in (f"--{key}", value)))
     print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
@@ -137,10 +132,7 @@ def main() -> None:
               for group, members in {"sweep": SWEEP, **VARIANTS}.items()}
     for group, members in groups.items():
         if len(members) > 1:
-            subprocess.run([sys.executable, "-m", "hpcopt", "report",
-                            *(str(args.out / n) for n in members),
-                            "--out", str(args.plots / group)], cwd=ROOT, check=True,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True)
+            write_report([args.out / n for n in members], args.plots / group)
             (args.plots / group / "report.md").unlink()  # the table above; it names local paths
     print(f"\nplots: {', '.join(f'{args.plots}/{group}' for group in groups)}")
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from launch import run_hpcopt  # noqa: E402  (benchmarks/launch.py)
 from hpcopt.costmodel import (PROFILES, NetworkProfile, fit_allreduce, project_wall,  # noqa: E402
                               trace_comm_seconds, trace_modelled)
 from hpcopt.io.trace import read_trace  # noqa: E402
@@ -43,20 +42,11 @@ from hpcopt.io.trace import read_trace  # noqa: E402
 CELGC = ["--gamma", "5.0"]
 
 
-def hpcopt(ranks: int, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    command = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "hpcopt", *args]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-    return done.stdout
-
-
 def fit(ranks: int, tmp: Path, low: int, high: str, budget: float) -> tuple[NetworkProfile, list[dict]]:
     """Benchmark 4 KB .. ``high``; fit alpha and beta to the sizes from ``low`` up."""
     path = tmp / "allreduce.json"
-    hpcopt(ranks, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
-           "--budget", str(budget), "--json", str(path))
+    run_hpcopt(ranks, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
+               "--budget", str(budget), "--json", str(path), timeout=1800)
     results = json.loads(path.read_text())["results"]
     used = [r for r in results if r["bytes"] >= low]
     fitted = fit_allreduce([r["bytes"] for r in used], [r["seconds"]["auto"] for r in used], ranks, "fitted")
@@ -64,8 +54,8 @@ def fit(ranks: int, tmp: Path, low: int, high: str, budget: float) -> tuple[Netw
 
 
 def train(ranks: int, out: Path, network: str, steps: int, *options: str) -> Path:
-    hpcopt(ranks, "train", "--steps", str(steps), "--network", network, "--out", str(out),
-           "--progress", "false", "--trace-every", "8", *options)
+    run_hpcopt(ranks, "train", "--steps", str(steps), "--network", network, "--out", str(out),
+               "--progress", "false", "--trace-every", "8", *options, timeout=1800)
     return out / "trace.h5"
 
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ import numpy as np
 
 from hpcopt.io.trace import read_trace
 from hpcopt.report import write_report
+from launch import run_hpcopt
 from sections import replace_section
 
 CIFAR_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
@@ -90,12 +89,8 @@ def run(case: Case, seed: int, args: argparse.Namespace) -> Path:
         print(f"reusing {out}", flush=True)
         return out
     shutil.rmtree(out, ignore_errors=True)
-    command = [args.mpiexec, "-n", str(RANKS), sys.executable, "-m", "hpcopt", "train",
-               *train_args(case, seed, args, out)]
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode:
-        sys.exit(f"failed: {' '.join(command)}\n{result.stdout}{result.stderr}")
+    run_hpcopt(RANKS, "train", *train_args(case, seed, args, out), mpiexec=args.mpiexec)
     print(f"{case.name(seed)}: {time.perf_counter() - start:.0f} s", flush=True)
     return out
 

@@ -1,0 +1,21 @@
+"""Launching hpcopt jobs from a benchmark script: ``mpiexec -n N python -m hpcopt ...``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_hpcopt(ranks: int, *args: str, mpiexec: str = "mpiexec", timeout: float | None = None) -> str:
+    """Run ``mpiexec -n ranks python -m hpcopt ARGS`` with this checkout first on the path; its
+    standard output. A failed job ends the benchmark with the command and its error output."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "hpcopt", *args]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return done.stdout
