@@ -1,5 +1,9 @@
 """Shared test set-up.
 
+Array tests take the ``xp`` fixture (numpy, then cupy) or ``device`` ("cpu", then "gpu"): the
+cupy/gpu case is marked ``gpu`` and skipped, with the reason, where CuPy finds no GPU. On the
+emulated CuPy of tests/emulated_gpu (first on PYTHONPATH) those cases run without a GPU.
+
 Under ``mpiexec ... pytest --with-mpi`` a failing test on one rank would leave the other ranks
 waiting in the next collective forever. The hook below prints the failure (prefixed with the
 rank) and aborts the whole MPI job at once, turning a hang into a failure in well under a second.
@@ -7,11 +11,14 @@ rank) and aborts the whole MPI job at once, turning a hang into a failure in wel
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 
@@ -56,3 +63,62 @@ def comm():
     c = Comm()
     yield c
     c.free()
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_missing() -> str | None:
+    """Why the GPU cases cannot run here, or None when they can."""
+    try:
+        import cupy
+    except ImportError:
+        return "no GPU here: CuPy is not installed (pip install 'hpcopt[gpu]')"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount() if cupy.cuda.is_available() else 0
+    except Exception as exc:  # a missing driver raises from the runtime
+        return f"no GPU here: CUDA is not usable ({exc})"
+    return None if count else "no GPU here: CuPy finds no CUDA device"
+
+
+def skip_without_gpu() -> None:
+    reason = gpu_missing()
+    if reason:
+        pytest.skip(reason)
+
+
+def pytest_report_header(config) -> str:
+    reason = gpu_missing()
+    if reason:
+        return f"GPU cases: skipped ({reason})"
+    import cupy
+
+    emulated = " (EMULATED: tests/emulated_gpu, host memory, no GPU)" if getattr(
+        cupy, "EMULATED", False) else ""
+    return f"GPU cases: CuPy {cupy.__version__}{emulated}"
+
+
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request):
+    """The array module of the test: numpy, then cupy where a GPU is present."""
+    if request.param == "numpy":
+        return np
+    skip_without_gpu()
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request) -> str:
+    """The --device of the test's runs: "cpu", then "gpu" where a GPU is present."""
+    if request.param == "gpu":
+        skip_without_gpu()
+    return request.param
+
+
+def host(array: Any) -> np.ndarray:
+    """A NumPy array with the values of ``array`` (a NumPy or CuPy array, or a scalar)."""
+    if isinstance(array, np.ndarray) or np.isscalar(array):
+        return np.asarray(array)
+    import cupy
+
+    return cupy.asnumpy(array)
