@@ -48,6 +48,16 @@ class Backend:
         """Move host data to this backend's device (no copy on CPU when nothing changes)."""
         return self.xp.asarray(array, dtype=dtype)
 
+    def floats_to_host(self, scalars: list[Any]) -> list[float]:
+        """Python floats of a list of 0-d arrays or scalars: one device-to-host copy on the GPU
+        for all of them (for logging and evaluation totals, never one transfer per value)."""
+        if not self.is_gpu:
+            return np.array(scalars, dtype=np.float64).tolist()  # np.stack: ~2 us a 0-d array
+        on_device = [v for v in scalars if not _on_host(v)]
+        copied = iter(self.to_host(self.xp.stack([v.astype(self.xp.float64) for v in on_device]))
+                      .tolist() if on_device else ())
+        return [float(v) if _on_host(v) else next(copied) for v in scalars]
+
     def empty_pinned(self, size: int, dtype: Any) -> np.ndarray:
         """A 1-d host array in page-locked memory (GPU; the fastest copies) or plain memory (CPU)."""
         if self.is_gpu:
@@ -77,6 +87,10 @@ class Backend:
 
 
 CPU = Backend("cpu", np)
+
+
+def _on_host(value: Any) -> bool:
+    return isinstance(value, (np.ndarray, np.generic, int, float))
 
 
 def array_module(array: Any) -> ModuleType:

@@ -405,7 +405,7 @@ def _summarize(run: _Run, final: Evaluation | LMEvaluation | None, train_loss: f
                     if label not in SETUP_LABELS) if run.network else 0.0)
     timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
     local = np.array([timed_seconds, totals.bytes, comm.stats.totals(AVERAGE_LABEL).bytes,
-                      parts.processed(state.step), getattr(state, "clip_count", 0),
+                      parts.processed(state.step), int(getattr(state, "clip_count", 0)),
                       state.step, modelled])
     comm.allreduce_host_(local, label="summary")
     wall = float(comm.allreduce_host_(np.array([run.wall()]), op=MPI.MAX, label="summary")[0])

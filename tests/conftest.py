@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pytest
@@ -122,3 +122,35 @@ def host(array: Any) -> np.ndarray:
     import cupy
 
     return cupy.asnumpy(array)
+
+
+def on_devices(cases: Sequence[Any], gpu_cases: Sequence[Any]) -> list[Any]:
+    """Parametrize values ``(case, device)``: every case on "cpu", then ``gpu_cases`` again on
+    "gpu" (marked ``gpu``), for a test that takes ``device`` indirectly (``indirect=["device"]``)
+    and runs on the GPU only the cases where its path differs."""
+    return [*((case, "cpu") for case in cases),
+            *(pytest.param(case, "gpu", marks=pytest.mark.gpu) for case in gpu_cases)]
+
+
+def use_device(comm: Any, device: str) -> Any:
+    """``comm`` with the backend of ``device`` ("gpu": this rank's GPU by its node-local rank,
+    selected as train() selects it), so Comm accepts that device's buffers."""
+    if device == "gpu":
+        from hpcopt.backend import get_backend
+        from hpcopt.comm import node_layout
+
+        comm.backend = get_backend("gpu", local_rank=node_layout(comm.mpi)[0])
+    return comm
+
+
+@pytest.fixture
+def gpu_comm(comm):
+    """``comm`` with this rank's GPU backend (skipped where there is no GPU)."""
+    skip_without_gpu()
+    return use_device(comm, "gpu")
+
+
+def data_pointer(array: Any) -> int:
+    """The address of a NumPy or CuPy array's data (to check that a buffer was not reallocated)."""
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return interface["data"][0]

@@ -7,6 +7,7 @@ its own, in the plainest form, from ALGORITHMS.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -17,7 +18,9 @@ from hpcopt.rng import stream
 
 
 def worker_parts(config, workers: int):
-    """The RunParts of every rank 0..N-1, built without MPI (a stand-in comm gives rank/size)."""
+    """The RunParts of every rank 0..N-1, built on the CPU (whatever the config's device) and
+    without MPI (a stand-in comm gives rank/size)."""
+    config = dataclasses.replace(config, run=dataclasses.replace(config.run, device="cpu"))
     return [build_run(config, SimpleNamespace(rank=i, size=workers)) for i in range(workers)]
 
 

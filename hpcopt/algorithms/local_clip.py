@@ -35,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from ..backend import array_module
 from ..comm import Comm
 from ..errors import UserError
 from ..rng import stream
@@ -60,9 +61,11 @@ class LocalClipState:
     step: int = 0              # steps taken (the same on every rank)
     rounds: int = 0            # averaging rounds completed
     steps_in_round: int = 0    # local steps since the last averaging
-    clipped: bool = False      # whether the last step was clipped on this rank
-    clip_count: int = 0        # steps clipped on this rank so far
-    grad_norm: float = math.nan  # the norm the last step's rule used
+    # On the GPU the next three are 0-d device arrays, read (int(), bool(), float()) only when
+    # a trace row, checkpoint or summary needs them: the clipping rule costs no transfer a step.
+    clipped: Any = False       # whether the last step was clipped on this rank
+    clip_count: Any = 0        # steps clipped on this rank so far
+    grad_norm: Any = math.nan  # the norm the last step's rule used
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,17 @@ class _ClippedSGD:
     def clock_ticks(self, total_steps: int) -> int:
         return total_steps
 
-    def step_size(self, t: int, norm: float) -> float:
-        """min(eta_t, gamma_t / (norm + 1e-10)) with gamma_t = gamma * eta_t / eta_0."""
+    def step_size(self, t: int, norm: Any) -> Any:
+        """min(eta_t, gamma_t / (norm + 1e-10)) with gamma_t = gamma * eta_t / eta_0.
+
+        ``norm`` on the host gives a float; a 0-d device array gives a 0-d float64 device array
+        with the same value, without a transfer to the host."""
         lr = self.schedule(t)
-        return min(lr, self.gamma * (lr / self.schedule.lr) / (norm + NORM_EPSILON))
+        gamma_t = self.gamma * (lr / self.schedule.lr)
+        xp = array_module(norm)
+        if xp is np:
+            return min(lr, gamma_t / (float(norm) + NORM_EPSILON))
+        return xp.minimum(lr, gamma_t / (norm.astype(xp.float64) + NORM_EPSILON))
 
     def init(self, x0: Array, comm: Comm) -> LocalClipState:
         """State from x0; x0 is broadcast from rank 0 so every rank starts from the same model."""
@@ -108,17 +118,19 @@ class _ClippedSGD:
         momentum = xp.zeros_like(x0) if self.momentum > 0 else None
         return LocalClipState(x=x0, grad=xp.zeros_like(x0), momentum=momentum)
 
-    def _update(self, state: LocalClipState, norm: float) -> None:
+    def _update(self, state: LocalClipState, norm: Any) -> None:
         """x <- x - min(eta_t, gamma_t / (norm + eps)) d, d from state.grad (overwritten)."""
         if self.weight_decay:
             state.grad += self.weight_decay * state.x
         direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
         lr = self.schedule(state.step)
         step_size = self.step_size(state.step, norm)
-        state.x -= step_size * direction
+        on_host = isinstance(step_size, float)
+        # a device step size enters in x's dtype, as a float does (NumPy's weak scalars)
+        state.x -= (step_size if on_host else step_size.astype(state.x.dtype)) * direction
         state.clipped = step_size < lr
         state.clip_count += state.clipped
-        state.grad_norm = norm
+        state.grad_norm = float(norm) if on_host else norm
         state.step += 1
 
 
@@ -161,9 +173,10 @@ class LocalClip(_ClippedSGD):
         if state.step % self.interval == 0:
             self.average(state, comm)
         loss = oracle(state.x, state.grad)
-        norm = float(comm.backend.xp.linalg.norm(state.grad))
+        norm = comm.backend.xp.linalg.norm(state.grad)  # on the GPU: stays there
         if self.norm == "global":
-            norm = math.sqrt(comm.allreduce_scalar(norm * norm, label=CLIP_NORM_LABEL) / comm.size)
+            local = float(norm)
+            norm = math.sqrt(comm.allreduce_scalar(local * local, label=CLIP_NORM_LABEL) / comm.size)
         self._update(state, norm)
         state.steps_in_round += 1
         return loss
@@ -197,6 +210,6 @@ class NaiveParallelClip(_ClippedSGD):
         """Gradient, its average over ranks, one clipped step; returns this rank's loss."""
         loss = oracle(state.x, state.grad)
         comm.average_(state.grad, label=AVERAGE_LABEL)
-        self._update(state, float(comm.backend.xp.linalg.norm(state.grad)))
+        self._update(state, comm.backend.xp.linalg.norm(state.grad))
         state.rounds += 1
         return loss

@@ -77,7 +77,8 @@ class PipelineState:
     z: Array | None = None        # accelerated: z_t
     anchor: Array | None = None   # accelerated: theta_0
     grad_sum: Array | None = None  # accelerated: G_t
-    noise: np.ndarray | None = None  # host scratch for one noise block
+    noise_host: np.ndarray | None = None  # PPRS: where noise is drawn (CPU: d, GPU: K d pinned)
+    noise: Array | None = None    # PPRS on GPU: gamma_t X_k for k < K on the device (K x d)
     box: Box | None = None
     step: int = 0
     alpha: float = 1.0
@@ -96,7 +97,7 @@ def theory_horizon(radius: float, lipschitz: float, dimension: int, eps: float) 
 
 
 def _new_state(x0: Array, comm: Comm, box: Box | None, *, prev: bool = False,
-               accelerated: bool = False, noise: bool = False) -> PipelineState:
+               accelerated: bool = False) -> PipelineState:
     xp = comm.backend.xp
     if box is not None:
         box.project_(x0)
@@ -105,8 +106,7 @@ def _new_state(x0: Array, comm: Comm, box: Box | None, *, prev: bool = False,
         prev=x0.copy() if prev else None,
         z=x0.copy() if accelerated else None,
         anchor=x0.copy() if accelerated else None,
-        grad_sum=xp.zeros_like(x0) if accelerated else None,
-        noise=np.empty(x0.shape[0]) if noise else None, box=box)
+        grad_sum=xp.zeros_like(x0) if accelerated else None, box=box)
 
 
 def _nesterov_step(state: PipelineState, oracle: StagedOracle, lr: float, momentum: float,
@@ -206,18 +206,53 @@ class PPRS:
     def init(self, x0: Array, comm: Comm, box: Box | None = None) -> PipelineState:
         """State from this stage's block x0 (projected onto ``box``); no communication."""
         accelerated = self.outer == "accelerated"
-        return _new_state(x0, comm, box, prev=not accelerated and self.momentum > 0,
-                          accelerated=accelerated, noise=True)
+        state = _new_state(x0, comm, box, prev=not accelerated and self.momentum > 0,
+                           accelerated=accelerated)
+        backend, size = comm.backend, x0.shape[0]
+        if backend.is_gpu:  # all K blocks of an iteration, drawn on the host, copied at once
+            state.noise_host = backend.empty_pinned(self.samples * size, np.float64)
+            state.noise = backend.xp.empty((self.samples, size), np.float64)
+        else:  # one block, drawn and added per sample
+            state.noise_host = np.empty(size)
+        return state
 
     def perturbation(self, state: PipelineState, stage: int, gamma: float, comm: Comm) -> Perturb:
-        """perturb(k, out): out += gamma X_k, X_k = pprs_noise(seed, t, k, stage)."""
-        noise, step, to_device = state.noise, state.step, comm.backend.asarray
+        """perturb(k, out): out += gamma X_k, X_k = pprs_noise(seed, t, k, stage).
 
-        def perturb(k: int, out: Array) -> None:
-            stream(self.seed, NOISE_PURPOSE, step, k, stage).standard_normal(out=noise)
-            out += to_device(np.multiply(noise, gamma, out=noise))
+        On CPU each call draws its block into one scratch vector. On the GPU the first call of
+        an iteration draws all K blocks gamma X_0..X_{K-1} on the host, from the same seeded
+        NumPy streams (so a GPU run sees exactly the CPU run's noise; CuPy's generators would
+        give other numbers), into one page-locked K x d float64 buffer, and copies it to the
+        device in one transfer: one host-to-device copy per iteration instead of K, at the cost
+        of K x d float64 on each stage's device. Later calls only add row k on the device.
+        Either way the noise stays float64 until it is added and is drawn inside the pipeline's
+        forward passes (the stage's busy time).
+        """
+        step, host = state.step, state.noise_host
 
-        return perturb
+        def draw(k: int, out: np.ndarray) -> None:
+            stream(self.seed, NOISE_PURPOSE, step, k, stage).standard_normal(out=out)
+
+        if not comm.backend.is_gpu:
+            def perturb(k: int, out: Array) -> None:
+                draw(k, host)
+                out += np.multiply(host, gamma, out=host)
+
+            return perturb
+        blocks = host.reshape(self.samples, -1)
+        drawn = False
+
+        def perturb_on_device(k: int, out: Array) -> None:
+            nonlocal drawn
+            if not drawn:
+                for j in range(self.samples):
+                    draw(j, blocks[j])
+                np.multiply(blocks, gamma, out=blocks)
+                comm.backend.copy_from_host_(state.noise, host)
+                drawn = True
+            out += state.noise[k]
+
+        return perturb_on_device
 
     def step(self, state: PipelineState, oracle: StagedOracle, comm: Comm) -> float:
         """One iteration (K pipelined samples); the mean loss on the last stage, else 0.0."""

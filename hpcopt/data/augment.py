@@ -61,4 +61,6 @@ class Augmentation:
     def __call__(self, images: Array, epoch: int, batch: int) -> Array:
         if images.ndim != 4:
             raise ValueError(f"augmentation needs NCHW images, got shape {images.shape}")
-        return crop_flip(images, *self.draws(images.shape[0], epoch, batch), self.pad)
+        draws = np.stack(self.draws(images.shape[0], epoch, batch))  # (3, n) int64
+        top, left, flip = array_module(images).asarray(draws)  # one host-to-device copy
+        return crop_flip(images, top, left, flip, self.pad)

@@ -8,10 +8,14 @@ with exactly the batches the uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 from hpcopt.errors import UserError
 from hpcopt.rng import stream
+
+Array = Any
 
 
 class MinibatchSampler:
@@ -43,6 +47,8 @@ class MinibatchSampler:
         self.position = 0
         self._order_epoch = -1
         self._order = shard[:0]
+        self._placed_epoch = -1
+        self._placed_order: Array = None
 
     def _epoch_order(self) -> np.ndarray:
         """The current epoch's visiting order, drawn once per epoch."""
@@ -54,8 +60,21 @@ class MinibatchSampler:
 
     def next_batch(self) -> np.ndarray:
         """The next ``batch_size`` global sample indices (a fresh int64 array)."""
+        return self._advance(self._epoch_order()).copy()
+
+    def next_batch_placed(self, place: Callable[[np.ndarray], Array]) -> Array:
+        """The same batch as ``next_batch``, as a read-only slice of ``place(epoch order)``:
+        with ``place`` a copy to the GPU, one host-to-device copy per epoch instead of one per
+        step."""
+        if self._placed_epoch != self.epoch:
+            self._placed_order = place(self._epoch_order())
+            self._placed_epoch = self.epoch
+        return self._advance(self._placed_order)
+
+    def _advance(self, order: Array) -> Array:
+        """The current batch's slice of ``order``; moves the position on by one batch."""
         start = self.position * self.batch_size
-        batch = self._epoch_order()[start : start + self.batch_size].copy()
+        batch = order[start : start + self.batch_size]
         self.position += 1
         if self.position == self.batches_per_epoch:
             self.epoch += 1

@@ -421,8 +421,8 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: Loc
     all_ints, all_window = comm.gather(ints, LABEL), comm.gather(window, LABEL)
     all_clipping = None
     if hasattr(state, "clip_count"):  # a clipping algorithm's counters (LocalClipState)
-        all_clipping = comm.gather(np.array([state.clip_count, float(state.clipped),
-                                             state.grad_norm], dtype=np.float64), LABEL)
+        all_clipping = comm.gather(np.array([int(state.clip_count), float(state.clipped),
+                                             float(state.grad_norm)], dtype=np.float64), LABEL)
     vectors = {"x": state.x, "momentum": state.momentum, "hidden": hidden, "buffers": buffers}
     names = [n for n, keep in (("x", state.steps_in_round > 0), ("momentum", state.momentum is not None),
                                ("hidden", hidden is not None), ("buffers", buffers is not None))

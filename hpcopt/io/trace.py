@@ -145,17 +145,20 @@ class Window:
         self.clips += clipped
 
     def fold(self) -> np.ndarray:
-        """Fold the kept losses into the sum (one device-to-host copy); ``[loss_sum, steps]``
-        (and ``clips`` when clipping)."""
-        if self.losses:
-            if self.backend.is_gpu:
-                values = self.backend.to_host(self.backend.xp.stack(self.losses)).astype(np.float64)
-            else:  # np.stack of 0-d arrays costs ~2 us each; conversion to float64 is exact
-                values = np.array(self.losses, dtype=np.float64)
-            for value in values.tolist():
-                self.loss_sum += value
-            self.steps += len(self.losses)
-            self.losses.clear()
+        """Fold the kept losses into the sum; ``[loss_sum, steps]`` (and ``clips`` when
+        clipping). On the GPU the losses, the clip count and ||g||^2 come over in one copy."""
+        kept = len(self.losses)
+        pending = [*self.losses, self.clips]
+        if self._grad_sq is not None:
+            pending.append(self._grad_sq)
+        values = self.backend.floats_to_host(pending)
+        for value in values[:kept]:
+            self.loss_sum += value
+        self.steps += kept
+        self.losses.clear()
+        self.clips = int(values[kept])
+        if self._grad_sq is not None:
+            self._grad_sq = values[-1]
         extra = [self.clips] if self.clipping else []
         return np.array([self.loss_sum, self.steps, *extra], dtype=np.float64)
 
@@ -168,7 +171,7 @@ class Window:
         """End the window: start its reduction over ranks (collective) for ``row``."""
         self.fold()
         mean = self.loss_sum / self.steps if self.steps else math.nan
-        norm = math.sqrt(float(self._grad_sq)) if self._grad_sq is not None else math.nan
+        norm = math.sqrt(self._grad_sq) if self._grad_sq is not None else math.nan
         values = [mean, norm, 1.0 if stop else 0.0]
         if self.clipping:  # clipped steps and steps: the fraction over all ranks is their ratio
             values += [float(self.clips), float(self.steps)]

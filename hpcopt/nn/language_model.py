@@ -53,7 +53,8 @@ class LSTMLanguageModel:
             entries.append(("decoder.weight", (sizes[-1], vocab)))
         entries.append(("decoder.bias", (vocab,)))
         self.layout = ParamLayout.from_items(entries)
-        self._bound: tuple[int, int] | None = None
+        # the arrays last bound, held so their ids cannot be reused by new arrays meanwhile
+        self._bound: tuple[Array, Array] | None = None
 
     def init(self, params: Array, rng: np.random.Generator) -> None:
         """Embedding and (untied) decoder uniform(-0.1, 0.1), decoder bias 0, LSTMs as PyTorch."""
@@ -75,8 +76,7 @@ class LSTMLanguageModel:
 
     def bind(self, params: Array, grads: Array) -> None:
         """Point every layer at views of ``params`` and ``grads`` (cheap when already bound)."""
-        key = (id(params), id(grads))
-        if self._bound == key:
+        if self._bound is not None and self._bound[0] is params and self._bound[1] is grads:
             return
         pviews, gviews = self.layout.views(params), self.layout.views(grads)
         self.embedding.bind(self._layer_views(pviews, "embedding"),
@@ -84,7 +84,7 @@ class LSTMLanguageModel:
         for lstm in self.lstms:
             lstm.bind(self._layer_views(pviews, lstm.name), self._layer_views(gviews, lstm.name))
         self.decoder.bind(self._decoder_views(pviews), self._decoder_views(gviews))
-        self._bound = key
+        self._bound = (params, grads)
 
     def initial_state(self, batch: int, xp: Any = np, dtype: Any = np.float64) -> list[State]:
         """Zero (h, c) of every layer for ``batch`` sequences."""

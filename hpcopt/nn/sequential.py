@@ -30,7 +30,8 @@ class Sequential:
         self.layout = ParamLayout.from_items(nested_shapes(self.layers, PARAMS))
         self.buffer_layout = ParamLayout.from_items(nested_shapes(self.layers, BUFFERS))
         self.buffers: Array | None = None
-        self._bound: tuple[int, int] | None = None
+        # the arrays last bound, held so their ids cannot be reused by new arrays meanwhile
+        self._bound: tuple[Array, Array] | None = None
 
     def init(self, params: Array, rng: np.random.Generator) -> None:
         """Initialize the flat parameter vector in place, layer by layer."""
@@ -40,14 +41,13 @@ class Sequential:
 
     def bind(self, params: Array, grads: Array) -> None:
         """Point every layer at views of ``params`` and ``grads`` (cheap when already bound)."""
-        key = (id(params), id(grads))
-        if self._bound == key:
+        if self._bound is not None and self._bound[0] is params and self._bound[1] is grads:
             return
         pviews, gviews = self.layout.views(params), self.layout.views(grads)
         for layer in self.layers:
             shapes = layer.param_shapes()
             layer.bind(child_views(pviews, layer, shapes), child_views(gviews, layer, shapes))
-        self._bound = key
+        self._bound = (params, grads)
 
     def init_buffers(self, buffers: Array) -> None:
         """Fill a flat buffer of ``buffer_layout`` with the initial state (mean 0, variance 1)."""

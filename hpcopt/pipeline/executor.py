@@ -14,6 +14,10 @@ when sample k's backward has finished with it. Sends are never waited on before 
 iteration, so a stage blocks only on a receive, exactly as in ``schedules.simulate`` (the unit
 tests simulate both schedules for every Delta <= 8 and K <= 128: no deadlock). Traffic is counted under ``<label>.activation`` and
 ``<label>.gradient``; the time spent waiting is this stage's idle time (``timing``).
+
+On GPU (``comm.backend``) the block, the slots' buffers, activations and gradients are device
+arrays, ``source`` and ``sink`` must give device arrays, and messages go through
+``Comm.isend``/``Comm.irecv_`` (straight through or staged, hpcopt/staging.py).
 """
 
 from __future__ import annotations
@@ -266,6 +270,15 @@ class Pipeline:
         array = xp.ascontiguousarray(array, dtype=self.params.dtype)
         pending.append((self.comm.isend(array, dest, k + 1, label), array))
 
+    def _mean(self, losses: list[Any]) -> float:
+        """The mean of the samples' losses, added in float64 in sample order where they are (on
+        a device: one copy to the host per iteration, not one per sample)."""
+        xp = self.comm.backend.xp
+        total = xp.asarray(losses[0], dtype=np.float64)
+        for value in losses[1:]:
+            total = total + xp.asarray(value, dtype=np.float64)
+        return float(total) / len(losses)
+
     def _run(self, samples: int, point: Array, grad_out: Array | None,
              perturb: Perturb | None) -> float:
         """One iteration of the schedule (forward only when ``grad_out`` is None)."""
@@ -332,4 +345,4 @@ class Pipeline:
         self.timing.busy += elapsed - idle
         self.timing.iterations += 1
         self.timing.samples += samples
-        return float(sum(float(v) for v in losses)) / samples if self.last else 0.0
+        return self._mean(losses) if self.last else 0.0

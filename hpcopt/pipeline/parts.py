@@ -7,6 +7,7 @@ stage. Everything here is deterministic in the config: every rank builds the sam
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -30,18 +31,20 @@ L1_BLOCKS, L1_BLOCK_DIM, L1_ROWS = 8, 4, 64
 Algorithm = PPRS | PipelinedAGD
 
 
-def build_problem(config: Config, architecture_only: bool = False) -> StagedProblem:
-    """The configured problem. ``architecture_only``: the same layers with untrained
+def build_problem(config: Config, architecture_only: bool = False,
+                  xp: ModuleType = np) -> StagedProblem:
+    """The configured problem, its data in ``xp`` (the run's array module; the attacked
+    classifier trains on the host). ``architecture_only``: the same layers with untrained
     parameters (for planning stages before any costly work)."""
     data, dtype, seed = config.data, np.dtype(config.run.dtype), config.run.seed
     if data.problem == "l1_chain":
-        return l1_chain(L1_BLOCKS, L1_BLOCK_DIM, L1_ROWS, seed=seed, dtype=dtype)
+        return l1_chain(L1_BLOCKS, L1_BLOCK_DIM, L1_ROWS, seed=seed, dtype=dtype, xp=xp)
     dataset = load_dataset(data.dataset, data.path or None, data.test_fraction, seed)
     if data.problem == "few_shot":
         if data.shots > int(np.bincount(dataset.y_train).min()):
             raise UserError(f"shots {data.shots} is more than the smallest class of "
                             f"{data.dataset} holds")
-        return few_shot(dataset, data.shots, config.model.hidden, seed=seed, dtype=dtype)
+        return few_shot(dataset, data.shots, config.model.hidden, seed=seed, dtype=dtype, xp=xp)
     _, x_test = scaled_features(dataset)
     if architecture_only:
         from ..nn import mlp
@@ -55,7 +58,7 @@ def build_problem(config: Config, architecture_only: bool = False) -> StagedProb
         images, labels = _correctly_classified(model, params, x_test, dataset.y_test, data.images)
     if images.shape[0] < data.images:
         raise UserError(f"the test set has only {images.shape[0]} images, asked for {data.images}")
-    return adversarial_attack(model, params, images, labels, data.eps, dtype=dtype)
+    return adversarial_attack(model, params, images, labels, data.eps, dtype=dtype, xp=xp)
 
 
 def _correctly_classified(model: Sequential, params: np.ndarray, x: np.ndarray, y: np.ndarray,

@@ -5,7 +5,10 @@ dispatches on the algorithm). The data-parallel loop (``hpcopt.train``) averages
 rank; here rank s owns stage s, the only traffic of an iteration is the pipeline's own
 point-to-point messages (label ``<algorithm>.activation`` / ``.gradient``), and every stage
 runs the same update on its block. Iterations are full-batch, so an epoch is one iteration:
-``--steps N`` (else ``--epochs``, rounded up) iterations.
+``--steps N`` (else ``--epochs``, rounded up) iterations. With ``--device gpu`` each stage's
+parameters, optimizer state, activations and gradients are CuPy arrays on the GPU of its
+node-local rank, and the messages between stages go straight through or staged
+(hpcopt/staging.py), as for the data-parallel loop.
 
 At an iteration t (every rank passes the same ones, in order):
 
@@ -37,6 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms.pprs import PipelineState
+from ..backend import CPU
 from ..comm import Comm, agreed, node_layout
 from ..config import Config, check_resume
 from ..errors import UserError
@@ -46,6 +50,7 @@ from ..problems.staged import StagedProblem, setup_stage
 from ..progress import Progress
 from ..threads import ThreadChoice, configure_threads
 from ..runs import StopSignal, open_trace, run_directory
+from ..staging import prepare_gpu
 from . import checkpoint as pipe_ckpt
 from .executor import Pipeline
 from .parts import Algorithm, build_algorithm, build_problem, describe, plan_for, samples_per_iteration
@@ -110,8 +115,6 @@ def _build(config: Config, comm: Comm, problem: StagedProblem | None,
            ckpt: pipe_ckpt.PipelineCheckpoint | None) -> _Built:
     """Check the rank count against the stage plan (from the architecture alone), then build
     the problem and the algorithm. No communication: run inside ``agreed``."""
-    if config.run.device != "cpu":
-        raise UserError("pipeline algorithms run on the CPU for now (--device cpu)")
     if getattr(config.run, "network", ""):
         raise UserError("network applies only to data-parallel algorithms")
     total = config.run.steps or math.ceil(config.run.epochs)
@@ -120,9 +123,13 @@ def _build(config: Config, comm: Comm, problem: StagedProblem | None,
         if ckpt.tick >= total:
             raise UserError(f"{ckpt.path} is at iteration {ckpt.tick} of {total}: the run is "
                             "complete (pass --steps N with N larger to train further)")
+    xp = comm.backend.xp
+    if problem is not None and problem.xp is not xp:
+        raise UserError(f"the given problem holds {problem.xp.__name__} arrays, but this run's "
+                        f"device {config.run.device} needs {xp.__name__} arrays")
     architecture = problem or build_problem(config, architecture_only=True)
     plan = plan_for(config, architecture.model, comm.size)
-    problem = problem or build_problem(config)
+    problem = problem or build_problem(config, xp=xp)
     trainable = int(problem.trainable_mask().sum())
     if trainable == 0:
         raise UserError(f"{problem.name} has no trainable parameters")
@@ -136,7 +143,12 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     this stage's final state. ``problem`` skips building it from the config (benchmarks reuse
     one trained classifier); ``resume`` continues from a checkpoint bit for bit."""
     comm = comm or Comm()
-    threads = configure_threads(node_layout(comm.mpi)[1])
+    local_rank, local_size = node_layout(comm.mpi)
+    threads = configure_threads(local_size)
+    if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
+        agreed(lambda: prepare_gpu(comm, local_rank), comm)
+    else:
+        comm.backend = CPU
     ckpt = agreed(lambda: pipe_ckpt.read(resume, comm.size), comm) if resume else None
     built = agreed(lambda: _build(config, comm, problem, ckpt), comm)
     algo_cfg, dtype = config.algorithm, np.dtype(config.run.dtype)
@@ -161,9 +173,12 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     show = verbose and config.run.progress and comm.rank == 0
     if show:
         resumed = f"\nresuming from {ckpt.path} at iteration {ckpt.tick}" if ckpt else ""
+        gpu = ""
+        if comm.backend.is_gpu and comm.transport is not None:
+            gpu = f"\nrank 0 on GPU {comm.backend.device}; MPI: {comm.transport.choice.describe()}"
         print(f"hpcopt train: {label} on {describe(config, prob, built.plan)}, "
               f"{config.run.dtype}, {built.total} iterations, {threads.describe()}\n"
-              f"run directory {out or 'none'}{resumed}", flush=True)
+              f"run directory {out or 'none'}{resumed}{gpu}", flush=True)
     try:
         with StopSignal(out is not None) as stop_signal:
             summary = loop.run(ckpt, stop_signal, threads, show)
@@ -268,7 +283,7 @@ class _Loop:
         """Collective (label "trace"): reduce the window over stages, write a trace row."""
         comm, timing = self.comm, self.pipe.timing
         sends = self._sends()
-        grad_sq = float(np.dot(self.state.grad, self.state.grad))
+        grad_sq = float(comm.backend.xp.dot(self.state.grad, self.state.grad))
         mine = np.array([self.loss_sum, self.loss_max, self.iterations, grad_sq, timing.busy,
                          timing.idle, timing.samples, sends - self.sends_base, float(stop),
                          evaluation if math.isfinite(evaluation) else 0.0])

@@ -9,6 +9,7 @@ floored at -kappa) subject to ||delta||_inf <= eps and images + delta in [0, 1].
 from __future__ import annotations
 
 import copy
+from types import ModuleType
 from typing import Any, Sequence
 
 import numpy as np
@@ -49,8 +50,9 @@ def train_classifier(dataset: Dataset, hidden: Sequence[int] = (128,), epochs: f
 
 def adversarial_attack(model: Sequential, params: np.ndarray, images: np.ndarray,
                        labels: np.ndarray, eps: float, kappa: float = 1.0,
-                       dtype: Any = np.float64) -> StagedProblem:
-    """Attack ``images`` (n x features, in [0, 1]) against the trained ``model``/``params``."""
+                       dtype: Any = np.float64, xp: ModuleType = np) -> StagedProblem:
+    """Attack ``images`` (n x features, in [0, 1]) against the trained ``model``/``params``
+    (host arrays); the images and labels the stages read go to ``xp``'s device."""
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
     images = np.ascontiguousarray(images, dtype=dtype)
@@ -59,11 +61,12 @@ def adversarial_attack(model: Sequential, params: np.ndarray, images: np.ndarray
     attack = Sequential([AdditivePerturbation(images.shape, name="perturbation"), *frozen])
     n = images.size
     start = np.concatenate([np.zeros(n), params]).astype(dtype)
+    pixels, classes = xp.asarray(images), xp.asarray(labels)
     lower, upper = np.full(start.size, -np.inf), np.full(start.size, np.inf)
     lower[:n] = np.maximum(-eps, -images.ravel())
     upper[:n] = np.minimum(eps, 1 - images.ravel())
     return StagedProblem(
         name="attack", model=attack, params=start, input_shape=images.shape,
-        source=lambda k: images, sink=lambda k, logits: attack_margin(logits, labels, kappa),
+        source=lambda k: pixels, sink=lambda k, logits: attack_margin(logits, classes, kappa),
         frozen=frozenset(layer.name for layer in frozen if layer.param_shapes()),
-        lower=lower, upper=upper, extras={"labels": labels, "eps": eps})
+        lower=lower, upper=upper, extras={"labels": labels, "eps": eps}, xp=xp)

@@ -39,7 +39,7 @@ class ClassificationProblem:
 
     def oracle(self, params: Array, grads: Array) -> Array:
         key = (self.sampler.epoch, self.sampler.position) if self.augment else None
-        idx = self.backend.asarray(self.sampler.next_batch())
+        idx = self.sampler.next_batch_placed(self.backend.asarray)
         self.model.bind(params, grads)
         inputs = self.features[idx]
         if self.augment:
@@ -63,13 +63,17 @@ class ClassificationProblem:
         training_buffers = self.model.buffers
         if buffers is not None:
             self.model.bind_buffers(buffers)
-        totals = np.zeros(3)
+        chunks, values = [], []  # values: each chunk's loss and correct count, read at once
         for start in range(lo, hi, chunk):
             stop = min(hi, start + chunk)
             logits = self.model.forward(features[start:stop], train=False)
             loss, _ = softmax_cross_entropy(logits, labels[start:stop])
-            correct = (logits.argmax(axis=1) == labels[start:stop]).sum()
-            totals += (float(loss) * (stop - start), float(correct), stop - start)
+            values += (loss, (logits.argmax(axis=1) == labels[start:stop]).sum())
+            chunks.append(stop - start)
+        totals = np.zeros(3)
+        values = self.backend.floats_to_host(values)
+        for count, loss, correct in zip(chunks, values[::2], values[1::2]):
+            totals += (loss * count, correct, count)
         if buffers is not None and training_buffers is not None:
             self.model.bind_buffers(training_buffers)
         comm.allreduce_host_(totals, label="eval")

@@ -11,10 +11,12 @@ last stage's sink takes the mean absolute value. f is L-Lipschitz with L = mean_
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from ..backend import array_module
 from ..nn import Layer, Sequential
 from ..rng import stream
 from .staged import StagedProblem
@@ -23,9 +25,10 @@ Array = Any
 
 
 class ResidualAffine(Layer):
-    """y = x + A theta added to every row of x; A (m x d_i) is fixed data, theta the parameter."""
+    """y = x + A theta added to every row of x; A (m x d_i) is fixed data (on the parameters'
+    device), theta the parameter."""
 
-    def __init__(self, matrix: np.ndarray, name: str) -> None:
+    def __init__(self, matrix: Array, name: str) -> None:
         self.matrix, self.name = matrix, name
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
@@ -43,8 +46,9 @@ class ResidualAffine(Layer):
 
 
 def l1_chain(blocks: int = 4, block_dim: int = 3, rows: int = 24, seed: int = 0,
-             dtype: Any = np.float64) -> StagedProblem:
-    """(1/m)||A theta - b||_1 over ``blocks`` layers of ``block_dim`` parameters; theta_0 = 0."""
+             dtype: Any = np.float64, xp: ModuleType = np) -> StagedProblem:
+    """(1/m)||A theta - b||_1 over ``blocks`` layers of ``block_dim`` parameters; theta_0 = 0.
+    A and b are drawn on the host and copied to ``xp``'s device."""
     if blocks < 1 or block_dim < 1 or rows <= blocks * block_dim:
         raise ValueError(f"need blocks, block_dim >= 1 and rows > blocks * block_dim, got "
                          f"{blocks}, {block_dim}, {rows}")
@@ -53,16 +57,17 @@ def l1_chain(blocks: int = 4, block_dim: int = 3, rows: int = 24, seed: int = 0,
     a = rng.standard_normal((rows, d)).astype(dtype)
     theta_star = rng.standard_normal(d).astype(dtype)
     b = a @ theta_star
-    layers = [ResidualAffine(a[:, i * block_dim:(i + 1) * block_dim].copy(), name=f"block{i}")
+    layers = [ResidualAffine(xp.array(a[:, i * block_dim:(i + 1) * block_dim]), name=f"block{i}")
               for i in range(blocks)]
-    start = -b[None, :]
+    start = xp.asarray(-b[None, :])
 
     def sink(k: int, residual: Array) -> tuple[Array, Array]:
-        return np.abs(residual).mean(), np.sign(residual) / residual.size
+        xp = array_module(residual)
+        return xp.abs(residual).mean(), xp.sign(residual) / residual.size
 
     return StagedProblem(
         name="l1_chain", model=Sequential(layers), params=np.zeros(d, dtype=dtype),
         input_shape=start.shape, source=lambda k: start, sink=sink, f_star=0.0,
         radius=float(np.linalg.norm(theta_star)),
         lipschitz=float(np.linalg.norm(a, axis=1).mean()),
-        extras={"theta_star": theta_star})
+        extras={"theta_star": theta_star}, xp=xp)

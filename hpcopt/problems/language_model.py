@@ -59,11 +59,15 @@ class LanguageModelProblem:
         """
         sampler = BpttSampler(streams, bptt)
         state = self._zero_state(sampler.batch_size)
-        totals = np.zeros(2)
+        losses, sizes = [], []
         for _ in range(sampler.windows_per_epoch):
             inputs, targets = sampler.next_window()
             loss, state = self.model.loss(params, scratch_grads, inputs, targets, state)
-            totals += (float(loss) * targets.size, targets.size)
+            losses.append(loss)
+            sizes.append(targets.size)
+        totals = np.zeros(2)
+        for loss, size in zip(self.backend.floats_to_host(losses), sizes):
+            totals += (loss * size, size)
         comm.allreduce_host_(totals, label="eval")
         mean = totals[0] / totals[1]
         return LMEvaluation(loss=mean, perplexity=math.exp(min(mean, 700.0)),

@@ -9,8 +9,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hpcopt.backend import get_backend
-from hpcopt.comm import node_layout
 from hpcopt.config import build_config
 from hpcopt.mpi_support import cuda_aware_mpi
 from hpcopt.staging import DeviceTransport, PathChoice, choose_path, env_flag
@@ -29,12 +27,6 @@ def straight_through_or_skip() -> None:
     choice = choose_path(query, why, env_flag("HPCOPT_GPU_AWARE_MPI"))
     if choice.staged:
         pytest.skip(f"this MPI is not known to be CUDA-aware ({choice.why})")
-
-
-@pytest.fixture
-def gpu_comm(comm, cupy):
-    comm.backend = get_backend("gpu", local_rank=node_layout(comm.mpi)[0])
-    return comm
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@
 
 A mid-round evaluation of the averaged model uses the statistics the policy would leave (and
 leaves the training statistics alone); the policy is recorded in the trace and the checkpoint,
-and a resume may not change it.
+and a resume may not change it. On CPU, and on the GPU (compared on host copies).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from hpcopt.errors import UserError
 from hpcopt.io.checkpoint import read_checkpoint
 from hpcopt.io.trace import read_trace
 from hpcopt.train import evaluate_average
-
+from tests.conftest import host, use_device
 from tests.runs import fresh_train
+
 pytestmark = pytest.mark.mpi
 
 POLICIES = ("local", "average", "rank0")
@@ -35,40 +36,43 @@ def bn_config(policy: str, **overrides):
 
 
 def what_the_policy_leaves(buffers: np.ndarray, policy: str, comm) -> np.ndarray:
-    """The statistics after ``policy``, computed from every rank's buffer (not via sync_buffers)."""
-    everyone = np.stack(comm.mpi.allgather(buffers))
-    return {"local": buffers, "average": everyone.mean(axis=0), "rank0": everyone[0]}[policy].copy()
+    """The statistics after ``policy``, computed from every rank's buffer (host copies, not via
+    sync_buffers)."""
+    everyone = np.stack(comm.mpi.allgather(host(buffers)))
+    leaves = {"local": host(buffers), "average": everyone.mean(axis=0), "rank0": everyone[0]}
+    return leaves[policy].copy()
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_mid_round_evaluation_uses_the_policys_statistics(comm, policy):
-    parts = build_run(bn_config(policy), comm)
+def test_mid_round_evaluation_uses_the_policys_statistics(comm, policy, device):
+    parts = build_run(bn_config(policy, device=device), use_device(comm, device))
     state = parts.algorithm.init(parts.x0, comm, buffers=parts.buffers)
     for _ in range(2):  # half a round: the ranks' parameters and statistics differ
         parts.algorithm.step(state, parts.problem.oracle, comm)
     assert state.steps_in_round == 2
     x, buffers = state.x.copy(), state.buffers.copy()
+    xp = parts.backend.xp
 
-    got = evaluate_average(parts, state, np.empty_like(state.x), comm)
+    got = evaluate_average(parts, state, xp.empty_like(state.x), comm)
 
-    np.testing.assert_array_equal(state.x, x)  # training state untouched
-    np.testing.assert_array_equal(state.buffers, buffers)
+    np.testing.assert_array_equal(host(state.x), host(x))  # training state untouched
+    np.testing.assert_array_equal(host(state.buffers), host(buffers))
     assert parts.model.buffers is state.buffers
-    average = np.stack(comm.mpi.allgather(x)).mean(axis=0)
-    expected = parts.evaluate(average, np.empty_like(x), comm,
-                              buffers=what_the_policy_leaves(buffers, policy, comm))
+    average = xp.asarray(np.stack(comm.mpi.allgather(host(x))).mean(axis=0))
+    expected = parts.evaluate(average, xp.empty_like(x), comm,
+                              buffers=xp.asarray(what_the_policy_leaves(buffers, policy, comm)))
     assert got.accuracy == expected.accuracy
     assert got.loss == pytest.approx(expected.loss, rel=1e-12)
-    own = parts.evaluate(average, np.empty_like(x), comm, buffers=buffers.copy())
+    own = parts.evaluate(average, xp.empty_like(x), comm, buffers=buffers.copy())
     if policy != "local" and comm.size > 1:  # the ranks' own statistics would give another loss
         assert own.loss != pytest.approx(got.loss, rel=1e-12)
 
 
-def test_policy_is_recorded_in_trace_and_checkpoint(comm, shared_dir):
+def test_policy_is_recorded_in_trace_and_checkpoint(comm, shared_dir, device):
     out = shared_dir / "run"
-    _, state = fresh_train(bn_config("rank0", steps="6", out=str(out)))
+    _, state = fresh_train(bn_config("rank0", steps="6", out=str(out), device=device))
     # the run ended mid-round: the final average applied rank0 to every rank's statistics
-    everyone = np.stack(comm.mpi.allgather(state.buffers))
+    everyone = np.stack(comm.mpi.allgather(host(state.buffers)))
     assert (everyone == everyone[0]).all()
     if comm.rank == 0:
         assert read_trace(out / "trace.h5").config.algorithm.buffer_policy == "rank0"
@@ -77,4 +81,4 @@ def test_policy_is_recorded_in_trace_and_checkpoint(comm, shared_dir):
         assert ckpt.rows["buffers"].shape == (comm.size, state.buffers.size)
     comm.mpi.Barrier()
     with pytest.raises(UserError, match="cannot change buffer_policy"):
-        fresh_train(bn_config("average", steps="8", out=str(out)), resume=out)
+        fresh_train(bn_config("average", steps="8", out=str(out), device=device), resume=out)

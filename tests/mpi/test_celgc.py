@@ -2,7 +2,8 @@
 
 The oracle is a small LSTM language model on this rank's streams of a synthetic corpus (hidden
 state carried across windows and reset at each epoch), so the tests go through the same
-problem the real runs use. A serial float64 reference simulates the N workers.
+problem the real runs use. A serial float64 reference simulates the N workers. Tests taking
+``device`` run again with the problem, the model and the state on the GPU (``comm.backend``).
 """
 
 import math
@@ -15,12 +16,13 @@ from threadpoolctl import threadpool_limits
 from hpcopt.algorithms.local_clip import LocalClip, NaiveParallelClip
 from hpcopt.algorithms.local_sgd import LocalSGD
 from hpcopt.algorithms.schedules import Schedule
-from hpcopt.backend import CPU
+from hpcopt.backend import CPU, Backend
 from hpcopt.comm import Comm
 from hpcopt.data.bptt import BpttSampler, rank_streams
 from hpcopt.nn.language_model import LSTMLanguageModel
 from hpcopt.problems.language_model import LanguageModelProblem
 from hpcopt.rng import stream
+from tests.conftest import data_pointer, host, on_devices, use_device
 from tests.reference import celgc_reference, naive_clip_reference
 
 pytestmark = pytest.mark.mpi
@@ -39,12 +41,12 @@ def make_model():
     return LSTMLanguageModel(VOCAB, 6, 7, layers=2, tie=True)
 
 
-def problem(rank, size, dtype=np.float64):
-    """Rank ``rank``'s LM problem: 80 tokens per rank, so every rank wraps an epoch every
-    ceil(25 / 4) = 7 windows and the hidden-state reset is exercised."""
+def problem(rank, size, dtype=np.float64, backend: Backend = CPU):
+    """Rank ``rank``'s LM problem on ``backend``: 80 tokens per rank, so every rank wraps an
+    epoch every ceil(25 / 4) = 7 windows and the hidden-state reset is exercised."""
     tokens = stream(11, "corpus").integers(0, VOCAB, size=80 * size)
-    sampler = BpttSampler(rank_streams(tokens, BATCH, rank, size), BPTT, rank)
-    return LanguageModelProblem(make_model(), sampler, CPU, dtype)
+    sampler = BpttSampler(backend.asarray(rank_streams(tokens, BATCH, rank, size)), BPTT, rank)
+    return LanguageModelProblem(make_model(), sampler, backend, dtype)
 
 
 def x0():
@@ -55,8 +57,9 @@ def x0():
 
 
 def run(algorithm, comm, steps, dtype=np.float64):
-    prob = problem(comm.rank, comm.size, dtype)
-    state = algorithm.init(x0().astype(dtype), comm)
+    """``steps`` steps of ``algorithm`` on this rank's problem, on the device of ``comm.backend``."""
+    prob = problem(comm.rank, comm.size, dtype, comm.backend)
+    state = algorithm.init(comm.backend.asarray(x0(), dtype), comm)
     losses = [float(algorithm.step(state, prob.oracle, comm)) for _ in range(steps)]
     return state, losses
 
@@ -73,29 +76,35 @@ LOCAL_THRESHOLD, AVERAGE_THRESHOLD = 0.3, 0.22
 
 # -- gamma = inf is PR-SGD --------------------------------------------------------------------
 
-@pytest.mark.parametrize("steps, interval, options", [
+GAMMA_INF_CASES = [
     (13, 4, {}),
     (12, 4, {}),
     (9, 1, {}),
     (13, 3, {"momentum": 0.9}),
     (11, 5, {"momentum": 0.5, "nesterov": True, "momentum_policy": "average"}),
-])
-def test_gamma_inf_is_prsgd_bit_for_bit(comm, steps, interval, options):
+]
+
+
+@pytest.mark.parametrize("case, device", on_devices(GAMMA_INF_CASES, GAMMA_INF_CASES[3:]),
+                         indirect=["device"])
+def test_gamma_inf_is_prsgd_bit_for_bit(comm, case, device):
     """CELGC averages before step t when t % I == 0, PR-SGD after step t when (t+1) % I == 0:
     the same points. The boundaries differ: CELGC's extra average of the common x0 at t = 0 is
     exactly a no-op (x0 is on a coarse grid), and CELGC ends with the local steps since the last
     multiple of I, which the training loop's final average closes, as it does for PR-SGD when I
     does not divide T. After that the two models are identical to the last bit."""
+    steps, interval, options = case
+    use_device(comm, device)
     schedule = Schedule("step", 0.5, decay=0.5, milestones=(5,))
     celgc, _ = run(LocalClip(schedule, math.inf, interval=interval, **options), comm, steps)
     celgc_averages = comm.stats.totals("average").calls
     comm.stats.reset()
     prsgd, _ = run(LocalSGD(schedule, interval=interval, **options), comm, steps)
-    assert celgc.steps_in_round > 0 and celgc.clip_count == 0
+    assert celgc.steps_in_round > 0 and int(celgc.clip_count) == 0
     comm.average_(celgc.x, label="final")
     if prsgd.steps_in_round:
         comm.average_(prsgd.x, label="final")
-    np.testing.assert_array_equal(celgc.x, prsgd.x)
+    np.testing.assert_array_equal(host(celgc.x), host(prsgd.x))
     assert celgc_averages == math.ceil(steps / interval) == comm.stats.totals("average").calls \
         + (1 if steps % interval else 0)
 
@@ -116,8 +125,12 @@ CELGC_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CELGC_CASES)
-def test_distributed_celgc_matches_the_serial_reference(comm, case):
+# on the GPU: momentum policies, the global norm (a scalar allreduce per step) and partial
+# participation (non-members' buffers zeroed before the allreduce)
+@pytest.mark.parametrize("case, device", on_devices(CELGC_CASES, CELGC_CASES[3:8]),
+                         indirect=["device"])
+def test_distributed_celgc_matches_the_serial_reference(comm, case, device):
+    use_device(comm, device)
     case = dict(case)
     schedule = case.pop("schedule", Schedule("constant", 0.8))
     gamma = schedule.lr * LOCAL_THRESHOLD
@@ -125,25 +138,25 @@ def test_distributed_celgc_matches_the_serial_reference(comm, case):
     state, _ = run(LocalClip(schedule, gamma, **case), comm, steps)
     models, counts = celgc_reference(x0(), oracles(comm.size), steps, lr=schedule, gamma=gamma,
                                      base_lr=schedule.lr, **case)
-    np.testing.assert_allclose(state.x, models[comm.rank], rtol=1e-10, atol=1e-12)
-    assert state.clip_count == counts[comm.rank]
+    np.testing.assert_allclose(host(state.x), models[comm.rank], rtol=1e-10, atol=1e-12)
+    assert int(state.clip_count) == counts[comm.rank]
     assert 0 < sum(counts) < steps * comm.size
-    assert state.grad_norm > 0 and state.clipped in (True, False)
+    assert float(state.grad_norm) > 0 and int(state.clipped) in (0, 1)
 
 
 @pytest.mark.parametrize("options", [
     {},
     {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-2},
 ])
-def test_naive_baseline_matches_the_serial_reference_on_every_rank(comm, options):
+def test_naive_baseline_matches_the_serial_reference_on_every_rank(comm, device, options):
     schedule = Schedule("constant", 0.8)
     gamma = schedule.lr * AVERAGE_THRESHOLD
-    state, _ = run(NaiveParallelClip(schedule, gamma, **options), comm, 12)
+    state, _ = run(NaiveParallelClip(schedule, gamma, **options), use_device(comm, device), 12)
     expected, count = naive_clip_reference(x0(), oracles(comm.size), 12, schedule, gamma,
                                            schedule.lr, **options)
-    np.testing.assert_allclose(state.x, expected, rtol=1e-10, atol=1e-12)
-    assert state.clip_count == count and 0 < count < 12
-    gathered = comm.mpi.allgather(state.x.copy())
+    np.testing.assert_allclose(host(state.x), expected, rtol=1e-10, atol=1e-12)
+    assert int(state.clip_count) == count and 0 < count < 12
+    gathered = comm.mpi.allgather(host(state.x))
     assert all(np.array_equal(other, gathered[0]) for other in gathered)
 
 
@@ -177,9 +190,10 @@ def test_celgc_sends_ceil_t_over_i_averages_of_d_values_and_nothing_else(comm, s
     assert state.rounds == rounds
 
 
-def test_global_norm_adds_one_scalar_allreduce_per_step(comm):
+def test_global_norm_adds_one_scalar_allreduce_per_step(comm, device):
     steps = 7
-    run(LocalClip(Schedule("constant", 0.1), 1.0, interval=3, norm="global"), comm, steps)
+    run(LocalClip(Schedule("constant", 0.1), 1.0, interval=3, norm="global"),
+        use_device(comm, device), steps)
     assert comm.stats.totals("clip_norm").calls == steps
     assert comm.stats.totals("clip_norm").bytes == steps * 8
     assert comm.stats.totals("average").calls == 3
@@ -192,15 +206,16 @@ def test_naive_baseline_sends_t_allreduces_of_d_values(comm):
     assert rows == [("allreduce", "average", steps, steps * state.x.size * 4)]
 
 
-def test_buffers_are_never_reallocated(comm):
+def test_buffers_are_never_reallocated(comm, device):
     algorithm = LocalClip(Schedule("constant", 0.1), 1.0, interval=2, momentum=0.9,
                           momentum_policy="average", participation=0.5)
-    prob = problem(comm.rank, comm.size)
-    state = algorithm.init(x0(), comm)
-    pointers = [a.ctypes.data for a in (state.x, state.grad, state.momentum)]
+    backend = use_device(comm, device).backend
+    prob = problem(comm.rank, comm.size, backend=backend)
+    state = algorithm.init(backend.asarray(x0()), comm)
+    pointers = [data_pointer(a) for a in (state.x, state.grad, state.momentum)]
     for _ in range(7):
         algorithm.step(state, prob.oracle, comm)
-    assert [a.ctypes.data for a in (state.x, state.grad, state.momentum)] == pointers
+    assert [data_pointer(a) for a in (state.x, state.grad, state.momentum)] == pointers
 
 
 # -- why clip: the LSTM's gradients explode at the paper's step size ----------------------------

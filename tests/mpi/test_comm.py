@@ -5,7 +5,8 @@
 Every test runs the same collectives in the same order on every rank. Data are a pure
 function of (rank, length, dtype), so each rank can build every other rank's input and the
 exact expected result locally. Integer-valued floats make sums exact whatever order MPI adds
-them in, so ``average_`` can be compared bit for bit with "sum, then divide by n".
+them in, so ``average_`` can be compared bit for bit with "sum, then divide by n". Tests taking
+``device`` run again on device (CuPy) buffers, through the path a run would take to MPI.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcopt.comm import ALLREDUCE_SLICE_BYTES, Comm, CommStats, _slices
+from tests.conftest import data_pointer, host, use_device
 from tests.memory import peak_allocation
 
 pytestmark = pytest.mark.mpi
@@ -67,11 +69,12 @@ class CountingComm:
 
 @pytest.fixture
 def sliced():
-    """A Comm factory with small slice sizes; every Comm it made is freed afterwards."""
+    """A Comm factory with small slice sizes, for buffers of ``device``; every Comm it made is
+    freed afterwards."""
     made: list[Comm] = []
 
-    def make(slice_bytes: int) -> Comm:
-        c = Comm(slice_bytes=slice_bytes)
+    def make(slice_bytes: int, device: str = "cpu") -> Comm:
+        c = use_device(Comm(slice_bytes=slice_bytes), device)
         made.append(c)
         return c
 
@@ -99,13 +102,13 @@ def test_slices_cover_the_buffer_once_in_order(n, itemsize, slice_bytes):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("length", [0, 1, 3, 5, 7, 1001, 4099])
-def test_average_is_exact_mean_unsliced(comm, dtype, length):
+def test_average_is_exact_mean_unsliced(comm, device, dtype, length):
     n = comm.size
-    buf = int_data(comm.rank, length, dtype)
+    buf = use_device(comm, device).backend.xp.asarray(int_data(comm.rank, length, dtype))
     out = comm.average_(buf)
     assert out is buf
     assert buf.dtype == dtype
-    np.testing.assert_array_equal(buf, exact_average(length, dtype, n))
+    np.testing.assert_array_equal(host(buf), exact_average(length, dtype, n))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -127,13 +130,14 @@ def test_average_matches_raw_allreduce_then_scale_bitwise(comm, dtype, length):
     (12, 37),      # 3 float32 / 1 float64 per slice
     (4, 9),        # one float32 per slice; below one float64: still one element per slice
 ])
-def test_sliced_average_is_exact_and_issues_every_slice(sliced, dtype, slice_bytes, length):
-    c = sliced(slice_bytes)
+def test_sliced_average_is_exact_and_issues_every_slice(sliced, device, dtype, slice_bytes,
+                                                        length):
+    c = sliced(slice_bytes, device)
     counting = CountingComm(c.mpi)
     c.mpi = counting
-    buf = int_data(c.rank, length, dtype)
+    buf = c.backend.xp.asarray(int_data(c.rank, length, dtype))
     c.average_(buf)
-    np.testing.assert_array_equal(buf, exact_average(length, dtype, c.size))
+    np.testing.assert_array_equal(host(buf), exact_average(length, dtype, c.size))
     step = max(1, slice_bytes // np.dtype(dtype).itemsize)
     assert len(counting.allreduce_lengths) == math.ceil(length / step) > 1
     assert sum(counting.allreduce_lengths) == length
@@ -168,21 +172,21 @@ def test_sliced_average_of_random_data_matches_reference(sliced, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("slice_bytes", [ALLREDUCE_SLICE_BYTES, 256, 12])
-def test_every_rank_ends_with_identical_bits(sliced, dtype, slice_bytes):
-    c = sliced(slice_bytes)
-    buf = random_data(c.rank, 1003, dtype) * (1 + c.rank)  # far from identical before
-    before = digests(c.mpi, buf)
+def test_every_rank_ends_with_identical_bits(sliced, device, dtype, slice_bytes):
+    c = sliced(slice_bytes, device)
+    buf = c.backend.xp.asarray(random_data(c.rank, 1003, dtype) * (1 + c.rank))  # far from identical
+    before = digests(c.mpi, host(buf))
     assert len(set(before)) == c.size
     c.average_(buf)
-    assert len(set(digests(c.mpi, buf))) == 1
+    assert len(set(digests(c.mpi, host(buf)))) == 1
 
 
-def test_allreduce_max_and_sliced_ops(sliced):
-    c = sliced(16)
-    buf = int_data(c.rank, 50, np.float64)
+def test_allreduce_max_and_sliced_ops(sliced, device):
+    c = sliced(16, device)
+    buf = c.backend.xp.asarray(int_data(c.rank, 50, np.float64))
     c.allreduce_(buf, op=MPI.MAX, label="max")
     expected = np.max([int_data(r, 50, np.float64) for r in range(c.size)], axis=0)
-    np.testing.assert_array_equal(buf, expected)
+    np.testing.assert_array_equal(host(buf), expected)
     assert c.stats.counters[("allreduce", "max")].calls == 1
 
 
@@ -201,17 +205,19 @@ def test_average_on_one_rank_leaves_data_untouched():
 # -- no copies, no allocations -----------------------------------------------------------
 
 @pytest.mark.parametrize("slice_bytes", [ALLREDUCE_SLICE_BYTES, 64 << 10])
-def test_average_keeps_pointer_and_allocates_nothing_large(sliced, slice_bytes):
-    c = sliced(slice_bytes)
-    buf = random_data(c.rank, 1 << 20, np.float32)  # 4 MB: 64 slices of 64 KB
-    address = buf.__array_interface__["data"][0]
-    c.average_(buf)  # warm-up: first-call allocations do not count
+def test_average_keeps_pointer_and_allocates_nothing_large(sliced, device, slice_bytes):
+    c = sliced(slice_bytes, device)
+    # 4 MB: 64 slices of 64 KB; past SHM_AVERAGE_MIN_BYTES (the shared-memory path on the host)
+    buf = c.backend.xp.asarray(random_data(c.rank, 1 << 20, np.float32))
+    address = data_pointer(buf)
+    c.average_(buf)  # warm-up: first-call allocations (a staging buffer) do not count
     c.mpi.Barrier()
     out, allocated = peak_allocation(lambda: c.average_(buf))
     assert out is buf
-    assert buf.__array_interface__["data"][0] == address
+    assert data_pointer(buf) == address
     assert buf.flags.c_contiguous and buf.flags.owndata
-    # A temporary copy of the buffer (buf / n, np.concatenate, ...) would be >= 4 MB here.
+    # A temporary host copy of the buffer (buf / n, np.concatenate, a device buffer copied out
+    # without the staging buffer, ...) would be >= 4 MB here.
     assert allocated < buf.nbytes // 100, f"average_ allocated {allocated} bytes"
 
 
@@ -287,12 +293,13 @@ def test_commstats_record_accumulates():
 # -- bcast, scalars, host arrays ---------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_bcast_overwrites_with_roots_copy(comm, dtype):
+def test_bcast_overwrites_with_roots_copy(comm, device, dtype):
+    xp = use_device(comm, device).backend.xp
     for root in sorted({0, comm.size - 1}):
-        buf = random_data(comm.rank, 257, dtype)
+        buf = xp.asarray(random_data(comm.rank, 257, dtype))
         out = comm.bcast_(buf, root=root, label="params")
         assert out is buf
-        np.testing.assert_array_equal(buf, random_data(root, 257, dtype))
+        np.testing.assert_array_equal(host(buf), random_data(root, 257, dtype))
     calls = len({0, comm.size - 1})
     c = comm.stats.counters[("bcast", "params")]
     assert (c.calls, c.bytes) == (calls, calls * buf.nbytes)
@@ -322,13 +329,14 @@ def test_allreduce_host_(comm):
 # -- point to point ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_ring_exchange(comm, dtype):
+def test_ring_exchange(comm, device, dtype):
     n, r = comm.size, comm.rank
     right, left = (r + 1) % n, (r - 1) % n
-    send_a = int_data(r, 31, dtype)
-    send_b = random_data(r, 5, dtype)
-    recv_a = np.full(31, np.nan, dtype=dtype)
-    recv_b = np.full(5, np.nan, dtype=dtype)
+    xp = use_device(comm, device).backend.xp
+    send_a = xp.asarray(int_data(r, 31, dtype))
+    send_b = xp.asarray(random_data(r, 5, dtype))
+    recv_a = xp.full(31, np.nan, dtype=dtype)
+    recv_b = xp.full(5, np.nan, dtype=dtype)
     # Receives posted in the opposite order of the sends: only the tags pair them up.
     requests = [
         comm.irecv_(recv_b, source=left, tag=2, label="ring"),
@@ -338,8 +346,8 @@ def test_ring_exchange(comm, dtype):
     ]
     assert all(isinstance(q, MPI.Request) for q in requests)
     comm.waitall(requests, label="ring")
-    np.testing.assert_array_equal(recv_a, int_data(left, 31, dtype))
-    np.testing.assert_array_equal(recv_b, random_data(left, 5, dtype))
+    np.testing.assert_array_equal(host(recv_a), int_data(left, 31, dtype))
+    np.testing.assert_array_equal(host(recv_b), random_data(left, 5, dtype))
     got = {op: (c.calls, c.bytes) for (op, lab), c in comm.stats.counters.items() if lab == "ring"}
     assert got == {
         "send": (2, send_a.nbytes + send_b.nbytes),

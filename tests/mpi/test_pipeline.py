@@ -1,9 +1,12 @@
-"""The pipeline executor and PPRS under MPI, with Delta = world size stages (1..4 ranks)."""
+"""The pipeline executor and PPRS under MPI, with Delta = world size stages (1..4 ranks); the
+gradient and PPRS tests also on CuPy arrays (the ``xp`` fixture)."""
 
 import numpy as np
 import pytest
 
 from hpcopt.algorithms.pprs import PPRS, PipelinedAGD, pprs_noise
+from hpcopt.backend import get_backend
+from hpcopt.comm import node_layout
 from hpcopt.errors import UserError
 from hpcopt.nn import Sequential, mlp, softmax_cross_entropy
 from hpcopt.nn.perturbation import AdditivePerturbation
@@ -11,15 +14,24 @@ from hpcopt.pipeline import KINDS, Pipeline, StagePlan, ideal_bubble
 from hpcopt.problems.l1_chain import l1_chain
 from hpcopt.problems.staged import StagedProblem, setup_stage
 from hpcopt.rng import stream
+from tests.conftest import host
 
 pytestmark = pytest.mark.mpi
 
 BATCH, FEATURES, CLASSES = 4, 5, 3
+#: Against the NumPy references on a GPU: its BLAS adds in another order than the CPU's.
+GPU_TOLERANCE = dict(rtol=1e-10, atol=1e-12)
 
 
-def tanh_mlp(samples, seed=0, perturbation=False):
-    """A float64 tanh MLP with 4 parameter layers and a different minibatch per sample; with
-    ``perturbation``, a trainable input perturbation first and the MLP frozen."""
+def on_device(comm, xp):
+    """Put ``comm`` on the GPU of its node-local rank when ``xp`` is CuPy."""
+    if xp is not np:
+        comm.backend = get_backend("gpu", local_rank=node_layout(comm.mpi)[0])
+
+
+def tanh_mlp(samples, seed=0, perturbation=False, xp=np):
+    """A float64 tanh MLP with 4 parameter layers and a different minibatch per sample (in
+    ``xp``); with ``perturbation``, a trainable input perturbation first and the MLP frozen."""
     net = mlp(FEATURES, [7, 6, 4], CLASSES, activation="tanh")
     layers = net.layers
     if perturbation:
@@ -29,8 +41,8 @@ def tanh_mlp(samples, seed=0, perturbation=False):
     model.init(params, stream(seed, "init"))
     params += 0.01 * stream(seed, "shift").standard_normal(params.size)  # delta != 0 too
     rng = np.random.default_rng(seed + 1)
-    xs = rng.standard_normal((samples, BATCH, FEATURES))
-    ys = rng.integers(0, CLASSES, (samples, BATCH))
+    xs = xp.asarray(rng.standard_normal((samples, BATCH, FEATURES)))
+    ys = xp.asarray(rng.integers(0, CLASSES, (samples, BATCH)))
     frozen = frozenset({"fc1", "fc2", "fc3", "fc4"}) if perturbation else frozenset()
     return StagedProblem("mlp", model, params, (BATCH, FEATURES), lambda k: xs[k],
                          lambda k, out: softmax_cross_entropy(out, ys[k]), frozen=frozen)
@@ -52,15 +64,18 @@ def serial_mean_gradient(problem, params, samples):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("samples", [1, 3, 8])
 @pytest.mark.parametrize("frozen", [False, True])
-def test_pipelined_gradient_equals_single_process_gradient(comm, kind, samples, frozen):
-    problem = tanh_mlp(samples, perturbation=frozen)
+def test_pipelined_gradient_equals_single_process_gradient(comm, xp, kind, samples, frozen):
+    on_device(comm, xp)
+    problem = tanh_mlp(samples, perturbation=frozen, xp=xp)
     setup = setup_stage(problem, comm, kind=kind)
     pipe = setup.pipeline
-    grad = np.zeros(pipe.trainable_size)
+    grad = xp.zeros(pipe.trainable_size)
     loss = pipe.gradient(setup.x0, grad, samples)
-    want_loss, want = serial_mean_gradient(problem, problem.params, samples)
+    reference = tanh_mlp(samples, perturbation=frozen)
+    want_loss, want = serial_mean_gradient(reference, reference.params, samples)
     mine = pipe.global_trainable
-    np.testing.assert_allclose(grad, want[mine], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(host(grad), want[mine], **(dict(rtol=1e-12, atol=1e-15)
+                                                          if xp is np else GPU_TOLERANCE))
     assert comm.allreduce_scalar(loss, label="test") == pytest.approx(want_loss, rel=1e-12)
     trainable = comm.allreduce_scalar(pipe.trainable_size, label="test")
     assert trainable == problem.trainable_mask().sum()
@@ -124,12 +139,14 @@ def test_pprs_with_gamma_zero_and_one_sample_equals_pipelined_agd(comm):
 
 
 @pytest.mark.parametrize("outer", ["nesterov", "accelerated"])
-def test_pprs_equals_serial_reference_with_noise_rebuilt_from_its_keys(comm, outer):
+def test_pprs_equals_serial_reference_with_noise_rebuilt_from_its_keys(comm, xp, outer):
+    """The pipelined run (NumPy or CuPy) against a serial NumPy reference."""
+    on_device(comm, xp)
     problem = l1_chain(blocks=4, block_dim=3, rows=20, seed=4)
     samples, steps, seed, d = 3, 6, 9, problem.params.size
     algo = PPRS(samples=samples, outer=outer, lr=0.05, momentum=0.5, gamma=0.3, seed=seed,
                 radius=problem.radius, lipschitz=problem.lipschitz, dimension=d)
-    setup = setup_stage(problem, comm)
+    setup = setup_stage(l1_chain(blocks=4, block_dim=3, rows=20, seed=4, xp=xp), comm)
     state = algo.init(setup.x0, comm)
     for _ in range(steps):
         algo.step(state, setup.pipeline.gradient, comm)
@@ -158,7 +175,9 @@ def test_pprs_equals_serial_reference_with_noise_rebuilt_from_its_keys(comm, out
             z = problem.params - algo.eta(t + 1, a_next) * gsum
             x = (1 - a) * x + a * z
             a = a_next
-    np.testing.assert_allclose(state.x, x[setup.pipeline.global_trainable], rtol=1e-11, atol=1e-13)
+    assert isinstance(state.x, xp.ndarray)
+    np.testing.assert_allclose(host(state.x), x[setup.pipeline.global_trainable],
+                               **(dict(rtol=1e-11, atol=1e-13) if xp is np else GPU_TOLERANCE))
 
 
 @pytest.mark.parametrize("outer,samples,steps,reach", [("nesterov", 4, 60, 0.05),

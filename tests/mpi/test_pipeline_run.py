@@ -8,15 +8,13 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcopt.comm import Comm
 from hpcopt.config import build_config
 from hpcopt.errors import UserError
 from hpcopt.io.trace import read_trace
 from hpcopt.pipeline.run import train_pipeline
+from tests.runs import PIPELINE_TIME_COLUMNS, fresh_pipeline
 
 pytestmark = pytest.mark.mpi
-
-TIME_COLUMNS = ("wall", "tau", "modelled_time", "bubble")
 
 
 def config(out, **overrides):
@@ -26,24 +24,16 @@ def config(out, **overrides):
     return build_config(None, base)
 
 
-def fresh_run(cfg, resume=None):
-    """A run on a new Comm, so its counters start from zero as in a new process."""
-    comm = Comm()
-    try:
-        return train_pipeline(cfg, comm, verbose=False, resume=resume)
-    finally:
-        comm.free()
-
 
 @pytest.mark.parametrize("overrides", [{"samples": 3, "smoothing": 0.05},
                                        {"samples": 3, "smoothing": 0.05, "outer": "accelerated"},
                                        {"algorithm": "pipelined_agd", "pipeline": "1f1b"}])
 def test_resume_continues_bitwise_like_an_uninterrupted_run(comm, shared_dir, overrides):
     whole, half = shared_dir / "whole", shared_dir / "half"
-    _, want = fresh_run(config(whole, steps=10, **overrides))
-    first, _ = fresh_run(config(half, steps=5, **overrides))
+    _, want = fresh_pipeline(config(whole, steps=10, **overrides))
+    first, _ = fresh_pipeline(config(half, steps=5, **overrides))
     assert first.checkpoint.endswith("step-000000005.h5")
-    summary, got = fresh_run(config("", steps=10, **overrides), resume=half)
+    summary, got = fresh_pipeline(config("", steps=10, **overrides), resume=half)
     for name in ("x", "prev", "z", "anchor", "grad_sum"):
         if getattr(want, name) is not None:
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
@@ -53,7 +43,7 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(comm, shared_dir, ov
         a, b = read_trace(whole / "trace.h5"), read_trace(half / "trace.h5")
         assert a.rows == b.rows == 4  # rows at 3, 6, 9 and the partial window at 10
         for name, column in a.columns.items():
-            if name not in TIME_COLUMNS and not name.startswith(("busy_", "idle_")):
+            if name not in PIPELINE_TIME_COLUMNS and not name.startswith(("busy_", "idle_")):
                 np.testing.assert_array_equal(column, b.columns[name], err_msg=name)
         with h5py.File(whole / "checkpoints/step-000000010.h5") as f, \
                 h5py.File(half / "checkpoints/step-000000010.h5") as g:
@@ -105,12 +95,12 @@ def test_sigterm_on_one_stage_stops_every_stage_with_a_checkpoint(comm, shared_d
         return original(self, *args, **kwargs)
 
     options = dict(samples=3, smoothing=0.05, steps=10)
-    _, want = fresh_run(config(shared_dir / "whole", **options))
+    _, want = fresh_pipeline(config(shared_dir / "whole", **options))
     monkeypatch.setattr(Pipeline, "gradient", gradient)
-    summary, _ = fresh_run(config(shared_dir / "part", **options))
+    summary, _ = fresh_pipeline(config(shared_dir / "part", **options))
     monkeypatch.undo()
     assert summary.stopped and summary.final_loss is None and summary.steps == 6
     assert summary.checkpoint.endswith("step-000000006.h5")
-    _, got = fresh_run(config(shared_dir / "part", **options), resume=shared_dir / "part")
+    _, got = fresh_pipeline(config(shared_dir / "part", **options), resume=shared_dir / "part")
     np.testing.assert_array_equal(got.x, want.x)
     np.testing.assert_array_equal(got.prev, want.prev)

@@ -1,4 +1,5 @@
-"""PR-SGD under MPI at any world size: exact agreement with the serial float64 reference."""
+"""PR-SGD under MPI at any world size: exact agreement with the serial float64 reference, on
+CPU and (tests taking ``device``) on the GPU, whose results are compared on host copies."""
 
 import numpy as np
 import pytest
@@ -6,6 +7,7 @@ import pytest
 from hpcopt.build import build_run
 from hpcopt.config import build_config
 from hpcopt.train import train
+from tests.conftest import data_pointer, host, on_devices, use_device
 from tests.reference import minibatch_sgd_reference, prsgd_reference
 
 pytestmark = pytest.mark.mpi
@@ -18,7 +20,7 @@ def small_config(**overrides):
     return build_config(None, base)
 
 
-@pytest.mark.parametrize("overrides", [
+CASES = [
     {},
     {"interval": 1},
     {"interval": 5, "schedule": "step", "milestones": "7,15", "decay": 0.5},
@@ -26,12 +28,18 @@ def small_config(**overrides):
     {"momentum": 0.9, "nesterov": "true", "momentum_policy": "average"},
     {"momentum": 0.5, "momentum_policy": "reset", "partition": "block"},
     {"schedule": "sqrt_nt", "lr": 0.5},
-])
-def test_distributed_run_matches_serial_reference(comm, overrides):
-    config = small_config(**overrides)
+]
+
+
+# on the GPU: a step schedule and the momentum policies (keep, reset) that
+# tests/gpu/test_gpu_mpi.py leaves out
+@pytest.mark.parametrize("overrides, device", on_devices(CASES, [CASES[2], CASES[3], CASES[5]]),
+                         indirect=["device"])
+def test_distributed_run_matches_serial_reference(comm, overrides, device):
+    config = small_config(device=device, **overrides)
     _, state = train(config, comm, verbose=False)
     expected = prsgd_reference(config, comm.size)
-    np.testing.assert_allclose(state.x, expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(host(state.x), expected, rtol=1e-10, atol=1e-12)
 
 
 def test_heterogeneous_local_steps_match_reference(comm):
@@ -51,8 +59,9 @@ def test_interval_one_is_parallel_minibatch_sgd(comm):
 
 
 @pytest.mark.parametrize("steps,interval", [(23, 4), (24, 4), (7, 1), (5, 8)])
-def test_averaging_traffic_is_exactly_floor_t_over_i_rounds_of_d_values(comm, steps, interval):
-    config = small_config(steps=steps, interval=interval, dtype="float32")
+def test_averaging_traffic_is_exactly_floor_t_over_i_rounds_of_d_values(comm, device, steps,
+                                                                         interval):
+    config = small_config(steps=steps, interval=interval, dtype="float32", device=device)
     summary, state = train(config, comm, verbose=False)
     rows = [r for r in comm.stats.as_rows() if r[1] == "average"]
     rounds = steps // interval
@@ -64,15 +73,15 @@ def test_averaging_traffic_is_exactly_floor_t_over_i_rounds_of_d_values(comm, st
         assert rows == [("allreduce", "average", rounds, rounds * d * 4, pytest.approx(rows[0][4]))]
 
 
-def test_parameter_buffer_is_never_reallocated(comm):
-    config = small_config(momentum=0.9, momentum_policy="average")
-    parts = build_run(config, comm)
+def test_parameter_buffer_is_never_reallocated(comm, device):
+    config = small_config(momentum=0.9, momentum_policy="average", device=device)
+    parts = build_run(config, use_device(comm, device))
     state = parts.algorithm.init(parts.x0, comm)
-    pointers = (state.x.ctypes.data, state.grad.ctypes.data, state.momentum.ctypes.data)
+    pointers = [data_pointer(a) for a in (state.x, state.grad, state.momentum)]
     for _ in range(parts.local_steps):
         parts.algorithm.step(state, parts.problem.oracle, comm)
     assert state.x is parts.x0
-    assert (state.x.ctypes.data, state.grad.ctypes.data, state.momentum.ctypes.data) == pointers
+    assert [data_pointer(a) for a in (state.x, state.grad, state.momentum)] == pointers
 
 
 def test_every_rank_ends_with_the_same_model_and_learns(comm):

@@ -1,5 +1,6 @@
 """Checkpoint, stop and resume under MPI at any world size: the continued run is bitwise the
-uninterrupted one (parameters, momentum, losses, trace)."""
+uninterrupted one (parameters, momentum, losses, trace), on CPU and for some cases on the GPU
+(the state compared on host copies)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hpcopt.io.checkpoint import read_checkpoint
 from hpcopt.io.digest import verify
 from hpcopt.io.trace import COLUMNS, read_trace
 from hpcopt.problems.classification import ClassificationProblem
+from tests.conftest import host, on_devices
 from tests.mpi.lm_corpus import write_tiny_ptb
 from tests.runs import fresh_train
 
@@ -34,15 +36,16 @@ def config(out, **overrides):
 
 
 def assert_same_run(a_state, b_state, a_dir, b_dir, rank):
-    np.testing.assert_array_equal(a_state.x, b_state.x)
+    np.testing.assert_array_equal(host(a_state.x), host(b_state.x))
     if a_state.momentum is not None:
-        np.testing.assert_array_equal(a_state.momentum, b_state.momentum)
+        np.testing.assert_array_equal(host(a_state.momentum), host(b_state.momentum))
     if getattr(a_state, "buffers", None) is not None:  # batch-norm running statistics
-        np.testing.assert_array_equal(a_state.buffers, b_state.buffers)
+        np.testing.assert_array_equal(host(a_state.buffers), host(b_state.buffers))
     assert (a_state.step, a_state.rounds) == (b_state.step, b_state.rounds)
     if hasattr(a_state, "clip_count"):  # a clipping algorithm's counters survive the resume
-        assert (a_state.clip_count, a_state.clipped) == (b_state.clip_count, b_state.clipped)
-        np.testing.assert_array_equal(a_state.grad_norm, b_state.grad_norm)
+        assert int(a_state.clip_count) == int(b_state.clip_count)
+        assert bool(a_state.clipped) == bool(b_state.clipped)
+        np.testing.assert_array_equal(float(a_state.grad_norm), float(b_state.grad_norm))
     if rank != 0:
         return
     a, b = read_trace(a_dir / "trace.h5"), read_trace(b_dir / "trace.h5")
@@ -64,10 +67,16 @@ def heterogeneous(size):
             "momentum": 0.5}
 
 
-@pytest.mark.parametrize("case", ["momentum", "nesterov-average-eval", "heterogeneous",
-                                  "shared-memory-averaging", "celgc", "lstm", "batchnorm",
-                                  "batchnorm-local"])
-def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_dir, case):
+RESUME_CASES = ["momentum", "nesterov-average-eval", "heterogeneous", "shared-memory-averaging",
+                "celgc", "lstm", "batchnorm", "batchnorm-local"]
+
+
+# on the GPU: device state written and read back, the clipping counters, the LSTM hidden state
+# and batch-norm statistics with evaluation
+@pytest.mark.parametrize("case, device", on_devices(RESUME_CASES, ["momentum", "celgc", "lstm",
+                                                                   "batchnorm"]),
+                         indirect=["device"])
+def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_dir, case, device):
     steps = 10
     extra = {"momentum": {}, "heterogeneous": heterogeneous(comm.size),
              "nesterov-average-eval": {"nesterov": "true", "momentum_policy": "average",
@@ -89,6 +98,7 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
              "batchnorm-local": {"model": "plain_cnn", "hidden": None, "channels": "3",
                                  "batch_norm": "true", "buffer_policy": "local",
                                  "eval_every": 3}}[case]
+    extra["device"] = device
     if case == "lstm" and comm.rank == 0:
         write_tiny_ptb(shared_dir / "ptb")
     comm.mpi.Barrier()
@@ -105,7 +115,7 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
     if case == "lstm":
         assert summary.final.perplexity > 1
     if case.startswith("batchnorm"):
-        everyone = np.stack(comm.mpi.allgather(b.buffers))
+        everyone = np.stack(comm.mpi.allgather(host(b.buffers)))
         same = (everyone == everyone[0]).all()
         assert same if case == "batchnorm" or comm.size == 1 else not same
         if comm.rank == 0:

@@ -1,6 +1,7 @@
 """CELGC and the naive clipping baseline run through ``train()`` (as the command line runs them):
 the same models and clip counts as the serial references in tests/reference.py, and the data
-partitions by label (dirichlet, similarity) through the config."""
+partitions by label (dirichlet, similarity) through the config; on CPU, and on the GPU where
+the device path differs (compared on host copies)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from hpcopt.config import build_config
 from hpcopt.train import train
+from tests.conftest import host, on_devices
 from tests.reference import celgc_reference, naive_clip_reference, worker_parts
 
 pytestmark = pytest.mark.mpi
@@ -27,15 +29,19 @@ def reference_inputs(config, size):
     return parts[0].x0, [p.problem.oracle for p in parts], schedule
 
 
-@pytest.mark.parametrize("overrides", [
+CASES = [
     {},
     {"momentum": 0.9, "nesterov": "true", "weight_decay": 1e-3, "momentum_policy": "average"},
     {"clip_norm": "global", "participation": 0.5, "interval": 3},
     {"partition": "dirichlet", "alpha": 0.3},
     {"partition": "similarity", "similarity": 0.25, "momentum": 0.5},
-])
-def test_celgc_through_train_matches_the_serial_reference(comm, overrides):
-    config = small_config(**overrides)
+]
+
+
+# on the GPU: the update rules (the partitions are made on the host before training)
+@pytest.mark.parametrize("overrides, device", on_devices(CASES, CASES[:3]), indirect=["device"])
+def test_celgc_through_train_matches_the_serial_reference(comm, overrides, device):
+    config = small_config(device=device, **overrides)
     summary, state = train(config, comm, verbose=False)
     algo, steps = config.algorithm, config.run.steps
     x0, oracles, schedule = reference_inputs(config, comm.size)
@@ -46,19 +52,20 @@ def test_celgc_through_train_matches_the_serial_reference(comm, overrides):
                                      participation=algo.participation, seed=config.run.seed,
                                      norm=algo.clip_norm)
     # train() ends with the "final" average over every rank
-    np.testing.assert_allclose(state.x, sum(models) / comm.size, rtol=1e-10, atol=1e-12)
-    assert state.clip_count == counts[comm.rank]
+    np.testing.assert_allclose(host(state.x), sum(models) / comm.size, rtol=1e-10, atol=1e-12)
+    assert int(state.clip_count) == counts[comm.rank]
     assert summary.clip_fraction == sum(counts) / (steps * comm.size)
     assert 0 < summary.clip_fraction < 1
     assert summary.rounds == -(-steps // algo.interval)
 
 
-def test_naive_clip_through_train_matches_the_serial_reference(comm):
-    config = small_config(algorithm="naive_clip", momentum=0.9, weight_decay=1e-3, interval=8)
+def test_naive_clip_through_train_matches_the_serial_reference(comm, device):
+    config = small_config(algorithm="naive_clip", momentum=0.9, weight_decay=1e-3, interval=8,
+                          device=device)
     summary, state = train(config, comm, verbose=False)
     x0, oracles, schedule = reference_inputs(config, comm.size)
     model, count = naive_clip_reference(x0, oracles, config.run.steps, lr=schedule, gamma=0.15,
                                         base_lr=schedule.lr, momentum=0.9, weight_decay=1e-3)
-    np.testing.assert_allclose(state.x, model, rtol=1e-10, atol=1e-12)
-    assert state.clip_count == count
+    np.testing.assert_allclose(host(state.x), model, rtol=1e-10, atol=1e-12)
+    assert int(state.clip_count) == count
     assert summary.clip_fraction == count / config.run.steps

@@ -1,6 +1,6 @@
 """The LSTM language model run through ``train()`` on every world size: CELGC on it matches the
 serial reference, the summary and trace speak of perplexity and tokens, and T from epochs is the
-same on every rank."""
+same on every rank; on CPU and on the GPU."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hpcopt.config import build_config
 from hpcopt.io.trace import read_trace
 from hpcopt.problems.language_model import LMEvaluation
 from hpcopt.train import train
+from tests.conftest import host
 from tests.mpi.lm_corpus import write_tiny_ptb
 from tests.reference import celgc_reference, worker_parts
 
@@ -35,8 +36,8 @@ def lm_config(directory, **overrides):
     return build_config(None, base)
 
 
-def test_celgc_on_the_lstm_matches_the_serial_reference(comm, shared_dir):
-    config = lm_config(shared_dir, momentum=0.5, tie="true", hidden="6")
+def test_celgc_on_the_lstm_matches_the_serial_reference(comm, shared_dir, device):
+    config = lm_config(shared_dir, momentum=0.5, tie="true", hidden="6", device=device)
     summary, state = train(config, comm, verbose=False)
     algo = config.algorithm
     parts = worker_parts(config, comm.size)
@@ -44,8 +45,8 @@ def test_celgc_on_the_lstm_matches_the_serial_reference(comm, shared_dir):
     models, counts = celgc_reference(parts[0].x0, [p.problem.oracle for p in parts],
                                      config.run.steps, algo.interval, lr=schedule, gamma=algo.gamma,
                                      base_lr=schedule.lr, momentum=algo.momentum)
-    np.testing.assert_allclose(state.x, sum(models) / comm.size, rtol=1e-9, atol=1e-12)
-    assert state.clip_count == counts[comm.rank]
+    np.testing.assert_allclose(host(state.x), sum(models) / comm.size, rtol=1e-9, atol=1e-12)
+    assert int(state.clip_count) == counts[comm.rank]
     assert summary.clip_fraction == sum(counts) / (config.run.steps * comm.size) > 0
     assert isinstance(summary.final, LMEvaluation) and summary.unit == "tokens"
     assert np.isclose(summary.final.perplexity, np.exp(summary.final.loss))
@@ -53,10 +54,10 @@ def test_celgc_on_the_lstm_matches_the_serial_reference(comm, shared_dir):
     assert "tokens/s" in "\n".join(summary.lines())
 
 
-def test_prsgd_lstm_epochs_trace_and_perplexity(comm, shared_dir):
+def test_prsgd_lstm_epochs_trace_and_perplexity(comm, shared_dir, device):
     out = shared_dir / "run"
     config = lm_config(shared_dir, algorithm="prsgd", gamma="inf", steps=0, epochs=1.5,
-                       eval_every=8, trace_every=4, out=str(out), partition="block")
+                       eval_every=8, trace_every=4, out=str(out), partition="block", device=device)
     summary, state = train(config, comm, verbose=False)
     # 3000 words + <eos> per line over N ranks, 3 streams, windows of 7
     words = 3000 + 250

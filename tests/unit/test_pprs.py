@@ -1,4 +1,5 @@
-"""PPRS and the pipelined baselines against plain re-statements of their update rules (no MPI)."""
+"""PPRS and the pipelined baselines against plain re-statements of their update rules (no MPI),
+on NumPy and on CuPy arrays (the ``xp`` fixture)."""
 
 import math
 from types import SimpleNamespace
@@ -7,84 +8,106 @@ import numpy as np
 import pytest
 
 from hpcopt.algorithms.pprs import PPRS, Box, PipelinedAGD, pprs_noise, theory_horizon
-from hpcopt.backend import CPU
+from hpcopt.backend import CPU, array_module, get_backend
 from hpcopt.errors import UserError
+from tests.conftest import host
 
 
-def fake_comm(rank=0):
-    return SimpleNamespace(rank=rank, backend=CPU)
+def fake_comm(xp, rank=0):
+    return SimpleNamespace(rank=rank, backend=CPU if xp is np else get_backend("gpu"))
 
 
 class L1Oracle:
-    """grad of sum_i |x_i - c_i| at each perturbed point, averaged; records the perturbations."""
+    """grad of sum_i |x_i - c_i| at each perturbed point, averaged; records the perturbations
+    (as host copies)."""
 
     def __init__(self, center):
         self.center, self.seen = center, []
 
     def __call__(self, point, grad_out, samples=1, perturb=None):
+        xp = array_module(grad_out)
+        center = xp.asarray(self.center)
         grad_out[...] = 0
         for k in range(samples):
             theta = point.copy()
             if perturb is not None:
                 perturb(k, theta)
-            self.seen.append((point.copy(), theta))
-            grad_out += np.sign(theta - self.center)
+            self.seen.append((host(point.copy()), host(theta)))
+            grad_out += xp.sign(theta - center)
         grad_out /= samples
-        return float(np.abs(point - self.center).sum())
+        return float(xp.abs(point - center).sum())
 
 
-def run(algo, x0, steps, rank=0, box=None, center=None):
+def run(xp, algo, x0, steps, rank=0, box=None, center=None):
+    """``steps`` iterations from ``x0`` (host) on ``xp`` arrays; the state's vectors stay there."""
     oracle = L1Oracle(np.linspace(-1, 1, x0.size) if center is None else center)
-    comm = fake_comm(rank)
-    state = algo.init(x0.copy(), comm, box)
+    comm = fake_comm(xp, rank)
+    state = algo.init(xp.asarray(x0).copy(), comm, box)
     for _ in range(steps):
         algo.step(state, oracle, comm)
+    assert isinstance(state.x, xp.ndarray)
     return state, oracle
 
 
-def test_noise_comes_from_its_key_and_is_never_shared_between_stages():
+def test_noise_comes_from_its_key_and_is_never_shared_between_stages(xp):
     algo = PPRS(samples=3, gamma=0.5, lr=0.1, seed=11)
-    state, oracle = run(algo, np.zeros(5), steps=2, rank=2)
+    state, oracle = run(xp, algo, np.zeros(5), steps=2, rank=2)
     expected = [0.5 * pprs_noise(11, t, k, 2, 5) for t in range(2) for k in range(3)]
+    assert len(oracle.seen) == len(expected)
     for (point, theta), want in zip(oracle.seen, expected):
         np.testing.assert_array_equal(theta, point + want)
-    other, _ = run(algo, np.zeros(5), steps=2, rank=1)
-    assert not np.allclose(other.x, state.x)
-    again, _ = run(algo, np.zeros(5), steps=2, rank=2)
-    np.testing.assert_array_equal(again.x, state.x)
+    other, _ = run(xp, algo, np.zeros(5), steps=2, rank=1)
+    assert not np.allclose(host(other.x), host(state.x))
+    again, _ = run(xp, algo, np.zeros(5), steps=2, rank=2)
+    np.testing.assert_array_equal(host(again.x), host(state.x))
+
+
+def test_noise_of_an_iteration_reaches_the_device_in_one_copy(xp):
+    """All K blocks of an iteration are drawn on the host and copied over together."""
+    if xp is np or not getattr(xp, "EMULATED", False):
+        pytest.skip("counts host-to-device copies: needs the emulated CuPy's counters")
+    algo = PPRS(samples=4, gamma=0.5, lr=0.1, seed=2)
+    comm = fake_comm(xp)
+    state = algo.init(xp.zeros(6), comm)
+    oracle = L1Oracle(np.zeros(6))
+    oracle.center = xp.asarray(oracle.center)  # so that only the noise is copied
+    xp.reset_transfers()
+    for _ in range(3):
+        algo.step(state, oracle, comm)
+    assert xp.transfers["h2d"] == 3
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_pprs_with_gamma_zero_and_one_sample_is_pipelined_agd(momentum):
+def test_pprs_with_gamma_zero_and_one_sample_is_pipelined_agd(xp, momentum):
     x0 = np.random.default_rng(0).standard_normal(7)
     box = Box(-0.8, 0.9)
-    pprs, _ = run(PPRS(samples=1, gamma=0.0, lr=0.05, momentum=momentum), x0, 25, box=box)
-    agd, _ = run(PipelinedAGD(lr=0.05, momentum=momentum), x0, 25, box=box)
-    np.testing.assert_array_equal(pprs.x, agd.x)
+    pprs, _ = run(xp, PPRS(samples=1, gamma=0.0, lr=0.05, momentum=momentum), x0, 25, box=box)
+    agd, _ = run(xp, PipelinedAGD(lr=0.05, momentum=momentum), x0, 25, box=box)
+    np.testing.assert_array_equal(host(pprs.x), host(agd.x))
 
 
-def test_agd_is_projected_nesterov_and_momentum_zero_is_projected_gd():
+def test_agd_is_projected_nesterov_and_momentum_zero_is_projected_gd(xp):
     x0, c = np.array([2.0, -3.0, 0.1]), np.array([0.5, 0.5, 0.5])
     lr, mu = 0.1, 0.8
-    state, _ = run(PipelinedAGD(lr, mu), x0, 6, box=Box(-1.0, 1.0), center=c)
+    state, _ = run(xp, PipelinedAGD(lr, mu), x0, 6, box=Box(-1.0, 1.0), center=c)
     x, prev = np.clip(x0, -1, 1), np.clip(x0, -1, 1)
     for _ in range(6):
         y = x + mu * (x - prev)
         x, prev = np.clip(y - lr * np.sign(y - c), -1, 1), x
-    np.testing.assert_allclose(state.x, x, rtol=1e-15)
-    gd, _ = run(PipelinedAGD(lr, 0.0), x0, 6, center=c)
+    np.testing.assert_allclose(host(state.x), x, rtol=1e-15)
+    gd, _ = run(xp, PipelinedAGD(lr, 0.0), x0, 6, center=c)
     x = x0.copy()
     for _ in range(6):
         x = x - lr * np.sign(x - c)
-    np.testing.assert_allclose(gd.x, x, rtol=1e-15)
+    np.testing.assert_allclose(host(gd.x), x, rtol=1e-15)
 
 
-def test_accelerated_loop_matches_its_formulas():
+def test_accelerated_loop_matches_its_formulas(xp):
     r, lip, d, k, seed, steps = 2.0, 3.0, 16, 4, 5, 8
     x0 = np.linspace(-0.5, 0.5, d)
     c = np.linspace(-1, 1, d)
     algo = PPRS(samples=k, outer="accelerated", radius=r, lipschitz=lip, dimension=d, seed=seed)
-    state, _ = run(algo, x0, steps, box=Box(-0.9, 0.9), center=c)
+    state, _ = run(xp, algo, x0, steps, box=Box(-0.9, 0.9), center=c)
     x = z = np.clip(x0, -0.9, 0.9)
     theta0, gsum, a = x.copy(), np.zeros(d), 1.0
     for t in range(steps):
@@ -98,7 +121,7 @@ def test_accelerated_loop_matches_its_formulas():
         z = np.clip(theta0 - eta * gsum, -0.9, 0.9)
         x = (1 - a) * x + a * z
         a = a_next
-    np.testing.assert_allclose(state.x, x, rtol=1e-13)
+    np.testing.assert_allclose(host(state.x), x, rtol=1e-13)
     assert state.step == steps and state.alpha == pytest.approx(a)
 
 
@@ -111,11 +134,11 @@ def test_alpha_schedule_solves_the_estimate_sequence_equation():
     assert a == pytest.approx(2 / 52, rel=0.1)
 
 
-def test_init_projects_and_keeps_the_buffer():
-    x0 = np.array([3.0, -3.0, 0.0])
-    state = PPRS().init(x0, fake_comm(), Box(np.array([-1, -1, -1.0]), 1.0))
+def test_init_projects_and_keeps_the_buffer(xp):
+    x0 = xp.asarray([3.0, -3.0, 0.0])
+    state = PPRS().init(x0, fake_comm(xp), Box(xp.asarray([-1, -1, -1.0]), 1.0))
     assert state.x is x0
-    np.testing.assert_array_equal(x0, [1, -1, 0])
+    np.testing.assert_array_equal(host(x0), [1, -1, 0])
 
 
 def test_theory_horizon():
@@ -137,17 +160,17 @@ def test_bad_hyper_parameters_are_user_errors(kwargs, match):
         PPRS(**kwargs)
 
 
-def test_accelerated_pprs_meets_its_theoretical_accuracy_on_the_l1_chain():
+def test_accelerated_pprs_meets_its_theoretical_accuracy_on_the_l1_chain(xp):
     """With the theory's T and K for eps, f(x_T) - f* <= eps (one stage, serial)."""
     from hpcopt.comm import Comm
     from hpcopt.problems.l1_chain import l1_chain
     from hpcopt.problems.staged import setup_stage
 
-    problem = l1_chain(blocks=4, block_dim=3, rows=24, seed=0)
-    d, eps = problem.params.size, 0.5 * problem.value(problem.params)
+    problem = l1_chain(blocks=4, block_dim=3, rows=24, seed=0, xp=xp)
+    d, eps = problem.params.size, 0.5 * problem.value(xp.asarray(problem.params))
     steps, samples = theory_horizon(problem.radius, problem.lipschitz, d, eps)
     assert (steps, samples) == (299, 22)
-    comm = Comm()
+    comm = Comm(backend=fake_comm(xp).backend)
     try:
         setup = setup_stage(problem, comm)
         algo = PPRS(samples=samples, outer="accelerated", radius=problem.radius,

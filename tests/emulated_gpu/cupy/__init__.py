@@ -80,9 +80,12 @@ class ndarray(NDArrayOperatorsMixin):
                         "Please use `.get()` to construct a NumPy array explicitly.")
 
     def __array_ufunc__(self, ufunc: _np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        if "out" in kwargs:
-            kwargs["out"] = tuple(_device_operand(o) for o in kwargs["out"])
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(_device_operand(o) for o in out)
         result = getattr(ufunc, method)(*(_device_operand(i) for i in inputs), **kwargs)
+        if out is not None and method != "at":  # the output arrays themselves (x /= n is x)
+            return out[0] if len(out) == 1 else out
         return None if method == "at" else _wrap(result)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
