@@ -23,6 +23,15 @@ class runtime:  # noqa: N801  (a namespace, named as in CuPy)
         return int(os.environ.get("EMULATED_GPU_COUNT", "1"))
 
     @staticmethod
+    def runtimeGetVersion() -> int:  # noqa: N802
+        return 0
+
+    @staticmethod
+    def getDeviceProperties(device: int) -> dict[str, object]:  # noqa: N802
+        """Named so that no table or log can pass an emulated run off as a GPU's."""
+        return {"name": b"EMULATED (tests/emulated_gpu: host memory, not a GPU)", "totalGlobalMem": 0}
+
+    @staticmethod
     def pointerGetAttributes(address: int) -> SimpleNamespace:  # noqa: N802
         """type 1 (cudaMemoryTypeHost, page-locked) for cupyx.empty_pinned memory, else 0."""
         return SimpleNamespace(type=1 if address in pinned_addresses else 0)
