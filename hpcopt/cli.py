@@ -86,28 +86,36 @@ def _rank() -> int:
     return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else 0
 
 
-def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config | None]:
-    """Command-line arguments and, for ``train`` and ``resume``, the resolved configuration.
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Command-line arguments; for ``train`` and ``resume`` also the fault plan and
+    ``args.resume`` (the checkpoint to resume from, or None). Reads no file."""
+    args = make_parser().parse_args(argv)
+    if args.command not in ("train", "resume"):
+        return args
+    from .faults import FaultPlan
+
+    args.faults = FaultPlan.parse(args.debug_fail_at) if args.debug_fail_at else None
+    if args.command == "resume":
+        args.resume = args.checkpoint
+    return args
+
+
+def run_config(args: argparse.Namespace) -> Config | None:
+    """For ``train`` and ``resume``, the resolved configuration (else None).
 
     Resuming starts from the checkpoint's config; options given in a file or as flags replace
     its values (``train`` checks they are safe to change), and the run directory defaults to
     the checkpoint's. ``args.resume`` is then the checkpoint file.
     """
-    args = make_parser().parse_args(argv)
     if args.command not in ("train", "resume"):
-        return args, None
-    from .faults import FaultPlan
-
-    args.faults = FaultPlan.parse(args.debug_fail_at) if args.debug_fail_at else None
+        return None
     overrides = {k: v for k, v in vars(args).items() if k in option_index() and v is not None}
     file_values = read_toml(args.config) if args.config else None
-    if args.command == "resume":
-        args.resume = args.checkpoint
     if not args.resume:
         run_table = (file_values or {}).get("run")
         in_file = set(run_table) if isinstance(run_table, dict) else set()
         defaults = {k: v for k, v in CLI_DEFAULTS.items() if k not in in_file}
-        return args, build_config(file_values, {**defaults, **overrides})
+        return build_config(file_values, {**defaults, **overrides})
     from .pipeline.checkpoint import stored_config  # a data-parallel or a pipeline checkpoint
 
     build_config(file_values)  # reject unknown keys in the file
@@ -116,7 +124,7 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Config | None
         given.update(table)
     given.update(overrides)
     args.resume, stored = stored_config(args.resume)
-    return args, build_config(stored.to_dict(), given)
+    return build_config(stored.to_dict(), given)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -124,7 +132,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     from .comm import Comm, agreed
 
     comm = Comm()
-    args, config = agreed(lambda: parse(argv), comm)
+    args = agreed(lambda: parse(argv), comm)
+    if getattr(args, "resume", None):  # before any rank opens it: a child reads it whole first
+        from .io.vet import vet_checkpoint
+
+        agreed(lambda: vet_checkpoint(args.resume) if comm.rank == 0 else None, comm)
+    config = agreed(lambda: run_config(args), comm)
     if args.command == "info":
         from .info import print_info
 
@@ -147,10 +160,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if config.algorithm.algorithm in PIPELINE_ALGORITHMS:  # ranks are pipeline stages
         from .pipeline.run import train_pipeline
 
-        if args.faults is not None:
-            raise UserError("--debug-fail-at applies only to the data-parallel algorithms",
-                            everywhere=True)
-        pipeline_summary, _ = train_pipeline(config, comm, resume=args.resume)
+        pipeline_summary, _ = train_pipeline(config, comm, resume=args.resume, faults=args.faults)
         return STOPPED_EXIT_CODE if pipeline_summary.stopped else 0
     from .train import train
 

@@ -321,10 +321,10 @@ class Config:
             raise UserError(f"batch norm (--model {self.model.model}) trains only with "
                             f"--algorithm prsgd, not {self.algorithm.algorithm}")
         self._check_pipeline()
-        if self.algorithm.algorithm in PIPELINE_ALGORITHMS and (
-                self.run.stall_timeout or self.run.on_nonfinite != "stop"):
-            raise UserError("stall_timeout and on_nonfinite apply only to the data-parallel "
-                            f"algorithms, not {self.algorithm.algorithm}")
+        if self.algorithm.algorithm in PIPELINE_ALGORITHMS and self.run.on_nonfinite == "skip":
+            raise UserError("on_nonfinite skip applies only to the data-parallel algorithms (a "
+                            "pipeline iteration is full-batch: no minibatch to drop), "
+                            f"not {self.algorithm.algorithm}")
         if (self.algorithm.buffer_policy != AlgorithmConfig.__dataclass_fields__["buffer_policy"].default
                 and not self.model.keeps_buffers):
             raise UserError("buffer_policy applies only to models with batch norm "

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .errors import UserError
 
@@ -69,6 +69,13 @@ class FaultPlan:
             while True:
                 time.sleep(60)
         return True
+
+    def commit_hook(self, rank: int, tick: int) -> Callable[[], None] | None:
+        """What a checkpoint writer on ``rank`` runs before publishing ``tick``'s file (None:
+        nothing: this plan is not a ``checkpoint`` fault)."""
+        if self.kind != "checkpoint":
+            return None
+        return lambda: self.before_commit(rank, tick)
 
     def before_commit(self, rank: int, tick: int) -> None:
         """Called by the checkpoint writer before the rename that publishes the file of ``tick``."""

@@ -92,20 +92,16 @@ class StepGuard:
         what = ("a rank skipped every step of the window" if self.mode == "skip"
                 else f"mean loss {bad.stats.loss_mean}")
         raise NonFiniteError(f"non-finite loss in the trace row at step {bad.fields['step']} ({what}), "
-                             f"seen at tick {tick}; {_advice(last_checkpoint)}")
+                             f"seen at tick {tick}; {advice(last_checkpoint)}")
 
     def check_model(self, model: Any, tick: int, last_checkpoint: str) -> None:
         """Raise NonFiniteError if the averaged ``model`` (the same on every rank) holds NaN or Inf."""
         if not bool(np.isfinite(model).all()):
-            raise NonFiniteError(f"non-finite parameters at tick {tick}, not checkpointed; "
-                                 f"{_advice(last_checkpoint)}")
+            raise nonfinite_parameters(f"tick {tick}", last_checkpoint)
 
     def commit_hook(self, tick: int) -> Callable[[], None] | None:
         """The debug fault to run just before a checkpoint is published (None: none)."""
-        faults = self.faults
-        if faults is None or faults.kind != "checkpoint":
-            return None
-        return lambda: faults.before_commit(self.rank, tick)
+        return self.faults.commit_hook(self.rank, tick) if self.faults else None
 
     def report(self, comm: Any, show: bool) -> None:
         """Skip mode (collective): print how many steps all ranks skipped."""
@@ -117,7 +113,14 @@ class StepGuard:
                   "gradient were skipped (all ranks)", flush=True)
 
 
-def _advice(last_checkpoint: str) -> str:
+def nonfinite_parameters(when: str, last_checkpoint: str, skip: bool = True) -> NonFiniteError:
+    """The error for parameters found non-finite at ``when``, before a checkpoint."""
+    return NonFiniteError(f"non-finite parameters at {when}, not checkpointed; "
+                          f"{advice(last_checkpoint, skip)}")
+
+
+def advice(last_checkpoint: str, skip: bool = True) -> str:
+    """What is left and what to try (``skip``: whether --on-nonfinite skip applies)."""
     kept = (f"the last good checkpoint is {last_checkpoint}" if last_checkpoint
             else "no checkpoint was written")
-    return f"{kept}; try a smaller --lr, or --on-nonfinite skip"
+    return f"{kept}; try a smaller --lr" + (", or --on-nonfinite skip" if skip else "")

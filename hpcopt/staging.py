@@ -25,20 +25,17 @@ to MPI directly. The caller synchronizes the device stream before any of this.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from .backend import Backend, get_backend
+from .child import run_module
 from .errors import UserError
-from .mpi_support import cuda_aware_mpi, singleton_environment
+from .mpi_support import cuda_aware_mpi
 
 if TYPE_CHECKING:  # comm.py imports this module
     from .comm import Comm
@@ -87,27 +84,16 @@ def choose_path(query: bool | None, query_why: str, override: bool | None) -> Pa
 def run_selftest(device: int, memory: str = "cuda", timeout: float = SELFTEST_TIMEOUT) -> str | None:
     """Run ``hpcopt.gpu_selftest`` on ``device`` in a child process that initializes MPI on its
     own; None when it passed, else what went wrong (one line)."""
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    env = singleton_environment()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "hpcopt.gpu_selftest", "--device", str(device),
-               "--memory", memory]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return f"did not finish within {timeout:g} s"
-    if done.returncode == 0 and done.stdout.strip().endswith("ok"):
+    result = run_module("hpcopt.gpu_selftest", ["--device", str(device), "--memory", memory],
+                        timeout)
+    if result.ok:
         return None
-    if done.returncode < 0:
-        try:
-            name = signal.Signals(-done.returncode).name
-        except ValueError:
-            name = f"signal {-done.returncode}"
-        return f"crashed the test process ({name})"
-    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-    detail = f": {lines[-1].strip()}" if lines else ""
-    return f"failed (exit status {done.returncode}){detail}"
+    if result.signal:
+        return f"crashed the test process ({result.signal})"
+    if result.returncode is None:
+        return result.message
+    detail = f": {result.message}" if result.message else ""
+    return f"failed (exit status {result.returncode}){detail}"
 
 
 class DeviceTransport:

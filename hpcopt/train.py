@@ -39,6 +39,7 @@ from .costmodel import SETUP_LABELS, NetworkProfile, comm_modelled, get_profile,
 from .errors import UserError
 from .faults import FaultPlan
 from .io import checkpoint as ckpt_io
+from .io.vet import vet_checkpoint
 from .io import trace as trace_io
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, check_output
@@ -241,8 +242,9 @@ def train(config: Config, comm: Comm | None = None, verbose: bool = True,
     if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
         agreed(lambda: prepare_gpu(comm, local_rank), comm)
     ckpt = None
-    if resume:  # rank 0 checks the whole file's digest once; then each rank reads its own rows
-        agreed(lambda: ckpt_io.verify_checkpoint(resume) if comm.rank == 0 else None, comm)
+    if resume:  # rank 0 has a child process read the whole file (hpcopt.io.vet) and check its
+        # digest; then each rank reads its own rows
+        agreed(lambda: vet_checkpoint(resume) if comm.rank == 0 else None, comm)
         ckpt = agreed(lambda: ckpt_io.read_checkpoint(resume, comm.rank, comm.size, verify=False), comm)
     parts = agreed(lambda: build_run(config, comm), comm)
     comm.backend = parts.backend

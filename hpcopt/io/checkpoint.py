@@ -270,7 +270,7 @@ def read_checkpoint(path: str | Path, rank: int | None = None,
                     world_size: int | None = None, verify: bool = True) -> Checkpoint:
     """Read and validate a checkpoint: every rank's vectors, or only those of ``rank`` (of a
     run on ``world_size`` ranks, which must be the size that wrote it). ``verify=False`` skips
-    the content digest, for a job whose rank 0 has checked it (``verify_checkpoint``): hashing
+    the content digest, for a job whose rank 0 has checked it (``hpcopt.io.vet``): hashing
     reads the whole file, and N ranks each hashing it would read it N times.
 
     Raises UserError (one line, naming the file) for anything wrong; nothing in the file is
@@ -292,13 +292,6 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
             return path, config_from_toml(text_attr(f.attrs, "config", path), path)
         except UserError as exc:
             raise refuse_damaged(f, path, FORMAT, VERSION, "checkpoint", exc) from None
-
-
-def verify_checkpoint(path: str | Path) -> None:
-    """UserError (one line, naming the file) unless the checkpoint's content digest and format
-    are right: the whole file is read once."""
-    with opened(path) as (path, f):
-        check_sealed(f, path, FORMAT, VERSION, "checkpoint")
 
 
 def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: bool) -> Checkpoint:
@@ -491,7 +484,7 @@ def restore_counters(ckpt: Checkpoint, comm: Comm) -> None:
         comm.stats.counters[(op, label)] = OpCounter(calls, nbytes, seconds)
 
 
-__all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint", "verify_checkpoint",
+__all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint",
            "stored_config", "opened", "damaged", "header_attrs", "write_model", "publish", "comm_rows",
            "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "prune", "save",
            "restore", "restore_counters", "FORMAT", "VERSION"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -78,9 +78,10 @@ def _present(state: PipelineState) -> list[str]:
 
 def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any, block_slice: slice,
          state: PipelineState, window: np.ndarray, tick: int, run_id: str, trace_rows: int,
-         wall_seconds: float) -> None:
+         wall_seconds: float, before_commit: Callable[[], None] | None = None) -> None:
     """Collective: every stage sends its parameter block and state to rank 0, which writes
-    ``path`` atomically. ``window`` is this rank's WINDOW_COLUMNS."""
+    ``path`` atomically. ``window`` is this rank's WINDOW_COLUMNS. ``before_commit`` runs on
+    rank 0 just before the file is published (a debug fault's hook)."""
     to_host = comm.backend.to_host
     names = _present(state)  # the same on every stage: one algorithm
     header = np.array([block_slice.start, block_slice.stop, state.x.size, state.step,
@@ -112,12 +113,13 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any
     ckpt = PipelineCheckpoint(config, comm.size, tick, run_id, trace_rows, wall_seconds, model,
                               records, np.stack([h[5:] for h in headers]))
     try:
-        _write(path, ckpt, layout, comm.stats.as_rows())
+        _write(path, ckpt, layout, comm.stats.as_rows(), before_commit)
     except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
         raise UserError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
 
 
-def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows: list) -> None:
+def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows: list,
+           before_commit: Callable[[], None] | None = None) -> None:
     import h5py
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,6 +138,8 @@ def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows:
             window.attrs["columns"] = json.dumps(WINDOW_COLUMNS)
             f.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm_rows])
             seal(f)
+        if before_commit is not None:
+            before_commit()
         ckpt_io.publish(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -44,13 +44,17 @@ from ..backend import CPU
 from ..comm import Comm, agreed, node_layout
 from ..config import Config, check_resume
 from ..errors import UserError
+from ..faults import FaultPlan
+from ..io.vet import vet_checkpoint
 from ..io import checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..problems.staged import StagedProblem, setup_stage
 from ..progress import Progress
 from ..threads import ThreadChoice, configure_threads
 from ..runs import StopSignal, open_trace, run_directory
+from ..nonfinite import NonFiniteError, advice, nonfinite_parameters
 from ..staging import prepare_gpu
+from ..watchdog import watching
 from . import checkpoint as pipe_ckpt
 from .executor import Pipeline
 from .parts import Algorithm, build_algorithm, build_problem, describe, plan_for, samples_per_iteration
@@ -137,11 +141,17 @@ def _build(config: Config, comm: Comm, problem: StagedProblem | None,
 
 
 def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = True,
-                   resume: str | Path | None = None,
-                   problem: StagedProblem | None = None) -> tuple[PipelineSummary, PipelineState]:
+                   resume: str | Path | None = None, problem: StagedProblem | None = None,
+                   faults: FaultPlan | None = None) -> tuple[PipelineSummary, PipelineState]:
     """Run the configured pipeline algorithm with stage s on rank s; returns the summary and
     this stage's final state. ``problem`` skips building it from the config (benchmarks reuse
-    one trained classifier); ``resume`` continues from a checkpoint bit for bit."""
+    one trained classifier); ``resume`` continues from a checkpoint bit for bit.
+
+    Failures (docs/failures.md): the stall watchdog (``stall_timeout``: a stage waiting for a
+    message or a collective that long ends the job, naming the stages that have not arrived),
+    a non-finite loss in a trace row or non-finite parameters before a checkpoint (exit 3, the
+    last good checkpoint kept), and ``faults``, a debug fault to inject (hpcopt.faults; STEP
+    counts iterations)."""
     comm = comm or Comm()
     local_rank, local_size = node_layout(comm.mpi)
     threads = configure_threads(local_size)
@@ -149,7 +159,10 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
         agreed(lambda: prepare_gpu(comm, local_rank), comm)
     else:
         comm.backend = CPU
-    ckpt = agreed(lambda: pipe_ckpt.read(resume, comm.size), comm) if resume else None
+    ckpt = None
+    if resume:  # rank 0 has a child process read the whole file first (hpcopt.io.vet)
+        agreed(lambda: vet_checkpoint(resume) if comm.rank == 0 else None, comm)
+        ckpt = agreed(lambda: pipe_ckpt.read(resume, comm.size), comm)
     built = agreed(lambda: _build(config, comm, problem, ckpt), comm)
     algo_cfg, dtype = config.algorithm, np.dtype(config.run.dtype)
     label = algo_cfg.algorithm
@@ -168,7 +181,7 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     out, run_id = run_directory(config, ckpt, comm)
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out or "")))
     loop = _Loop(config, comm, built, pipe, evaluator, state, block, window, out, run_id,
-                 ckpt.wall_seconds if ckpt else 0.0)
+                 ckpt.wall_seconds if ckpt else 0.0, faults)
     loop.writer = agreed(lambda: _trace_writer(config, prob, out, run_id, ckpt, comm), comm)
     show = verbose and config.run.progress and comm.rank == 0
     if show:
@@ -180,7 +193,8 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
               f"{config.run.dtype}, {built.total} iterations, {threads.describe()}\n"
               f"run directory {out or 'none'}{resumed}{gpu}", flush=True)
     try:
-        with StopSignal(out is not None) as stop_signal:
+        with StopSignal(out is not None) as stop_signal, \
+                watching(comm, config.run.stall_timeout, lambda: state.step):
             summary = loop.run(ckpt, stop_signal, threads, show)
     finally:
         if loop.writer is not None:
@@ -199,8 +213,9 @@ class _Loop:
 
     def __init__(self, config: Config, comm: Comm, built: _Built, pipe: Pipeline,
                  evaluator: Pipeline, state: PipelineState, block: slice, window: np.ndarray,
-                 out: Path | None, run_id: str, wall_before: float) -> None:
-        self.config, self.comm, self.built = config, comm, built
+                 out: Path | None, run_id: str, wall_before: float,
+                 faults: FaultPlan | None = None) -> None:
+        self.config, self.comm, self.built, self.faults = config, comm, built, faults
         self.pipe, self.evaluator, self.state, self.block = pipe, evaluator, state, block
         self.out, self.run_id, self.wall_before = out, run_id, wall_before
         self.writer: trace_io.TraceWriter | None = None
@@ -245,6 +260,8 @@ class _Loop:
         self.start = time.perf_counter()
         progress.start -= self.wall_before
         while state.step < total:
+            if self.faults is not None and self.faults.before_gradient(comm.rank, state.step + 1, None):
+                state.x.reshape(-1)[0] = math.nan  # "nan": this stage's parameters
             loss = algorithm.step(state, oracle, comm)
             if last:
                 self.loss_sum += loss
@@ -257,6 +274,10 @@ class _Loop:
             if tick % every == 0 or (eval_every and tick % eval_every == 0):
                 row = self.row(tick, evaluation, stop_signal.raised)
                 train_loss = row["loss_mean"]
+                if not math.isfinite(train_loss):  # the same row on every stage: all stop
+                    raise NonFiniteError(f"non-finite loss in the trace row at iteration {tick} "
+                                         f"(mean loss {train_loss}); "
+                                         f"{advice(self.checkpoint, skip=False)}")
                 stopped = tick < total and bool(row.pop("stop"))
                 if progress.due(tick) or stopped:
                     progress.report(tick, f"loss {train_loss:.6g} | bubble "
@@ -331,6 +352,9 @@ class _Loop:
         if self.writer is not None:
             self.writer.flush()
         assert self.out is not None
+        finite = bool(self.comm.backend.xp.isfinite(self.state.x).all())
+        if self.comm.allreduce_scalar(0.0 if finite else 1.0, label=pipe_ckpt.LABEL):
+            raise nonfinite_parameters(f"iteration {tick}", self.checkpoint, skip=False)
         path = ckpt_io.checkpoint_path(self.out, tick)
         window = np.array([self.loss_sum, self.loss_max, self.iterations, self.messages,
                            self._sends() - self.sends_base, self.modelled])
@@ -338,7 +362,9 @@ class _Loop:
         block[self.pipe.trainable] = self.state.x
         pipe_ckpt.save(path, self.comm, self.config, self.built.problem.model.layout,
                        block, self.block, self.state, window, tick, self.run_id,
-                       self.writer.rows if self.writer else 0, self.wall())
+                       self.writer.rows if self.writer else 0, self.wall(),
+                       before_commit=(self.faults.commit_hook(self.comm.rank, tick)
+                                      if self.faults else None))
         if self.comm.rank == 0:
             ckpt_io.prune(path.parent, self.config.run.keep_checkpoints)
         self.checkpoint = str(path)

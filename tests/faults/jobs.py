@@ -110,6 +110,14 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
+def assert_fault_ended_the_job(job: Job, code: int | None, message: str, seconds: float) -> None:
+    """The job failed (with exit code ``code`` when given), said ``message``, and ended within
+    ``seconds`` of the fault's announcement."""
+    assert job.returncode != 0 and job.returncode == (code or job.returncode), job.describe()
+    assert message in job.stderr + job.stdout, job.describe()
+    assert job.after_fault is not None and job.after_fault < seconds, (job.after_fault, job.describe())
+
+
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     """The final checkpoints and the traces of two runs are bitwise the same (but wall time)."""
     from hpcopt.io.checkpoint import read_checkpoint

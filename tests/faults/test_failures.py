@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcopt.io.checkpoint import find_checkpoint, read_checkpoint
-from tests.faults.jobs import SMALL, STEPS, assert_same_run, run_job
+from tests.faults.jobs import SMALL, STEPS, assert_fault_ended_the_job, assert_same_run, run_job
 from tests.unit.test_cli import assert_one_line_error
 
 #: fault -> (flags, exit code (None: any non-zero), what stderr says, seconds from the fault to
@@ -41,9 +41,7 @@ def test_fault_ends_the_job_fast_and_the_run_resumes_bitwise(fault, reference, t
     flags, code, message, seconds, newest = FAULTS[fault]
     out = tmp_path / "run"
     job = run_job(["train", *SMALL, "--steps", str(STEPS), "--out", str(out), *flags])
-    assert job.returncode != 0 and job.returncode == (code or job.returncode), job.describe()
-    assert message in job.stderr + job.stdout, job.describe()
-    assert job.after_fault is not None and job.after_fault < seconds, (job.after_fault, job.describe())
+    assert_fault_ended_the_job(job, code, message, seconds)
     ckpt = read_checkpoint(out)  # the newest complete checkpoint loads
     assert ckpt.tick < STEPS and (newest is None or ckpt.tick == newest), ckpt.path
     if fault == "kill-in-checkpoint":  # the interrupted write left only its temporary file
@@ -90,3 +88,28 @@ def test_corrupted_checkpoint_is_one_line_and_the_previous_one_resumes_bitwise(r
     resumed = run_job(["resume", str(previous)])
     assert resumed.returncode == 0, resumed.describe()
     assert_same_run(out, reference)
+
+
+#: Three bytes that make HDF5 2.0 crash (SIGSEGV) reading the small checkpoint's attributes:
+#: found by benchmarks/checkpoint_fuzz.py (seed 2), which edits the same checkpoint.
+CRASHING_EDIT = [(1393, 119), (49031, 246), (13271, 24)]
+
+
+def test_a_checkpoint_that_crashes_hdf5_ends_the_job_with_one_line(tmp_path):
+    """Rank 0 reads the file whole in a child process before any rank opens it
+    (hpcopt.io.vet): where HDF5 crashes on it, the job still ends with exit 2 and one line."""
+    from tests.checkpoints import small_checkpoint
+
+    bad = small_checkpoint(tmp_path / "run")
+    data = bytearray(bad.read_bytes())
+    for offset, value in CRASHING_EDIT:
+        data[offset] = value
+    bad.write_bytes(bytes(data))
+    crashes = run_job([], ranks=1, python_code=(
+        "import sys; from hpcopt.io.checkpoint import read_checkpoint\n"
+        f"try: read_checkpoint({str(bad)!r})\nexcept Exception: sys.exit(0)"))
+    job = run_job(["resume", str(bad), "--steps", "12"])
+    if crashes.returncode == 0:  # this HDF5 (or layout) refuses the edit cleanly: still one line
+        assert_one_line_error(job, bad.name, "damaged checkpoint")
+    else:
+        assert_one_line_error(job, bad.name, "the process that checked it crashed reading it (SIG")

@@ -97,8 +97,7 @@ def test_an_unwritable_checkpoint_directory_is_refused(tmp_path, monkeypatch):
     (["--debug-fail-at", "1"], "--debug-fail-at takes RANK:STEP[:KIND]"),
     (["--debug-fail-at", "0:3:explode"], "unknown kind 'explode'"),
     (["--debug-fail-at", "1:3:checkpoint"], "only rank 0 writes checkpoints"),
-    (["--algorithm", "pprs", "--stall-timeout", "5"], "apply only to the data-parallel algorithms"),
-    (["--algorithm", "pprs", "--debug-fail-at", "0:1"], "--debug-fail-at applies only to the data-parallel"),
+    (["--algorithm", "pprs", "--on-nonfinite", "skip"], "skip applies only to the data-parallel"),
 ])
 def test_bad_failure_options_are_one_line_and_exit_2(flags, fragment, tmp_path, capsys):
     from hpcopt.cli import main

@@ -1,5 +1,6 @@
 """The content digest of checkpoints (hpcopt.io.digest): canonical, sensitive to every part of
-the content, verified once per read, and the same for both checkpoint formats."""
+the content, verified once per read, and the same for both checkpoint formats; and the vetting
+of a checkpoint in a child process before a resumed job reads it (hpcopt.io.vet)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import h5py
 import numpy as np
 import pytest
 
+from hpcopt.child import ChildResult
 from hpcopt.errors import UserError
 from hpcopt.io import digest
 from hpcopt.io.checkpoint import read_checkpoint, stored_config, write_checkpoint
 from hpcopt.io.digest import ATTRIBUTE, BLOCK_BYTES, content_digest
+from hpcopt.io.vet import vet_checkpoint
 
 from test_checkpoint import synthetic  # noqa: E402  (tests/unit is on the path: no package)
 
@@ -105,22 +108,81 @@ def test_a_damaged_config_is_reported_as_damage_when_merging_flags(written):
         stored_config(written)
 
 
-def test_the_pipeline_format_is_sealed_and_verified_the_same_way(tmp_path):
+def pipeline_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
+    """A small pipeline checkpoint of 2 stages (no training needed); (its path, the model)."""
     from hpcopt.config import build_config
     from hpcopt.flat import ParamLayout
     from hpcopt.pipeline import checkpoint as pipe
 
-    layout = ParamLayout.of(w=(4,), b=(2,))
     model = np.linspace(0, 1, 6)
     ckpt = pipe.PipelineCheckpoint(
         build_config(None, {"dtype": "float64"}), 2, 7, "abc", 1, 0.5, model,
         [pipe.StageRecord((0, 4), {"x": model[:4].copy()}, 7, 0.1),
          pipe.StageRecord((4, 6), {"x": model[4:].copy()}, 7, 0.1)],
         np.zeros((2, len(pipe.WINDOW_COLUMNS))))
-    path = tmp_path / "step-000000007.h5"
-    pipe._write(path, ckpt, layout, [])
+    path = directory / "step-000000007.h5"
+    pipe._write(path, ckpt, ParamLayout.of(w=(4,), b=(2,)), [])
+    return path, model
+
+
+def test_the_pipeline_format_is_sealed_and_verified_the_same_way(tmp_path):
+    from hpcopt.pipeline import checkpoint as pipe
+
+    path, model = pipeline_checkpoint(tmp_path)
     assert pipe.read(path, 2).stages[1].vectors["x"].tolist() == model[4:].tolist()
     with h5py.File(path, "a") as f:
         f["stages/1"].attrs["alpha"] = 0.2  # not covered by Fletcher-32
     with pytest.raises(UserError, match=f"{path} {MISMATCH.replace('(', '.').replace(')', '.')}"):
         pipe.read(path, 2)
+
+
+# -- vetting in a child process (hpcopt.io.vet) -------------------------------------------------
+
+def test_a_child_reads_either_kind_whole_and_each_file_once(written, tmp_path, monkeypatch):
+    from hpcopt import child
+
+    started = []
+    real = child.run_module
+    monkeypatch.setattr(child, "run_module", lambda *a: started.append(a[1]) or real(*a))
+    pipeline, _ = pipeline_checkpoint(tmp_path)
+    assert vet_checkpoint(written) == written
+    assert vet_checkpoint(str(written)) == written
+    assert vet_checkpoint(pipeline) == pipeline
+    assert started == [[str(written)], [str(pipeline)]]  # the second look at `written` is free
+    with h5py.File(pipeline, "a") as f:  # a changed file (size, time) is vetted again
+        f["stages/0"].attrs["alpha"] = 0.3
+    with pytest.raises(UserError, match=f"^{pipeline} .*content digest mismatch"):
+        vet_checkpoint(pipeline)
+    assert len(started) == 3
+
+
+@pytest.mark.parametrize("damage", ["digest", "version", "not-hdf5"])
+def test_the_childs_refusal_is_the_readers_message(written, damage):
+    if damage == "not-hdf5":
+        written.write_bytes(b"plain text, not a checkpoint")
+    else:
+        with h5py.File(written, "a") as f:
+            if damage == "digest":
+                f["model/flat"][0] += 1
+            else:
+                f.attrs["format_version"] = 1
+                del f.attrs[ATTRIBUTE]
+    expected = {"digest": "content digest mismatch", "version": "format version 1; this hpcopt reads",
+                "not-hdf5": "is not an HDF5 file"}[damage]
+    with pytest.raises(UserError, match=expected) as error:
+        vet_checkpoint(written)
+    assert str(written) in str(error.value) and "hpcopt: error" not in str(error.value)
+
+
+@pytest.mark.parametrize("ended,message", [
+    (ChildResult(-11, "SIGSEGV", ""), "the process that checked it crashed reading it (SIGSEGV)"),
+    (ChildResult(None, None, "did not finish within 60 s"),
+     "the process that checked it did not finish within 60 s"),
+])
+def test_a_crash_or_hang_while_reading_becomes_one_line(written, monkeypatch, ended, message):
+    from hpcopt import child
+
+    monkeypatch.setattr(child, "run_module", lambda *a: ended)
+    with pytest.raises(UserError) as error:
+        vet_checkpoint(written)
+    assert str(error.value) == f"{written} is a damaged checkpoint: {message}"
