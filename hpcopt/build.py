@@ -239,10 +239,10 @@ def build_algorithm(config: Config, size: int, total_steps: int) -> Algorithm:
         return LocalClip(schedule, algo.gamma, algo.momentum, algo.nesterov, algo.weight_decay,
                          interval=algo.interval, norm=algo.clip_norm,
                          momentum_policy=algo.momentum_policy, participation=algo.participation,
-                         seed=config.run.seed)
+                         seed=config.run.seed, buffer_policy=algo.buffer_policy)
     if algo.algorithm == "naive_clip":
         return NaiveParallelClip(schedule, algo.gamma, algo.momentum, algo.nesterov,
-                                 algo.weight_decay)
+                                 algo.weight_decay, algo.buffer_policy)
     return LocalSGD(schedule, algo.interval, algo.momentum, algo.nesterov,
                     algo.momentum_policy, algo.local_steps, algo.buffer_policy)
 

@@ -317,9 +317,9 @@ class Config:
         if self.data.augment and not conv:
             raise UserError(f"augment applies only to --model {' or '.join(CONV_MODELS)}, "
                             f"not {self.model.model}")
-        if self.model.keeps_buffers and self.algorithm.algorithm != "prsgd":
-            raise UserError(f"batch norm (--model {self.model.model}) trains only with "
-                            f"--algorithm prsgd, not {self.algorithm.algorithm}")
+        if self.model.keeps_buffers and self.algorithm.algorithm in PIPELINE_ALGORITHMS:
+            raise UserError(f"batch norm (--model {self.model.model}) trains only with the "
+                            f"data-parallel algorithms, not {self.algorithm.algorithm}")
         self._check_pipeline()
         if self.algorithm.algorithm in PIPELINE_ALGORITHMS and self.run.on_nonfinite == "skip":
             raise UserError("on_nonfinite skip applies only to the data-parallel algorithms (a "

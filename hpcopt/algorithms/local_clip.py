@@ -39,6 +39,7 @@ from ..backend import array_module
 from ..comm import Comm
 from ..errors import UserError
 from ..rng import stream
+from .buffers import check_buffer_policy, sync_buffers
 from .local_sgd import AVERAGE_LABEL, MOMENTUM_LABEL
 from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, momentum_direction
 from .schedules import Schedule
@@ -61,6 +62,7 @@ class LocalClipState:
     step: int = 0              # steps taken (the same on every rank)
     rounds: int = 0            # averaging rounds completed
     steps_in_round: int = 0    # local steps since the last averaging
+    buffers: Array | None = None  # batch-norm running statistics (None: the model has none)
     # On the GPU the next three are 0-d device arrays, read (int(), bool(), float()) only when
     # a trace row, checkpoint or summary needs them: the clipping rule costs no transfer a step.
     clipped: Any = False       # whether the last step was clipped on this rank
@@ -77,8 +79,10 @@ class _ClippedSGD:
     momentum: float = 0.0
     nesterov: bool = False
     weight_decay: float = 0.0
+    buffer_policy: str = "average"  # batch-norm statistics: local, average, rank0 (see init)
 
     def __post_init__(self) -> None:
+        check_buffer_policy(self.buffer_policy)
         if not self.gamma > 0:  # inf is allowed (no clipping), nan is not
             raise UserError(f"clipping gamma must be > 0 (inf disables clipping), got {self.gamma}")
         if not 0 <= self.momentum < 1:
@@ -111,12 +115,18 @@ class _ClippedSGD:
             return min(lr, gamma_t / (float(norm) + NORM_EPSILON))
         return xp.minimum(lr, gamma_t / (norm.astype(xp.float64) + NORM_EPSILON))
 
-    def init(self, x0: Array, comm: Comm) -> LocalClipState:
-        """State from x0; x0 is broadcast from rank 0 so every rank starts from the same model."""
+    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> LocalClipState:
+        """State from x0; x0 is broadcast from rank 0 so every rank starts from the same model.
+
+        ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``.
+        They never change a training step (batch norm normalizes a training batch by its own
+        statistics), only evaluation: they follow ``buffer_policy`` right after each average of
+        x (over all ranks, also with partial participation), so every step in the baseline (as
+        PyTorch's DDP broadcasts buffers every step; they are small)."""
         comm.bcast_(x0, root=0, label="init")
         xp = comm.backend.xp
         momentum = xp.zeros_like(x0) if self.momentum > 0 else None
-        return LocalClipState(x=x0, grad=xp.zeros_like(x0), momentum=momentum)
+        return LocalClipState(x=x0, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers)
 
     def _update(self, state: LocalClipState, norm: Any) -> None:
         """x <- x - min(eta_t, gamma_t / (norm + eps)) d, d from state.grad (overwritten)."""
@@ -187,6 +197,8 @@ class LocalClip(_ClippedSGD):
         self._mean_over(state.x, members, comm, AVERAGE_LABEL)
         apply_momentum_policy(state.momentum, self.momentum_policy,
                               lambda b: self._mean_over(b, members, comm, MOMENTUM_LABEL))
+        if state.buffers is not None:
+            sync_buffers(state.buffers, self.buffer_policy, comm)
         state.rounds += 1
         state.steps_in_round = 0
 
@@ -211,5 +223,7 @@ class NaiveParallelClip(_ClippedSGD):
         loss = oracle(state.x, state.grad)
         comm.average_(state.grad, label=AVERAGE_LABEL)
         self._update(state, comm.backend.xp.linalg.norm(state.grad))
+        if state.buffers is not None:
+            sync_buffers(state.buffers, self.buffer_policy, comm)
         state.rounds += 1
         return loss

@@ -72,7 +72,7 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--augment", "true"], ["augment applies only to --model resnet or plain_cnn"]),
     (["train", "--model", "plain_cnn", "--buffer-policy", "rank0"], ["buffer_policy applies only"]),
     (["train", "--model", "resnet", "--buffer-policy", "mean"], ["unknown buffer_policy 'mean'"]),
-    (["train", "--model", "resnet", "--algorithm", "celgc"], ["batch norm", "prsgd"]),
+    (["train", "--model", "resnet", "--algorithm", "pprs"], ["batch norm", "data-parallel"]),
 ])
 def test_bad_input_is_one_line_and_exit_2_on_every_rank(args, fragments):
     assert_one_line_error(launch(args), *fragments)
