@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from hpcopt.data.bptt import corpus_shard, streams_of  # noqa: E402
 from hpcopt.data.text import load_corpus  # noqa: E402
-from hpcopt.io.trace import read_trace  # noqa: E402
+from hpcopt.io.trace import Trace, read_trace  # noqa: E402
 from hpcopt.report import write_report  # noqa: E402
 from launch import run_hpcopt  # noqa: E402  (benchmarks/launch.py)
 
@@ -90,14 +90,20 @@ def run_row(name: str, options: dict[str, str], args: argparse.Namespace, every:
     print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
+def clip_fraction(trace: Trace) -> float:
+    """Share of the steps (all ranks) in which clipping fired, over the whole run."""
+    steps = trace.columns["step"]
+    widths = np.diff(np.concatenate([[0], steps]))
+    return float(np.sum(trace.columns["clip_fraction"] * widths) / steps[-1])
+
+
 def row_figures(name: str, args: argparse.Namespace, every: int) -> str:
     trace = read_trace(args.out / name / "trace.h5")
     cols, steps = trace.columns, trace.columns["step"]
     per_epoch = [cols["eval_perplexity"][np.flatnonzero(steps == e * every)[-1]]
                  if np.any(steps == e * every) else math.nan for e in range(1, args.epochs)]
     per_epoch.append(trace.summary["eval_perplexity"])
-    widths = np.diff(np.concatenate([[0], steps]))
-    clipped = float(np.sum(cols["clip_fraction"] * widths) / steps[-1])
+    clipped = clip_fraction(trace)
     average = {k: int(v[-1]) for k, v in trace.comm["average"].items() if k != "seconds"}
     ppl = " ".join(f"{p:7.2f}" for p in per_epoch)
     return (f"| {name:<26} | {ppl} | {trace.summary['rounds']:6d} | {average['bytes'] / 1e6:8.1f} "

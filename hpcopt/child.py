@@ -22,7 +22,7 @@ from .mpi_support import singleton_environment
 @dataclass(frozen=True)
 class ChildResult:
     """How the child ended: its exit status (None if it timed out), the signal that killed it
-    (e.g. "SIGSEGV"), and its last line of output (or what happened)."""
+    (e.g. "SIGSEGV"), and its last line of output, stderr after stdout (or what happened)."""
 
     returncode: int | None
     signal: str | None
@@ -51,5 +51,5 @@ def run_module(module: str, args: list[str], timeout: float) -> ChildResult:
         except ValueError:
             name = f"signal {-done.returncode}"
     ok_line = done.stdout.strip().splitlines()[-1:] == ["ok"]
-    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     return ChildResult(done.returncode, name, "ok" if ok_line else (lines[-1] if lines else ""))

@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import UserError
 from .io.trace import FILE_NAME, Trace, read_trace
+from .io.vet import vet_traces
 
 #: Options that do not change what a run computes; never used to tell runs apart.
 NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "keep_checkpoints", "trace", "trace_every",
@@ -70,11 +71,11 @@ def _final(trace: Trace, key: str) -> float:
 
 
 def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
-    """Read each trace (a trace file, or a run directory holding ``trace.h5``)."""
-    traces = []
-    for path in map(Path, paths):
-        traces.append(read_trace(path / FILE_NAME if path.is_dir() else path))
-    return traces
+    """Read each trace (a trace file, or a run directory holding ``trace.h5``), after a child
+    process has read them all (hpcopt.io.vet: a trace HDF5 crashes on becomes one line)."""
+    files = [path / FILE_NAME if path.is_dir() else path for path in map(Path, paths)]
+    vet_traces(files)
+    return [read_trace(path) for path in files]
 
 
 def run_labels(traces: Sequence[Trace]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Read an untrusted checkpoint whole in a child process before the job reads any of it.
+"""Read untrusted checkpoints and traces whole in a child process before this process does.
 
 Damaged HDF5 metadata can crash the HDF5 C library itself (a variable-length string attribute
 whose heap address was overwritten did, once in 3,600 random byte edits): no Python handler
@@ -6,18 +6,27 @@ runs, and an MPI job loses a rank with a signal instead of getting an error. So 
 rank 0 first runs ``python -m hpcopt.io.vet FILE``, which opens the file and checks its content
 digest and format (reading every attribute and dataset). A crash, a hang or a failed check in
 the child becomes one error line; once the child has read the file cleanly, the job reads the
-same bytes. A file is vetted once per process (keyed by its path, size and modification time).
+same bytes. A checkpoint is vetted once per process (keyed by its path, size and modification
+time). ``hpcopt report`` does the same for the traces it reads (``python -m hpcopt.io.vet
+--traces FILE...``, one child for all of them): a run killed while writing its trace can leave
+one behind that HDF5 cannot read safely.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import UserError
 
+if TYPE_CHECKING:
+    from ..child import ChildResult
+
 #: Seconds the child may take: a start-up allowance plus hashing at 50 MB/s.
 BASE_SECONDS, BYTES_PER_SECOND = 60.0, 50e6
+
+READING = "reading "  # the child's line before each trace
 
 _vetted: set[tuple[str, int, int]] = set()
 
@@ -41,10 +50,31 @@ def vet_checkpoint(path: str | Path) -> Path:
     if result.ok:
         _vetted.add(key)
         return found
-    if result.returncode == 2:  # the child's own UserError, already naming the file
-        raise UserError(result.message.removeprefix("hpcopt: error: "))
+    raise _refusal(result, found, "checkpoint")
+
+
+def vet_traces(paths: Sequence[Path]) -> None:
+    """UserError (one line naming the file) unless a child process reads every trace cleanly."""
+    from ..child import run_module
+
+    if not paths:
+        return
+    size = sum(p.stat().st_size for p in paths if p.is_file())
+    result = run_module(__name__, ["--traces", *map(str, paths)],
+                        BASE_SECONDS + size / BYTES_PER_SECOND)
+    if result.ok:
+        return
+    # the child names each trace before it reads it: the last one named is the culprit
+    culprit = result.message.removeprefix(READING) if result.message.startswith(READING) else paths[0]
+    raise _refusal(result, culprit, "trace")
+
+
+def _refusal(result: ChildResult, path: str | Path, kind: str) -> UserError:
+    """The child's own error (exit 2, already naming the file), or what happened to it."""
+    if result.returncode == 2:
+        return UserError(result.message.removeprefix("hpcopt: error: "))
     happened = f"crashed reading it ({result.signal})" if result.signal else result.message
-    raise UserError(f"{found} is a damaged checkpoint: the process that checked it {happened}")
+    return UserError(f"{path} is a damaged {kind}: the process that checked it {happened}")
 
 
 def check(path: Path) -> None:
@@ -61,8 +91,16 @@ def check(path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """``FILE`` (a checkpoint) or ``--traces FILE...``; prints ``ok`` when all is well."""
     try:
-        check(Path(argv[0]))
+        if argv[0] == "--traces":
+            from .trace import read_trace
+
+            for path in argv[1:]:
+                print(f"{READING}{path}", flush=True)
+                read_trace(path)
+        else:
+            check(Path(argv[0]))
     except UserError as exc:
         print(f"hpcopt: error: {exc}", file=sys.stderr)
         return 2

@@ -142,3 +142,20 @@ def test_pipeline_runs_get_loss_and_bubble_panels_and_their_own_table(two_runs, 
     assert table.count("`" + str(tmp_path)) == 2
     with pytest.raises(UserError, match="one kind"):
         write_report([paths[0], two_runs[0]], tmp_path / "mixed")
+
+
+def test_traces_are_read_in_a_child_first_and_damage_names_the_file(two_runs, tmp_path, monkeypatch):
+    from hpcopt import child
+    from hpcopt.child import ChildResult
+
+    broken = tmp_path / "broken.h5"
+    broken.write_bytes(two_runs[1].read_bytes()[:3000])  # a run killed while writing its trace
+    with pytest.raises(UserError, match=f"^{broken} is a damaged"):
+        load_traces([two_runs[0], broken])
+    # where HDF5 itself crashes, the child's last "reading" line names the trace
+    monkeypatch.setattr(child, "run_module",
+                        lambda *a: ChildResult(-11, "SIGSEGV", f"reading {two_runs[1]}"))
+    with pytest.raises(UserError) as error:
+        load_traces(two_runs)
+    assert str(error.value) == (f"{two_runs[1]} is a damaged trace: the process that checked it "
+                                "crashed reading it (SIGSEGV)")
