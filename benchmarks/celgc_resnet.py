@@ -91,8 +91,8 @@ def sweep_tables(results: dict[int, list[dict]], args: argparse.Namespace) -> li
         lines.append(f"| {label(interval)} | {interval} | {r['rounds']} | {r['mbytes']:.2f} | "
                      f"{mean_sd([x['accuracy'] for x in runs])} | "
                      f"{mean_sd([x['loss'] for x in runs])} | "
-                     f"{', '.join(f'{x['clip']:.1%}' for x in runs)} | "
-                     f"{', '.join(f'{x['wall']:.0f}' for x in runs)} |")
+                     f"{', '.join(format(x['clip'], '.1%') for x in runs)} | "
+                     f"{', '.join(format(x['wall'], '.0f') for x in runs)} |")
     epochs = len(next(iter(results.values()))[0]["history"])
     shown = sorted({*range(1, epochs + 1, max(1, epochs // 6)), epochs})
     lines += ["", "Test accuracy by epoch (mean over seeds):", "",
@@ -125,7 +125,7 @@ def section(probe_lines: list[str], results: dict[int, list[dict]], args: argpar
         "",
         f"- {RANKS} ranks of `mpiexec -n {RANKS} python -m hpcopt train` per run, on 2 cores "
         "(oversubscribed, one BLAS thread each), runs one after another.",
-        f"- Data: MNIST-5k (4,000 training images dealt i.i.d. to the ranks, 1,000 test images), "
+        "- Data: MNIST-5k (4,000 training images dealt i.i.d. to the ranks, 1,000 test images), "
         "no augmentation.",
         f"- Model: ResNet-{COMMON['depth']}, width {COMMON['width']} ({parameters:,} parameters, "
         "batch norm; buffer_policy average: the BN statistics are averaged at every round, "

@@ -7,8 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hpcopt.backend import CPU
+from hpcopt.backend import CPU, get_backend
 from hpcopt.flat import ParamLayout
+from tests.conftest import host
 
 
 @pytest.fixture
@@ -43,39 +44,50 @@ def test_scalar_and_empty_shapes():
     assert flat[0] == 42.0
 
 
+def backend_of(xp):
+    return CPU if xp is np else get_backend("gpu")
+
+
+def address(array) -> int:
+    """The address of an array's first element, host or device."""
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return interface["data"][0]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_zeros(layout, dtype):
-    flat = layout.zeros(CPU, dtype)
+def test_zeros(layout, dtype, xp):
+    flat = layout.zeros(backend_of(xp), dtype)
+    assert isinstance(flat, xp.ndarray)
     assert flat.shape == (layout.size,) and flat.dtype == dtype
-    assert not flat.any()
+    assert not bool(flat.any())
 
 
-def test_views_are_zero_copy_at_the_right_offsets(layout):
-    flat = layout.zeros(CPU, np.float32)
-    base = flat.__array_interface__["data"][0]
+def test_views_are_zero_copy_at_the_right_offsets(layout, xp):
+    flat = layout.zeros(backend_of(xp), np.float32)
+    base = address(flat)
     views = layout.views(flat)
     assert list(views) == layout.names
     for (name, shape), s in zip(layout.entries, layout.slices().values()):
         v = views[name]
-        assert v.shape == shape and v.dtype == flat.dtype
-        assert np.shares_memory(v, flat)
-        assert v.__array_interface__["data"][0] == base + s.start * flat.itemsize
+        assert isinstance(v, xp.ndarray) and v.shape == shape and v.dtype == flat.dtype
+        assert xp.shares_memory(v, flat)
+        assert address(v) == base + s.start * flat.itemsize
         assert not v.flags.owndata
 
 
-def test_views_write_through_both_ways(layout):
-    flat = layout.zeros(CPU, np.float64)
+def test_views_write_through_both_ways(layout, xp):
+    flat = layout.zeros(backend_of(xp), np.float64)
     views = layout.views(flat)
     views["w2"][1, 0] = 7.0          # view -> flat
     views["b1"] += 1.0               # in-place update through the view
-    np.multiply(views["w1"], 0.0, out=views["w1"])
-    assert flat[16 + 1 * 2 + 0] == 7.0
-    np.testing.assert_array_equal(flat[12:16], 1.0)
-    assert flat.sum() == 7.0 + 4.0
-    flat[24:26] = [3.0, 4.0]         # flat -> view
-    np.testing.assert_array_equal(views["b2"], [3.0, 4.0])
+    xp.multiply(views["w1"], 0.0, out=views["w1"])
+    assert float(flat[16 + 1 * 2 + 0]) == 7.0
+    np.testing.assert_array_equal(host(flat[12:16]), 1.0)
+    assert float(flat.sum()) == 7.0 + 4.0
+    flat[24:26] = xp.asarray([3.0, 4.0])  # flat -> view
+    np.testing.assert_array_equal(host(views["b2"]), [3.0, 4.0])
     flat *= 2.0                      # an in-place op on the flat buffer (e.g. average_)
-    assert views["w2"][1, 0] == 14.0
+    assert float(views["w2"][1, 0]) == 14.0
 
 
 def test_duplicate_names_rejected():

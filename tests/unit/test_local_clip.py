@@ -50,6 +50,18 @@ def test_step_size_is_min_of_eta_and_gamma_over_norm_and_gamma_decays_with_eta()
     assert LocalClip(SCHEDULE, math.inf).step_size(3, 1e30) == 0.5
 
 
+@pytest.mark.parametrize("norm_dtype", [np.float32, np.float64])
+def test_a_device_norm_gives_the_same_step_size_without_leaving_the_device(xp, norm_dtype):
+    """On the GPU the norm stays a 0-d device array (no transfer a step): the step size must be
+    the float rule's value exactly, for a float32 model's norm too."""
+    algorithm = LocalClip(Schedule("step", 2.0, decay=0.1, milestones=(10,)), gamma=1.0)
+    for t, value in [(0, 0.1), (0, 4.0), (10, 4.0), (0, 0.0), (3, 1.7)]:
+        norm = xp.asarray(value, dtype=norm_dtype)
+        size = algorithm.step_size(t, norm)
+        assert type(size) is (float if xp is np else type(norm))
+        assert float(size) == algorithm.step_size(t, float(norm_dtype(value)))
+
+
 @pytest.mark.parametrize("fraction, size, count", [(0.5, 4, 2), (0.5, 3, 2), (0.7, 10, 7),
                                                    (0.01, 5, 1), (1.0, 6, 6), (0.99, 6, 6)])
 def test_participants_are_ceil_fraction_n_distinct_ranks(fraction, size, count):

@@ -6,6 +6,7 @@ import pytest
 from hpcopt.data.partition import iid_partition
 from hpcopt.data.sampler import MinibatchSampler
 from hpcopt.errors import UserError
+from tests.conftest import host
 
 
 @pytest.fixture
@@ -102,3 +103,26 @@ def test_restore_rejects_missing_keys(shard):
     sampler = MinibatchSampler(shard, 10, seed=0, rank=1)
     with pytest.raises(UserError, match="keys"):
         sampler.restore({"epoch": 0})
+
+
+def test_placed_batches_are_the_same_batches_with_one_copy_an_epoch(shard, xp):
+    """``next_batch_placed`` (the GPU path: the epoch's order copied to the device once) serves
+    exactly ``next_batch``'s batches, and keeps doing so across a restore."""
+    host_side, placed = (MinibatchSampler(shard, 7, seed=3, rank=1) for _ in range(2))
+    copies = []
+
+    def place(order):
+        copies.append(len(order))
+        return xp.asarray(order)
+
+    batches = placed.batches_per_epoch
+    for _ in range(2 * batches + 3):
+        np.testing.assert_array_equal(host(placed.next_batch_placed(place)), host_side.next_batch())
+    assert len(copies) == 3  # epochs 0, 1 and 2
+    placed.restore(host_side.state())  # the same epoch: the placed order is still right
+    np.testing.assert_array_equal(host(placed.next_batch_placed(place)), host_side.next_batch())
+    placed.restore({**host_side.state(), "epoch": 7, "position": 0})
+    expected = MinibatchSampler(shard, 7, seed=3, rank=1)
+    expected.restore({**host_side.state(), "epoch": 7, "position": 0})
+    np.testing.assert_array_equal(host(placed.next_batch_placed(place)), expected.next_batch())
+    assert len(copies) == 4
