@@ -9,7 +9,7 @@ import pytest
 
 from hpcopt.backend import CPU, get_backend
 from hpcopt.flat import ParamLayout
-from tests.conftest import host
+from tests.conftest import data_pointer, host
 
 
 @pytest.fixture
@@ -48,12 +48,6 @@ def backend_of(xp):
     return CPU if xp is np else get_backend("gpu")
 
 
-def address(array) -> int:
-    """The address of an array's first element, host or device."""
-    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
-    return interface["data"][0]
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_zeros(layout, dtype, xp):
     flat = layout.zeros(backend_of(xp), dtype)
@@ -64,14 +58,14 @@ def test_zeros(layout, dtype, xp):
 
 def test_views_are_zero_copy_at_the_right_offsets(layout, xp):
     flat = layout.zeros(backend_of(xp), np.float32)
-    base = address(flat)
+    base = data_pointer(flat)
     views = layout.views(flat)
     assert list(views) == layout.names
     for (name, shape), s in zip(layout.entries, layout.slices().values()):
         v = views[name]
         assert isinstance(v, xp.ndarray) and v.shape == shape and v.dtype == flat.dtype
         assert xp.shares_memory(v, flat)
-        assert address(v) == base + s.start * flat.itemsize
+        assert data_pointer(v) == base + s.start * flat.itemsize
         assert not v.flags.owndata
 
 
