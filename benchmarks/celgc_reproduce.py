@@ -90,11 +90,13 @@ def run_row(name: str, options: dict[str, str], args: argparse.Namespace, every:
     print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def clip_fraction(trace: Trace) -> float:
-    """Share of the steps (all ranks) in which clipping fired, over the whole run."""
+def clip_fraction(trace: Trace, until: int | None = None) -> float:
+    """Share of the steps (all ranks) in which clipping fired, over the whole run or over the
+    trace rows up to step ``until``."""
     steps = trace.columns["step"]
     widths = np.diff(np.concatenate([[0], steps]))
-    return float(np.sum(trace.columns["clip_fraction"] * widths) / steps[-1])
+    kept = steps <= (steps[-1] if until is None else until)
+    return float(np.sum(trace.columns["clip_fraction"][kept] * widths[kept]) / np.sum(widths[kept]))
 
 
 def row_figures(name: str, args: argparse.Namespace, every: int) -> str:
