@@ -3,8 +3,8 @@
     python benchmarks/costmodel_validate.py [--ranks 2] [--steps 1200] [--out FILE]
 
 1. Fit: ``mpiexec -n R python -m hpcopt bench allreduce`` (Comm.average_, the averaging path
-   training uses) from 4 KB to 8 MB; alpha and beta fitted in the ring form
-   (hpcopt.costmodel.fit_allreduce).
+   training uses) from 4 KB to 8 MB; beta fitted in the ring form to the sizes from --fit-from
+   up, alpha to the smaller ones (hpcopt.costmodel.fit_allreduce).
 2. Validate: one PR-SGD run of the default model (MLP on MNIST-5k) with I=1 (an average every
    step) and a small batch (``--validate-batch``), so that the step is communication-bound and
    the measured time is mostly transfer rather than waiting for the slower rank, with
@@ -43,13 +43,14 @@ CELGC = ["--gamma", "5.0"]
 
 
 def fit(ranks: int, tmp: Path, low: int, high: str, budget: float) -> tuple[NetworkProfile, list[dict]]:
-    """Benchmark 4 KB .. ``high``; fit alpha and beta to the sizes from ``low`` up."""
+    """Benchmark 4 KB .. ``high``; fit beta to the sizes from ``low`` up and alpha to the smaller
+    ones (hpcopt.costmodel.fit_allreduce's two-stage fit)."""
     path = tmp / "allreduce.json"
     run_hpcopt(ranks, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
                "--budget", str(budget), "--json", str(path), timeout=1800)
     results = json.loads(path.read_text())["results"]
-    used = [r for r in results if r["bytes"] >= low]
-    fitted = fit_allreduce([r["bytes"] for r in used], [r["seconds"]["auto"] for r in used], ranks, "fitted")
+    fitted = fit_allreduce([r["bytes"] for r in results], [r["seconds"]["auto"] for r in results],
+                           ranks, "fitted", bandwidth_from=low)
     return fitted, results
 
 
@@ -95,7 +96,8 @@ def main() -> int:
     p.add_argument("--validate-steps", type=int, default=600)
     p.add_argument("--validate-batch", type=int, default=4,
                    help="batch per rank of the validation run (small: communication-bound)")
-    p.add_argument("--fit-from", type=int, default=256, help="fit to the sizes from this many KB up")
+    p.add_argument("--fit-from", type=int, default=256, help="fit the bandwidth to the sizes from this many KB up "
+                   "(the latency to the smaller ones)")
     p.add_argument("--max-bytes", default="8M", help="largest size of the allreduce benchmark")
     p.add_argument("--bench-budget", type=float, default=0.5, help="seconds per size and case")
     p.add_argument("--intervals", type=int, nargs="+", default=[1, 4, 16, 64])

@@ -107,19 +107,29 @@ def profile_attrs(profile: NetworkProfile, algorithm: str = "auto") -> dict[str,
 
 
 def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
-                  name: str = "fitted") -> NetworkProfile:
+                  name: str = "fitted", bandwidth_from: float = 0.0) -> NetworkProfile:
     """Least-squares alpha and beta from measured allreduce times (ring form, relative errors).
 
-    Each measurement is weighted by 1/time so small and large messages count alike.
+    Each measurement is weighted by 1/time so small and large messages count alike. With
+    ``bandwidth_from`` (bytes), the fit uses only the sizes from there up, where transfer
+    dominates and the bandwidth is pinned down well, and alpha is then set from the smaller
+    sizes: the median, over them, of (time - 2 (p-1)/p n beta) / (2 (p-1)). A fit over large
+    sizes alone cannot resolve the latency (it comes out 0 and small messages are priced far
+    too low).
     """
     n = np.asarray(list(sizes), dtype=float)
     t = np.asarray(list(seconds), dtype=float)
-    if ranks < 2 or n.size < 2 or n.size != t.size or np.any(t <= 0):
-        raise UserError("fitting needs >= 2 ranks and >= 2 positive (size, time) measurements")
-    design = np.column_stack([np.full_like(n, 2 * (ranks - 1)), 2 * (ranks - 1) / ranks * n])
-    weights = 1 / t
-    coef, *_ = np.linalg.lstsq(design * weights[:, None], t * weights, rcond=None)
+    if ranks < 2 or n.size != t.size or np.any(t <= 0) or np.count_nonzero(n >= bandwidth_from) < 2:
+        raise UserError("fitting needs >= 2 ranks and >= 2 positive (size, time) measurements"
+                        + (f" from {bandwidth_from:g} bytes up" if bandwidth_from else ""))
+    hops, share = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
+    large = n >= bandwidth_from
+    design = np.column_stack([np.full(int(large.sum()), float(hops)), share * n[large]])
+    weights = 1 / t[large]
+    coef, *_ = np.linalg.lstsq(design * weights[:, None], t[large] * weights, rcond=None)
     alpha, beta = (max(0.0, float(c)) for c in coef)
+    if bandwidth_from and not large.all():
+        alpha = max(0.0, float(np.median((t[~large] - share * n[~large] * beta) / hops)))
     return NetworkProfile(name, alpha, beta)
 
 

@@ -45,6 +45,22 @@ def test_fit_recovers_the_parameters_of_synthetic_measurements():
         fit_allreduce([1], [1e-6], ranks=2)
 
 
+def test_fitting_bandwidth_on_large_sizes_takes_the_latency_from_the_small_ones():
+    """Large messages that show no latency (the pattern measured here: a shared-memory MPI
+    switches protocol) and small ones that do: the two-stage fit keeps the large sizes'
+    bandwidth and prices small messages by the small sizes' latency."""
+    alpha, beta, ranks = 4e-6, 1 / 5e9, 4
+    sizes = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+    times = [1.5 * n * beta + (6 * alpha if n < 256 << 10 else 0.0) for n in sizes]
+    large_only = fit_allreduce(sizes[3:], times[3:], ranks)
+    assert large_only.alpha < 1e-12 and large_only.beta == pytest.approx(beta, rel=1e-9)
+    fitted = fit_allreduce(sizes, times, ranks, bandwidth_from=256 << 10)
+    assert fitted.beta == pytest.approx(beta, rel=1e-9)
+    assert fitted.alpha == pytest.approx(alpha, rel=1e-9)
+    with pytest.raises(UserError, match="from 1.67772e\\+07 bytes up"):
+        fit_allreduce(sizes, times, ranks, bandwidth_from=16 << 20)
+
+
 def test_prediction_for_a_run():
     net = get_profile("eth10")
     assert predict_allreduce_seconds(0, 0, 4, net) == 0.0
