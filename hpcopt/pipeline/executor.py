@@ -270,15 +270,6 @@ class Pipeline:
         array = xp.ascontiguousarray(array, dtype=self.params.dtype)
         pending.append((self.comm.isend(array, dest, k + 1, label), array))
 
-    def _mean(self, losses: list[Any]) -> float:
-        """The mean of the samples' losses, added in float64 in sample order where they are (on
-        a device: one copy to the host per iteration, not one per sample)."""
-        xp = self.comm.backend.xp
-        total = xp.asarray(losses[0], dtype=np.float64)
-        for value in losses[1:]:
-            total = total + xp.asarray(value, dtype=np.float64)
-        return float(total) / len(losses)
-
     def _run(self, samples: int, point: Array, grad_out: Array | None,
              perturb: Perturb | None) -> float:
         """One iteration of the schedule (forward only when ``grad_out`` is None)."""
@@ -345,4 +336,7 @@ class Pipeline:
         self.timing.busy += elapsed - idle
         self.timing.iterations += 1
         self.timing.samples += samples
-        return self._mean(losses) if self.last else 0.0
+        if not self.last:
+            return 0.0
+        # added in float64 in sample order, after one copy of all K losses to the host
+        return sum(self.comm.backend.floats_to_host(losses)) / samples
