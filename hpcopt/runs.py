@@ -100,3 +100,16 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     return trace_io.TraceWriter(path, attrs, resume_at, extra_columns=extra_columns,
                                 modelled=bool(network))
+
+
+def header_end(out: Path | None, resumed_at: str, comm: Comm) -> str:
+    """The last lines of a run's header, the same for both loops: the run directory, where a
+    resumed run continues (``resumed_at``, e.g. "RUN/checkpoints/step-000000008.h5 at step
+    8"; "" when new), and on the GPU the device and how MPI reaches it."""
+    lines = [f"run directory {out or 'none'}"]
+    if resumed_at:
+        lines.append(f"resuming from {resumed_at}")
+    if comm.backend.is_gpu and comm.transport is not None:
+        lines.append(f"rank 0 on GPU {comm.backend.device}; MPI: {comm.transport.choice.describe()}")
+    return "\n".join(lines)
+

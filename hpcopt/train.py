@@ -46,7 +46,7 @@ from .preflight import agree_ticks, check_output
 from .problems.classification import Evaluation
 from .problems.language_model import LMEvaluation
 from .progress import Progress
-from .runs import StopSignal, open_trace, run_directory
+from .runs import StopSignal, header_end, open_trace, run_directory
 from .staging import prepare_gpu
 from .threads import ThreadChoice, configure_threads
 from .watchdog import watching
@@ -425,14 +425,11 @@ def _summarize(run: _Run, final: Evaluation | LMEvaluation | None, train_loss: f
 def _header(parts: RunParts, comm: Comm, threads: ThreadChoice, out: Path | None,
             ckpt: ckpt_io.Checkpoint | None) -> str:
     cfg = parts.config
-    resumed = f"\nresuming from {ckpt.path} at step {ckpt.tick}" if ckpt else ""
-    gpu = ""
-    if parts.backend.is_gpu and comm.transport is not None:
-        gpu = f"\nrank 0 on GPU {parts.backend.device}; MPI: {comm.transport.choice.describe()}"
+    resumed = f"{ckpt.path} at step {ckpt.tick}" if ckpt else ""
     return (f"hpcopt train: {cfg.algorithm.algorithm} on {parts.description} "
             f"({parts.model.layout.size:,} parameters, {cfg.run.dtype}), "
             f"{comm.size} rank(s), {_algorithm_settings(parts)}, batch {cfg.data.batch_size}/rank, "
-            f"{parts.total_steps} steps, {threads.describe()}\nrun directory {out or 'none'}{resumed}{gpu}")
+            f"{parts.total_steps} steps, {threads.describe()}\n{header_end(out, resumed, comm)}")
 
 
 def _final_fields(final: Evaluation | LMEvaluation) -> dict[str, Any]:

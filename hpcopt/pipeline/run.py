@@ -51,7 +51,7 @@ from ..io import trace as trace_io
 from ..problems.staged import StagedProblem, setup_stage
 from ..progress import Progress
 from ..threads import ThreadChoice, configure_threads
-from ..runs import StopSignal, open_trace, run_directory
+from ..runs import StopSignal, header_end, open_trace, run_directory
 from ..nonfinite import NonFiniteError, advice, nonfinite_parameters
 from ..staging import prepare_gpu
 from ..watchdog import watching
@@ -185,13 +185,10 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     loop.writer = agreed(lambda: _trace_writer(config, prob, out, run_id, ckpt, comm), comm)
     show = verbose and config.run.progress and comm.rank == 0
     if show:
-        resumed = f"\nresuming from {ckpt.path} at iteration {ckpt.tick}" if ckpt else ""
-        gpu = ""
-        if comm.backend.is_gpu and comm.transport is not None:
-            gpu = f"\nrank 0 on GPU {comm.backend.device}; MPI: {comm.transport.choice.describe()}"
+        resumed = f"{ckpt.path} at iteration {ckpt.tick}" if ckpt else ""
         print(f"hpcopt train: {label} on {describe(config, prob, built.plan)}, "
               f"{config.run.dtype}, {built.total} iterations, {threads.describe()}\n"
-              f"run directory {out or 'none'}{resumed}{gpu}", flush=True)
+              f"{header_end(out, resumed, comm)}", flush=True)
     try:
         with StopSignal(out is not None) as stop_signal, \
                 watching(comm, config.run.stall_timeout, lambda: state.step):
