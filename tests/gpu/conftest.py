@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import skip_without_gpu
+from tests.gpu.tiny_images import write_tiny_mnist
+from tests.mpi.lm_corpus import write_tiny_ptb
 
 
 def pytest_collection_modifyitems(items):
@@ -18,6 +20,17 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def _needs_gpu():
     skip_without_gpu()
+
+
+@pytest.fixture
+def shared_dir(shared_dir, comm):
+    """The shared directory with a tiny PTB corpus (``ptb/``) and image set (``images/``), so
+    the GPU tests need no data-set package."""
+    if comm.rank == 0:
+        write_tiny_ptb(shared_dir / "ptb")
+        write_tiny_mnist(shared_dir / "images")
+    comm.mpi.Barrier()
+    return shared_dir
 
 
 @pytest.fixture

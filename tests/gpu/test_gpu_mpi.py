@@ -13,8 +13,6 @@ from hpcopt.config import build_config
 from hpcopt.mpi_support import cuda_aware_mpi
 from hpcopt.staging import DeviceTransport, PathChoice, choose_path, env_flag
 from hpcopt.train import train
-from tests.gpu.tiny_images import write_tiny_mnist
-from tests.mpi.lm_corpus import write_tiny_ptb
 from tests.reference import celgc_reference, prsgd_reference, worker_parts
 from tests.runs import fresh_train
 
@@ -33,16 +31,6 @@ def straight_through_or_skip() -> None:
 def staged(monkeypatch):
     """Runs in this test stage device buffers through host memory."""
     monkeypatch.setenv("HPCOPT_GPU_AWARE_MPI", "0")
-
-
-@pytest.fixture
-def shared_dir(shared_dir, comm):
-    """The shared directory with a tiny PTB corpus (``ptb/``) and image set (``images/``)."""
-    if comm.rank == 0:
-        write_tiny_ptb(shared_dir / "ptb")
-        write_tiny_mnist(shared_dir / "images")
-    comm.mpi.Barrier()
-    return shared_dir
 
 
 def small_config(directory, **overrides):

@@ -15,7 +15,6 @@ from hpcopt.problems.l1_chain import l1_chain
 from hpcopt.problems.staged import setup_stage
 from hpcopt.staging import DeviceTransport, PathChoice
 from tests.gpu.test_gpu_mpi import straight_through_or_skip
-from tests.gpu.tiny_images import write_tiny_mnist
 from tests.runs import PIPELINE_TIME_COLUMNS, fresh_pipeline
 
 pytestmark = pytest.mark.mpi
@@ -46,25 +45,16 @@ def host_vectors(state, cupy):
             else getattr(state, name) for name in VECTORS if getattr(state, name) is not None}
 
 
-@pytest.fixture
-def images(shared_dir, comm):
-    """``shared_dir`` with the tiny image set in ``images/`` (for the attack)."""
-    if comm.rank == 0:
-        write_tiny_mnist(shared_dir / "images")
-    comm.mpi.Barrier()
-    return shared_dir
-
-
 @pytest.mark.parametrize("path", ["staged", "straight"])
 @pytest.mark.parametrize("run", RUNS)
-def test_pipeline_run_on_gpu_matches_the_same_run_on_cpu(comm, cupy, monkeypatch, images, path,
+def test_pipeline_run_on_gpu_matches_the_same_run_on_cpu(comm, cupy, monkeypatch, shared_dir, path,
                                                         run):
     if path == "straight":
         straight_through_or_skip()
     else:
         monkeypatch.setenv("HPCOPT_GPU_AWARE_MPI", "0")
-    gpu_summary, gpu_state = fresh_pipeline(config("gpu", images, **RUNS[run]))
-    cpu_summary, cpu_state = fresh_pipeline(config("cpu", images, **RUNS[run]))
+    gpu_summary, gpu_state = fresh_pipeline(config("gpu", shared_dir, **RUNS[run]))
+    cpu_summary, cpu_state = fresh_pipeline(config("cpu", shared_dir, **RUNS[run]))
     assert isinstance(gpu_state.x, cupy.ndarray) and isinstance(cpu_state.x, np.ndarray)
     gpu_vectors, cpu_vectors = host_vectors(gpu_state, cupy), host_vectors(cpu_state, cupy)
     assert gpu_vectors.keys() == cpu_vectors.keys()
