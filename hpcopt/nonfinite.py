@@ -91,8 +91,8 @@ class StepGuard:
         finish()
         what = ("a rank skipped every step of the window" if self.mode == "skip"
                 else f"mean loss {bad.stats.loss_mean}")
-        raise NonFiniteError(f"non-finite loss in the trace row at step {bad.fields['step']} ({what}), "
-                             f"seen at tick {tick}; {advice(last_checkpoint)}")
+        raise nonfinite_loss(f"step {bad.fields['step']} ({what}), seen at tick {tick}",
+                             last_checkpoint)
 
     def check_model(self, model: Any, tick: int, last_checkpoint: str) -> None:
         """Raise NonFiniteError if the averaged ``model`` (the same on every rank) holds NaN or Inf."""
@@ -113,13 +113,19 @@ class StepGuard:
                   "gradient were skipped (all ranks)", flush=True)
 
 
+def nonfinite_loss(where: str, last_checkpoint: str, skip: bool = True) -> NonFiniteError:
+    """The error for a trace row (at ``where``) whose loss is NaN or Inf."""
+    return NonFiniteError(f"non-finite loss in the trace row at {where}; "
+                          f"{_advice(last_checkpoint, skip)}")
+
+
 def nonfinite_parameters(when: str, last_checkpoint: str, skip: bool = True) -> NonFiniteError:
     """The error for parameters found non-finite at ``when``, before a checkpoint."""
     return NonFiniteError(f"non-finite parameters at {when}, not checkpointed; "
-                          f"{advice(last_checkpoint, skip)}")
+                          f"{_advice(last_checkpoint, skip)}")
 
 
-def advice(last_checkpoint: str, skip: bool = True) -> str:
+def _advice(last_checkpoint: str, skip: bool = True) -> str:
     """What is left and what to try (``skip``: whether --on-nonfinite skip applies)."""
     kept = (f"the last good checkpoint is {last_checkpoint}" if last_checkpoint
             else "no checkpoint was written")

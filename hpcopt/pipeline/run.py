@@ -52,7 +52,7 @@ from ..problems.staged import StagedProblem, setup_stage
 from ..progress import Progress
 from ..threads import ThreadChoice, configure_threads
 from ..runs import StopSignal, header_end, open_trace, run_directory
-from ..nonfinite import NonFiniteError, advice, nonfinite_parameters
+from ..nonfinite import nonfinite_loss, nonfinite_parameters
 from ..staging import prepare_gpu
 from ..watchdog import watching
 from . import checkpoint as pipe_ckpt
@@ -272,9 +272,8 @@ class _Loop:
                 row = self.row(tick, evaluation, stop_signal.raised)
                 train_loss = row["loss_mean"]
                 if not math.isfinite(train_loss):  # the same row on every stage: all stop
-                    raise NonFiniteError(f"non-finite loss in the trace row at iteration {tick} "
-                                         f"(mean loss {train_loss}); "
-                                         f"{advice(self.checkpoint, skip=False)}")
+                    raise nonfinite_loss(f"iteration {tick} (mean loss {train_loss})",
+                                         self.checkpoint, skip=False)
                 stopped = tick < total and bool(row.pop("stop"))
                 if progress.due(tick) or stopped:
                     progress.report(tick, f"loss {train_loss:.6g} | bubble "
