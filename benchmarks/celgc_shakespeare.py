@@ -21,7 +21,6 @@ import time
 import numpy as np
 
 from hpcopt.algorithms.local_clip import LocalClip, NaiveParallelClip
-from hpcopt.algorithms.schedules import Schedule
 from hpcopt.backend import CPU
 from hpcopt.comm import Comm, node_layout
 from hpcopt.data.bptt import BpttSampler, rank_streams
@@ -74,11 +73,10 @@ def main() -> None:
     comm = Comm()
     configure_threads(node_layout(comm.mpi)[1])
     corpus = load_corpus("shakespeare")
-    schedule = Schedule("constant", args.lr)
-    runs = [("naive", NaiveParallelClip(schedule, args.gamma))]
-    runs += [(f"celgc I={i}", LocalClip(schedule, args.gamma, interval=i)) for i in args.intervals]
+    runs = [("naive", NaiveParallelClip(lr=args.lr, gamma=args.gamma))]
+    runs += [(f"celgc I={i}", LocalClip(lr=args.lr, gamma=args.gamma, interval=i)) for i in args.intervals]
     runs.append((f"no clip I={args.intervals[-1]}",
-                 LocalClip(schedule, math.inf, interval=args.intervals[-1])))
+                 LocalClip(lr=args.lr, gamma=math.inf, interval=args.intervals[-1])))
     if comm.rank == 0:
         print(f"{comm.size} ranks, {args.steps} steps, eta {args.lr}, gamma {args.gamma}, "
               f"LSTM {args.embed}-{args.hidden}x{args.layers}, batch {args.batch}/rank, "

@@ -43,7 +43,6 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from hpcopt.algorithms.local_sgd import LocalSGD  # noqa: E402
-from hpcopt.algorithms.schedules import Schedule  # noqa: E402
 from hpcopt.backend import CPU, Backend, get_backend  # noqa: E402
 from hpcopt.comm import Comm, node_layout  # noqa: E402
 from hpcopt.data.sampler import MinibatchSampler  # noqa: E402
@@ -73,7 +72,7 @@ def training_steps(backend: Backend, batch: int) -> Callable[[int], None]:
     model.init(x0, stream(0, "init"))
     problem = ClassificationProblem(model, backend.asarray(features), backend.asarray(labels),
                                     MinibatchSampler(np.arange(n), batch, 0, 0), backend)
-    algorithm = LocalSGD(Schedule("constant", 0.01), interval=1 << 30, momentum=0.9)
+    algorithm = LocalSGD(lr=0.01, interval=1 << 30, momentum=0.9)
     comm = Comm(MPI.COMM_SELF, backend=backend)
     state = algorithm.init(backend.asarray(x0, np.float32), comm)
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .config import DEVICES
 from .errors import UserError
+
+DEVICES = ("cpu", "gpu")  # NumPy, or CuPy on the GPU of each node-local rank
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -9,9 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import rng
-from .algorithms.local_clip import LocalClip, NaiveParallelClip
-from .algorithms.local_sgd import LocalSGD
-from .algorithms.schedules import Schedule
+from .algorithms.base import DataParallelAlgorithm, create
 from .backend import Backend, get_backend
 from .comm import Comm
 from .config import CONV_MODELS, Config
@@ -29,7 +28,6 @@ from .problems.classification import ClassificationProblem, Evaluation
 from .problems.language_model import LanguageModelProblem, LMEvaluation
 
 Array = Any
-Algorithm = LocalSGD | LocalClip | NaiveParallelClip
 
 
 @dataclass
@@ -45,7 +43,7 @@ class RunParts:
     dataset: Dataset | Corpus
     model: Sequential | LSTMLanguageModel
     problem: ClassificationProblem | LanguageModelProblem
-    algorithm: Algorithm
+    algorithm: DataParallelAlgorithm
     x0: Array
     total_steps: int         # T, the nominal number of local steps
     local_steps: int         # steps this rank runs (differs from T only with local_steps)
@@ -63,7 +61,7 @@ class RunParts:
     @property
     def clipping(self) -> bool:
         """Whether the algorithm clips (its state counts clipped steps)."""
-        return isinstance(self.algorithm, (LocalClip, NaiveParallelClip))
+        return self.algorithm.clips
 
 
 def build_run(config: Config, comm: Comm) -> RunParts:
@@ -231,20 +229,12 @@ def build_model(config: Config, inputs: int, classes: int,
     return mlp(inputs, cfg.hidden, classes, cfg.activation)
 
 
-def build_algorithm(config: Config, size: int, total_steps: int) -> Algorithm:
-    """The algorithm ``config.algorithm.algorithm`` names, with its step-size schedule."""
+def build_algorithm(config: Config, size: int, total_steps: int) -> DataParallelAlgorithm:
+    """The algorithm ``config.algorithm.algorithm`` names, with its options and the run's
+    context (world size and length for the step-size schedule, the seed)."""
     algo = config.algorithm
-    schedule = Schedule(algo.schedule, algo.lr, algo.decay, algo.milestones, size, total_steps)
-    if algo.algorithm == "celgc":
-        return LocalClip(schedule, algo.gamma, algo.momentum, algo.nesterov, algo.weight_decay,
-                         interval=algo.interval, norm=algo.clip_norm,
-                         momentum_policy=algo.momentum_policy, participation=algo.participation,
-                         seed=config.run.seed, buffer_policy=algo.buffer_policy)
-    if algo.algorithm == "naive_clip":
-        return NaiveParallelClip(schedule, algo.gamma, algo.momentum, algo.nesterov,
-                                 algo.weight_decay, algo.buffer_policy)
-    return LocalSGD(schedule, algo.interval, algo.momentum, algo.nesterov,
-                    algo.momentum_policy, algo.local_steps, algo.buffer_policy)
+    return create(algo.algorithm, dataclasses.asdict(algo),
+                  {"workers": size, "total_steps": total_steps, "seed": config.run.seed})
 
 
 def _steps_for_epochs(epochs: float, n_train: int, workers: int, batch_size: int) -> int:

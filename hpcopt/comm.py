@@ -19,7 +19,6 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import CPU, Backend
-from .config import AVERAGING_MODES
 from .errors import UserError
 from .shm_average import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
 from .staging import DeviceTransport, transport_for
@@ -32,9 +31,10 @@ T = TypeVar("T")
 #: 2 ranks, one per core): 2 MB best, 1 and 4 MB within 5-8%, unsliced 2x slower.
 ALLREDUCE_SLICE_BYTES = 2 << 20
 
-#: How ``Comm.average_`` averages (``AVERAGING_MODES``): "mpi" (sliced MPI Allreduce), "shm"
-#: (node-local shared memory + inter-node allreduce, hpcopt/shm_average.py) or "auto" (shm from
+#: How ``Comm.average_`` averages: "mpi" (sliced MPI Allreduce), "shm" (node-local shared
+#: memory + inter-node allreduce, hpcopt/shm_average.py) or "auto" (shm from
 #: SHM_AVERAGE_MIN_BYTES up when every node holds several ranks, else mpi).
+AVERAGING_MODES = ("auto", "mpi", "shm")
 
 
 @dataclass

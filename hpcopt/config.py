@@ -15,6 +15,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .algorithms.base import PIPELINE, create, option, option_fields, registry
+from .algorithms.base import names as algorithm_names
+from .backend import DEVICES
+from .comm import AVERAGING_MODES
 from .errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -22,26 +26,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ALGORITHMS = ("prsgd", "celgc", "naive_clip", "pprs", "pipelined_gd", "pipelined_agd")
-#: Algorithms whose ranks are pipeline stages (hpcopt.pipeline.run), and their problems.
-PIPELINE_ALGORITHMS = ("pprs", "pipelined_gd", "pipelined_agd")
 PIPELINE_PROBLEMS = ("attack", "few_shot", "l1_chain")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")  # hpcopt.pipeline.schedules.KINDS
-PPRS_OUTER_LOOPS = ("nesterov", "accelerated")  # hpcopt.algorithms.pprs.OUTER_LOOPS
-CLIPPING = ("celgc", "naive_clip")  # algorithms that clip (LocalClip, NaiveParallelClip)
 TEXT_CORPORA = ("shakespeare", "ptb", "wikitext2")  # data sets for language models
 MODELS = ("mlp", "lstm", "resnet", "plain_cnn")
 CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
-BUFFER_POLICIES = ("local", "average", "rank0")  # hpcopt.algorithms.buffers
 DTYPES = ("float32", "float64")
-DEVICES = ("cpu", "gpu")  # hpcopt.backend: NumPy, or CuPy on the GPU of each node-local rank
-AVERAGING_MODES = ("auto", "mpi", "shm")  # hpcopt.comm: how average_ runs
 NONFINITE_MODES = ("stop", "skip")  # hpcopt.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
-
-
-def option(default: Any, help: str) -> Any:
-    """A config field with its one-line help, shown by ``hpcopt train --help``."""
-    return field(default=default, metadata={"help": help})
+#: Algorithms whose ranks are pipeline stages (hpcopt.pipeline.run).
+PIPELINE_ALGORITHMS = algorithm_names(PIPELINE)
 
 
 def _refuse_changed(section: Any, key: str, value: str, only: dict[str, tuple[str, ...]]) -> None:
@@ -51,11 +43,6 @@ def _refuse_changed(section: Any, key: str, value: str, only: dict[str, tuple[st
     for name, allowed in only.items():
         if getattr(section, name) != defaults[name].default and value not in allowed:
             raise UserError(f"{name} applies only to --{key} {' or '.join(allowed)}, not {value}")
-
-
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise UserError(f"{name} must be > 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -165,79 +152,42 @@ class ModelConfig:
         return self.model == "resnet" or (self.model == "plain_cnn" and self.batch_norm)
 
 
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    algorithm: str = option("prsgd", "prsgd | celgc | naive_clip | pprs | pipelined_gd | pipelined_agd")
-    lr: float = option(0.1, "learning rate eta")
-    interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
-    schedule: str = option("constant",
-                           "learning-rate schedule: constant | step (decay at milestones) | sqrt_nt")
-    decay: float = option(0.1, "step schedule: factor applied at each milestone")
-    milestones: tuple[int, ...] = option((),
-                                         "step schedule: increasing steps at which lr is multiplied by "
-                                         "decay")
-    momentum: float = option(0.0, "heavy-ball momentum mu; 0 = plain SGD")
-    nesterov: bool = option(False, "Nesterov momentum instead of heavy ball")
-    momentum_policy: str = option("keep", "momentum buffers at a round: keep | average | reset")
-    local_steps: tuple[int, ...] = option((),
-                                          "prsgd: local steps per round of each rank (one value per "
-                                          "rank); none = interval")
-    gamma: float = option(math.inf, "clipping threshold (celgc, naive_clip); inf = no clipping")
-    clip_norm: str = option("local", "celgc: local ||g_i|| or global sqrt(mean_j ||g_j||^2)")
-    weight_decay: float = option(0.0, "celgc, naive_clip")
-    participation: float = option(1.0, "celgc: fraction of ranks in each round's average")
-    buffer_policy: str = option("average", "batch-norm statistics at a round: local, average, rank0")
-    samples: int = option(10, "pprs: K perturbed samples per iteration")
-    smoothing: float = option(1e-3, "pprs: gamma (accelerated: gamma_t = smoothing * alpha_t)")
-    outer: str = option("nesterov", "pprs: nesterov (fixed lr, momentum, gamma) | accelerated")
-    pipeline: str = option("gpipe", "pipeline algorithms: gpipe (fill-drain) | 1f1b")
+def _algorithm_section() -> Any:
+    """The ``[algorithm]`` section: the algorithm's name and the options of every registered
+    algorithm (``hpcopt.algorithms``; the first class to define a shared name, such as lr, gives
+    its default and help). A run takes the options of its algorithm's class; another one's
+    option changed from its default is an error naming the algorithms it applies to."""
+    entries: list[tuple[str, Any, Any]] = [
+        ("algorithm", str, option("prsgd", " | ".join(registry())))]
+    for cls in registry().values():
+        hints = typing.get_type_hints(cls)
+        for f in option_fields(cls):
+            if all(f.name != entry[0] for entry in entries):
+                entries.append((f.name, hints[f.name], field(default=f.default, metadata=f.metadata)))
+    return dataclasses.make_dataclass("AlgorithmConfig", entries, frozen=True,
+                                      namespace={"__post_init__": _check_algorithm,
+                                                 "__module__": __name__})
 
-    def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise UserError(f"unknown algorithm {self.algorithm!r} (choose from {', '.join(ALGORITHMS)})")
-        _positive("lr", self.lr)
-        if not math.isfinite(self.lr):
-            raise UserError(f"lr must be finite, got {self.lr}")
-        self._check_pipeline_keys()
-        if self.buffer_policy not in BUFFER_POLICIES:
-            raise UserError(f"unknown buffer_policy {self.buffer_policy!r} "
-                            f"(choose from {', '.join(BUFFER_POLICIES)})")
-        if self.interval < 1:
-            raise UserError(f"interval I must be >= 1, got {self.interval}")
-        _refuse_changed(self, "algorithm", self.algorithm, {
-            "clip_norm": ("celgc",), "gamma": CLIPPING, "local_steps": ("prsgd",),
-            "momentum_policy": ("prsgd", "celgc"), "participation": ("celgc",),
-            "weight_decay": CLIPPING})
 
-    def _check_pipeline_keys(self) -> None:
-        """Options of the pipeline algorithms: their ranges, and refused elsewhere when changed."""
-        if self.samples < 1:
-            raise UserError(f"samples K must be >= 1, got {self.samples}")
-        if not (self.smoothing >= 0 and math.isfinite(self.smoothing)):
-            raise UserError(f"smoothing (gamma) must be >= 0, got {self.smoothing}")
-        if self.outer not in PPRS_OUTER_LOOPS:
-            raise UserError(f"unknown outer loop {self.outer!r} (choose from {', '.join(PPRS_OUTER_LOOPS)})")
-        if self.pipeline not in PIPELINE_SCHEDULES:
-            raise UserError(f"unknown pipeline schedule {self.pipeline!r} "
-                            f"(choose from {', '.join(PIPELINE_SCHEDULES)})")
-        _refuse_changed(self, "algorithm", self.algorithm, {
-            "samples": ("pprs",), "smoothing": ("pprs",), "outer": ("pprs",),
-            "pipeline": PIPELINE_ALGORITHMS})
-        defaults = AlgorithmConfig.__dataclass_fields__
-        if self.algorithm in PIPELINE_ALGORITHMS:
-            if not 0 <= self.momentum < 1:
-                raise UserError(f"momentum must be in [0, 1), got {self.momentum}")
-            if self.algorithm == "pipelined_agd" and self.momentum == 0:
-                raise UserError("pipelined_agd needs --momentum in (0, 1), e.g. 0.9 "
-                                "(with momentum 0 it is --algorithm pipelined_gd)")
-            if self.algorithm == "pipelined_gd" and self.momentum != 0:
-                raise UserError("momentum applies only to --algorithm pprs or pipelined_agd, "
-                                "not pipelined_gd")
-            changed = [name for name in ("interval", "schedule", "nesterov", "milestones")
-                       if getattr(self, name) != defaults[name].default]
-            if changed:
-                raise UserError(f"{changed[0]} does not apply to pipeline algorithms "
-                                f"({', '.join(PIPELINE_ALGORITHMS)})")
+def _check_algorithm(section: Any) -> None:
+    """Refuse options the chosen algorithm does not have (when changed from their default, to
+    another value than the one its class ``implied``), then let its class check its own."""
+    found = registry().get(section.algorithm)
+    if found is None:
+        raise UserError(f"unknown algorithm {section.algorithm!r} (choose from {', '.join(registry())})")
+    own = {f.name for f in option_fields(found)}
+    implied = found.implied
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if (f.name != "algorithm" and f.name not in own and value != f.default
+                and implied.get(f.name, f.default) != value):
+            users = [n for n, cls in registry().items() if f.name in {g.name for g in option_fields(cls)}]
+            raise UserError(f"{f.name} applies only to --algorithm {' or '.join(users)}, "
+                            f"not {section.algorithm}")
+    create(section.algorithm, dataclasses.asdict(section), {})
+
+
+AlgorithmConfig = _algorithm_section()
 
 
 @dataclass(frozen=True)
@@ -301,7 +251,7 @@ class RunConfig:
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    algorithm: Any = field(default_factory=AlgorithmConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
@@ -454,6 +404,18 @@ def build_config(file_values: dict[str, Any] | None = None,
         values = {k: coerce(k, v, _field_type(cls, k)) for k, v in chosen[section].items()}
         parts[section] = cls(**values)
     return Config(**parts)
+
+
+def config_from_stored(values: dict[str, Any]) -> Config:
+    """A config a run stored (in a checkpoint or trace) as TOML tables. Its ``[algorithm]``
+    table lists every algorithm's options, at the defaults of the hpcopt that wrote it: only
+    those of the run's own algorithm are taken, so a later change of another algorithm's
+    default does not make old files invalid."""
+    table = values.get("algorithm")
+    if isinstance(table, dict) and table.get("algorithm") in registry():
+        own = {f.name for f in option_fields(registry()[table["algorithm"]])}
+        values = {**values, "algorithm": {k: v for k, v in table.items() if k == "algorithm" or k in own}}
+    return build_config(values)
 
 
 #: Options a resumed run may change: where files go and how often, what is printed, evaluation,

@@ -30,8 +30,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms.buffers import sync_buffers
-from .algorithms.local_clip import LocalClipState
-from .algorithms.local_sgd import AVERAGE_LABEL, LocalSGDState
+from .algorithms.data_parallel import DataParallelState
+from .algorithms.local_sgd import AVERAGE_LABEL
 from .build import RunParts, build_run
 from .comm import Comm, agreed, node_layout
 from .config import Config, check_resume
@@ -51,7 +51,7 @@ from .staging import prepare_gpu
 from .threads import ThreadChoice, configure_threads
 from .watchdog import watching
 
-State = LocalSGDState | LocalClipState
+State = DataParallelState
 
 
 @dataclass
@@ -119,11 +119,11 @@ def evaluate_average(parts: RunParts, state: State, scratch: Any,
 
     Batch-norm statistics: at a round boundary the ones the policy left; mid-round a copy of
     them with the policy applied (label eval)."""
-    if state.steps_in_round == 0:
+    if parts.algorithm.synchronized(state):
         return parts.evaluate(state.x, state.grad, comm)  # every rank holds the average already
     scratch[...] = state.x
     model = comm.average_(scratch, label="eval")
-    buffers = getattr(state, "buffers", None)
+    buffers = state.buffers
     if buffers is None:
         return parts.evaluate(model, state.grad, comm)
     copy = buffers.copy()
@@ -168,7 +168,7 @@ class _Run:
         finished = self.window.complete(self.comm)
         state = self.state
         fields = {"step": state.step, "rounds": state.rounds, "wall": self.wall(),
-                  "lr": self.parts.algorithm.schedule(max(state.step - 1, 0)),
+                  "lr": self.parts.algorithm.lr_at(max(state.step - 1, 0)),
                   **_evaluation_fields(evaluation, self.config.language_model)}
         row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm, self.network))
         self.window.post(self.comm, stop, row)
@@ -199,17 +199,18 @@ class _Run:
             self.writer.flush()  # the checkpoint counts only rows that are on disk
         state, comm = self.state, self.comm
         model = state.x
-        if state.steps_in_round:
+        synchronized = self.parts.algorithm.synchronized(state)
+        if not synchronized:
             scratch[...] = state.x
             model = comm.average_(scratch, label=ckpt_io.LABEL)
         assert self.out is not None
         self.guard.check_model(model, tick, self.checkpoint)
         path = ckpt_io.checkpoint_path(self.out, tick)
-        ckpt_io.save(path, comm, self.config, self.parts.model.layout, state,
-                     self.parts.problem.sampler, self.window.fold(), model, tick, self.run_id,
-                     self.writer.rows if self.writer else 0, self.wall(),
+        at = ckpt_io.Position(self.config, self.parts.model.layout, tick, self.run_id,
+                              self.writer.rows if self.writer else 0, self.wall())
+        ckpt_io.save(path, comm, at, state, synchronized=synchronized, model=model,
+                     sampler=self.parts.problem.sampler, window=self.window.fold(),
                      hidden=self.parts.carried[0]() if self.parts.carried else None,
-                     buffers=getattr(state, "buffers", None),
                      before_commit=self.guard.commit_hook(tick))
         if comm.rank == 0:
             ckpt_io.prune(path.parent, self.config.run.keep_checkpoints)
@@ -317,7 +318,7 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: S
     for _ in range(parts.local_steps - state.step):
         loss = algorithm.step(state, oracle, comm)
         if guard.kept():
-            window.add(loss, getattr(state, "clipped", False))
+            window.add(loss, getattr(state, "clipped", False))  # clipping algorithms' flag
         tick_now = algorithm.clock(state)
         if tick_now is None:
             continue
@@ -351,11 +352,8 @@ def _loop(run: _Run, ckpt: ckpt_io.Checkpoint | None, total: int, stop_signal: S
         guard.check_rows(rows, tick, last_good(), run.finish_rows)
         for row in rows:
             train_loss = row.stats.loss_mean
-        if state.steps_in_round:
-            comm.average_(state.x, label="final")
-            if getattr(state, "buffers", None) is not None:
-                sync_buffers(state.buffers, algorithm.buffer_policy, comm, label="final")
-            state.steps_in_round = 0
+        if not algorithm.synchronized(state):
+            algorithm.finish(state, comm, label="final")
         parts.backend.synchronize()
         final = evaluate_average(parts, state, scratch, comm)
     guard.report(comm, show)
@@ -378,11 +376,11 @@ def _restore(ckpt: ckpt_io.Checkpoint, config: Config, parts: RunParts, state: S
     if ckpt.tick >= total:
         raise UserError(f"{path} is at step {ckpt.tick} of {total}: the run is complete "
                         "(pass --steps N with N larger to train further)")
-    probe = LocalSGDState(None, None, None, *(int(v) for v in ckpt.counters[comm.rank]))
-    if parts.algorithm.clock(probe) != ckpt.tick:
+    window = ckpt_io.restore(ckpt, comm.rank, state, parts.problem.sampler, comm.backend,
+                             parts.carried[1] if parts.carried else None)
+    if parts.algorithm.clock(state) != ckpt.tick:
         raise UserError(f"{path}: its counters do not match its tick {ckpt.tick}")
-    return ckpt_io.restore(ckpt, comm.rank, state, parts.problem.sampler, comm.backend,
-                           parts.carried[1] if parts.carried else None)
+    return window
 
 
 def _describe(layout: Any) -> str:
@@ -441,11 +439,7 @@ def _final_fields(final: Evaluation | LMEvaluation) -> dict[str, Any]:
 
 
 def _algorithm_settings(parts: RunParts) -> str:
-    algo = parts.config.algorithm
-    if algo.algorithm == "naive_clip":
-        return f"gamma={algo.gamma:g}"
-    interval = f"I={algo.interval}"
+    settings = parts.algorithm.describe()
     if parts.buffers is not None:
-        interval += f", buffer_policy {algo.buffer_policy}"
-    return interval + (f", gamma={algo.gamma:g} ({algo.clip_norm} norm)"
-                       if algo.algorithm == "celgc" else "")
+        settings += f", buffer_policy {parts.algorithm.buffer_policy}"
+    return settings

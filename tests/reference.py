@@ -13,8 +13,15 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from hpcopt.algorithms.schedules import Schedule
 from hpcopt.build import build_run
 from hpcopt.rng import stream
+
+
+def options_of(schedule: Schedule) -> dict:
+    """The step-size options of an algorithm class that give ``schedule``."""
+    return {"lr": schedule.lr, "schedule": schedule.kind, "decay": schedule.decay,
+            "milestones": schedule.milestones}
 
 
 def worker_parts(config, workers: int):
@@ -25,10 +32,12 @@ def worker_parts(config, workers: int):
 
 
 def prsgd_reference(config, workers: int) -> np.ndarray:
-    """Final averaged model of PR-SGD, serially: local (momentum) steps, mean every I_i steps."""
+    """Final averaged model of PR-SGD, serially: local (momentum) steps, mean every I_i steps.
+    For SlowMo (``--algorithm slowmo``), each mean is followed by the slow step from the round's
+    start: u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
-    schedule = parts[0].algorithm.schedule
+    schedule = parts[0].algorithm.lr_at
     intervals = list(algo.local_steps) or [algo.interval] * workers
     x = [p.x0.astype(np.float64).copy() for p in parts]
     b = [np.zeros_like(x[0]) for _ in parts]
@@ -36,6 +45,7 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
     done = [0] * workers
     total_rounds = parts[0].total_steps // algo.interval
     g = np.zeros_like(x[0])
+    anchor, slow = x[0].copy(), np.zeros_like(x[0])
 
     def local_step(i):
         parts[i].problem.oracle(x[i], g)
@@ -47,11 +57,16 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
         x[i] = x[i] - schedule(done[i]) * d
         done[i] += 1
 
-    for _ in range(total_rounds):
+    for r in range(total_rounds):
         for i in range(workers):
             for _ in range(intervals[i]):
                 local_step(i)
         mean = sum(x) / workers
+        if algo.algorithm == "slowmo":
+            eta = schedule((r + 1) * algo.interval - 1)
+            slow = algo.slow_momentum * slow + (anchor - mean) / eta
+            anchor = anchor - algo.slow_lr * eta * slow
+            mean = anchor.copy()
         x = [mean.copy() for _ in range(workers)]
         if algo.momentum and algo.momentum_policy == "average":
             mb = sum(b) / workers
@@ -67,7 +82,7 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
 def minibatch_sgd_reference(config, workers: int) -> np.ndarray:
     """Parallel mini-batch SGD: x <- x - lr * mean_i g_i(x), one common model."""
     parts = worker_parts(config, workers)
-    schedule = parts[0].algorithm.schedule
+    schedule = parts[0].algorithm.lr_at
     x = parts[0].x0.astype(np.float64).copy()
     g = np.zeros_like(x)
     for t in range(parts[0].total_steps):
@@ -103,7 +118,7 @@ def _clipped_steps(x, grads, norms, b, t, lr, gamma, base_lr, momentum, nesterov
 
 def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, momentum=0.0,
                     nesterov=False, weight_decay=0.0, momentum_policy="keep", participation=1.0,
-                    seed=0, norm="local"):
+                    seed=0, clip_norm="local"):
     """CELGC with N = len(oracles) simulated workers; ``lr(t)`` is eta_t.
 
     Every step t: if t % I == 0, every model (and with policy "average" every momentum buffer)
@@ -136,7 +151,7 @@ def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, momentum=0
             oracles[i](x[i], g)
             grads.append(g)
         norms = [float(np.sqrt(np.sum(g * g))) for g in grads]
-        if norm == "global":
+        if clip_norm == "global":
             norms = [math.sqrt(sum(n * n for n in norms) / workers)] * workers
         x, b, clipped = _clipped_steps(x, grads, norms, b, t, lr, gamma, base_lr, momentum,
                                        nesterov, weight_decay)

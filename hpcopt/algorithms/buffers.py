@@ -14,13 +14,16 @@ statistics. The trade-off is discussed in docs/conv-and-batchnorm.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..comm import Comm
-from ..config import BUFFER_POLICIES
 from ..errors import UserError
 
+if TYPE_CHECKING:
+    from ..comm import Comm
+
 Array = Any
+
+BUFFER_POLICIES = ("local", "average", "rank0")
 
 BUFFERS_LABEL = "buffers"
 

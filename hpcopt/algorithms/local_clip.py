@@ -30,19 +30,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
-from mpi4py import MPI
 
 from ..backend import array_module
-from ..comm import Comm
 from ..errors import UserError
 from ..rng import stream
-from .buffers import check_buffer_policy, sync_buffers
+from .base import context, option
+from .buffers import sync_buffers
+from .data_parallel import DataParallelState, ScheduledSGD
 from .local_sgd import AVERAGE_LABEL, MOMENTUM_LABEL
-from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, momentum_direction
-from .schedules import Schedule
+from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, check_momentum_policy, momentum_direction
+from .state import counter, flag, scalar
+
+if TYPE_CHECKING:
+    from ..comm import Comm
 
 Array = Any
 Oracle = Callable[[Array, Array], Any]
@@ -53,63 +56,39 @@ NORM_EPSILON = 1e-10  # added to ||g|| as in the authors' code
 
 
 @dataclass
-class LocalClipState:
-    """Everything a clipping rank carries between steps (the checkpoint saves exactly this)."""
+class LocalClipState(DataParallelState):
+    """A clipping rank's state: the data-parallel one and its clipping counters. On the GPU
+    they are 0-d device arrays, read (int(), bool(), float()) only when a trace row,
+    checkpoint or summary needs them: the clipping rule costs no transfer a step."""
 
-    x: Array
-    grad: Array
-    momentum: Array | None
-    step: int = 0              # steps taken (the same on every rank)
-    rounds: int = 0            # averaging rounds completed
-    steps_in_round: int = 0    # local steps since the last averaging
-    buffers: Array | None = None  # batch-norm running statistics (None: the model has none)
-    # On the GPU the next three are 0-d device arrays, read (int(), bool(), float()) only when
-    # a trace row, checkpoint or summary needs them: the clipping rule costs no transfer a step.
-    clipped: Any = False       # whether the last step was clipped on this rank
-    clip_count: Any = 0        # steps clipped on this rank so far
-    grad_norm: Any = math.nan  # the norm the last step's rule used
+    clipped: Any = flag()             # whether the last step was clipped on this rank
+    clip_count: Any = counter()       # steps clipped on this rank so far
+    grad_norm: Any = scalar(math.nan)  # the norm the last step's rule used
 
 
-@dataclass(frozen=True)
-class _ClippedSGD:
+@dataclass(frozen=True, kw_only=True)
+class _ClippedSGD(ScheduledSGD):
     """Hyper-parameters and the update shared by CELGC and the baseline."""
 
-    schedule: Schedule
-    gamma: float
-    momentum: float = 0.0
-    nesterov: bool = False
-    weight_decay: float = 0.0
-    buffer_policy: str = "average"  # batch-norm statistics: local, average, rank0 (see init)
+    clips: ClassVar[bool] = True
+
+    gamma: float = option(math.inf, "clipping threshold (celgc, naive_clip); inf = no clipping")
+    weight_decay: float = option(0.0, "celgc, naive_clip")
 
     def __post_init__(self) -> None:
-        check_buffer_policy(self.buffer_policy)
+        super().__post_init__()
         if not self.gamma > 0:  # inf is allowed (no clipping), nan is not
             raise UserError(f"clipping gamma must be > 0 (inf disables clipping), got {self.gamma}")
-        if not 0 <= self.momentum < 1:
-            raise UserError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.nesterov and self.momentum == 0:
-            raise UserError("nesterov needs momentum > 0")
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
             raise UserError(f"weight_decay must be >= 0, got {self.weight_decay}")
-
-    def steps_for(self, total_steps: int, rank: int, size: int) -> int:
-        """Every rank runs all T steps."""
-        return total_steps
-
-    def clock(self, state: LocalClipState) -> int:
-        """The step: all ranks step together, so any step is a safe point for a collective."""
-        return state.step
-
-    def clock_ticks(self, total_steps: int) -> int:
-        return total_steps
 
     def step_size(self, t: int, norm: Any) -> Any:
         """min(eta_t, gamma_t / (norm + 1e-10)) with gamma_t = gamma * eta_t / eta_0.
 
         ``norm`` on the host gives a float; a 0-d device array gives a 0-d float64 device array
         with the same value, without a transfer to the host."""
-        lr = self.schedule(t)
-        gamma_t = self.gamma * (lr / self.schedule.lr)
+        lr = self.lr_at(t)
+        gamma_t = self.gamma * (lr / self.lr)
         xp = array_module(norm)
         if xp is np:
             return min(lr, gamma_t / (float(norm) + NORM_EPSILON))
@@ -123,17 +102,14 @@ class _ClippedSGD:
         statistics), only evaluation: they follow ``buffer_policy`` right after each average of
         x (over all ranks, also with partial participation), so every step in the baseline (as
         PyTorch's DDP broadcasts buffers every step; they are small)."""
-        comm.bcast_(x0, root=0, label="init")
-        xp = comm.backend.xp
-        momentum = xp.zeros_like(x0) if self.momentum > 0 else None
-        return LocalClipState(x=x0, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers)
+        return self.new_state(x0, comm, buffers, LocalClipState)
 
     def _update(self, state: LocalClipState, norm: Any) -> None:
         """x <- x - min(eta_t, gamma_t / (norm + eps)) d, d from state.grad (overwritten)."""
         if self.weight_decay:
             state.grad += self.weight_decay * state.x
         direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
-        lr = self.schedule(state.step)
+        lr = self.lr_at(state.step)
         step_size = self.step_size(state.step, norm)
         on_host = isinstance(step_size, float)
         # a device step size enters in x's dtype, as a float does (NumPy's weak scalars)
@@ -144,26 +120,26 @@ class _ClippedSGD:
         state.step += 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LocalClip(_ClippedSGD):
     """CELGC hyper-parameters (see the module docstring), validated at construction."""
 
-    interval: int = 1
-    norm: str = "local"
-    momentum_policy: str = "keep"
-    participation: float = 1.0
-    seed: int = 0
+    name: ClassVar[str] = "celgc"
+
+    interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
+    clip_norm: str = option("local", "celgc: local ||g_i|| or global sqrt(mean_j ||g_j||^2)")
+    momentum_policy: str = option("keep", f"momentum buffers at a round: {' | '.join(MOMENTUM_POLICIES)}")
+    participation: float = option(1.0, "celgc: fraction of ranks in each round's average")
+    seed: int = context(0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.interval < 1:
             raise UserError(f"interval I must be >= 1, got {self.interval}")
-        if self.norm not in CLIP_NORMS:
-            raise UserError(f"unknown clipping norm {self.norm!r} "
+        if self.clip_norm not in CLIP_NORMS:
+            raise UserError(f"unknown clipping norm {self.clip_norm!r} "
                             f"(choose from {', '.join(CLIP_NORMS)})")
-        if self.momentum_policy not in MOMENTUM_POLICIES:
-            raise UserError(f"unknown momentum_policy {self.momentum_policy!r} "
-                            f"(choose from {', '.join(MOMENTUM_POLICIES)})")
+        check_momentum_policy(self.momentum_policy)
         if not 0 < self.participation <= 1:
             raise UserError(f"participation fraction must be in (0, 1], got {self.participation}")
         if self.seed < 0:
@@ -184,7 +160,7 @@ class LocalClip(_ClippedSGD):
             self.average(state, comm)
         loss = oracle(state.x, state.grad)
         norm = comm.backend.xp.linalg.norm(state.grad)  # on the GPU: stays there
-        if self.norm == "global":
+        if self.clip_norm == "global":
             local = float(norm)
             norm = math.sqrt(comm.allreduce_scalar(local * local, label=CLIP_NORM_LABEL) / comm.size)
         self._update(state, norm)
@@ -205,6 +181,8 @@ class LocalClip(_ClippedSGD):
     @staticmethod
     def _mean_over(buf: Array, members: np.ndarray, comm: Comm, label: str) -> None:
         """buf <- (1/|S|) sum_{j in S} buf_j on every rank: one allreduce of the buffer."""
+        from mpi4py import MPI
+
         if members.size == comm.size:
             comm.average_(buf, label=label)
             return
@@ -213,10 +191,17 @@ class LocalClip(_ClippedSGD):
         comm.allreduce_(buf, MPI.SUM, label=label)
         buf /= members.size
 
+    def describe(self) -> str:
+        return f"I={self.interval}, gamma={self.gamma:g} ({self.clip_norm} norm)"
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class NaiveParallelClip(_ClippedSGD):
     """The baseline: g = (1/N) sum_i g_i every step (label "average"), one clipped step on g."""
+
+    name: ClassVar[str] = "naive_clip"
+    #: Options it has no use for but accepts at the value it embodies: it averages every step.
+    implied: ClassVar[dict[str, Any]] = {"interval": 1}
 
     def step(self, state: LocalClipState, oracle: Oracle, comm: Comm) -> Any:
         """Gradient, its average over ranks, one clipped step; returns this rank's loss."""
@@ -227,3 +212,6 @@ class NaiveParallelClip(_ClippedSGD):
             sync_buffers(state.buffers, self.buffer_policy, comm)
         state.rounds += 1
         return loss
+
+    def describe(self) -> str:
+        return f"gamma={self.gamma:g}"

@@ -19,13 +19,16 @@ has a flat buffer of running statistics (``state.buffers``); right after x is av
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from ..comm import Comm
 from ..errors import UserError
-from .buffers import check_buffer_policy, sync_buffers
-from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, momentum_direction
-from .schedules import Schedule
+from .base import option
+from .buffers import sync_buffers
+from .data_parallel import DataParallelState, ScheduledSGD
+from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, check_momentum_policy, momentum_direction
+
+if TYPE_CHECKING:
+    from ..comm import Comm
 
 Array = Any
 Oracle = Callable[[Array, Array], Any]
@@ -33,43 +36,26 @@ Oracle = Callable[[Array, Array], Any]
 AVERAGE_LABEL = "average"
 MOMENTUM_LABEL = "momentum"
 
-
-@dataclass
-class LocalSGDState:
-    """Everything a PR-SGD rank carries between steps (the checkpoint saves exactly this)."""
-
-    x: Array
-    grad: Array
-    momentum: Array | None
-    step: int = 0            # local steps taken on this rank
-    rounds: int = 0          # averaging rounds completed
-    steps_in_round: int = 0  # local steps since the last averaging
-    buffers: Array | None = None  # batch-norm running statistics (None: the model has none)
+#: PR-SGD's state: the shared data-parallel one.
+LocalSGDState = DataParallelState
 
 
-@dataclass(frozen=True)
-class LocalSGD:
+@dataclass(frozen=True, kw_only=True)
+class LocalSGD(ScheduledSGD):
     """PR-SGD hyper-parameters, validated at construction."""
 
-    schedule: Schedule
-    interval: int = 1
-    momentum: float = 0.0
-    nesterov: bool = False
-    momentum_policy: str = "keep"
-    local_steps: tuple[int, ...] = ()
-    buffer_policy: str = "average"  # batch-norm statistics at a round: local, average, rank0
+    name: ClassVar[str] = "prsgd"
+
+    interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
+    momentum_policy: str = option("keep", f"momentum buffers at a round: {' | '.join(MOMENTUM_POLICIES)}")
+    local_steps: tuple[int, ...] = option((), "prsgd: local steps per round of each rank (one value "
+                                              "per rank); none = interval")
 
     def __post_init__(self) -> None:
-        check_buffer_policy(self.buffer_policy)
+        super().__post_init__()
         if self.interval < 1:
             raise UserError(f"interval I must be >= 1, got {self.interval}")
-        if not 0 <= self.momentum < 1:
-            raise UserError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.nesterov and self.momentum == 0:
-            raise UserError("nesterov needs momentum > 0")
-        if self.momentum_policy not in MOMENTUM_POLICIES:
-            raise UserError(f"unknown momentum_policy {self.momentum_policy!r} "
-                            f"(choose from {', '.join(MOMENTUM_POLICIES)})")
+        check_momentum_policy(self.momentum_policy)
         if any(k < 1 for k in self.local_steps):
             raise UserError(f"local_steps must all be >= 1, got {self.local_steps}")
 
@@ -87,7 +73,7 @@ class LocalSGD:
         rounds, rest = divmod(total_steps, self.interval)
         return rounds * self.interval_of(rank) + (0 if self.local_steps else rest)
 
-    def clock(self, state: LocalSGDState) -> int | None:
+    def clock(self, state: DataParallelState) -> int | None:
         """A counter every rank passes through in the same order, or None between its ticks.
 
         Collectives outside the algorithm (logging, evaluation) may only run at its ticks: the
@@ -101,30 +87,27 @@ class LocalSGD:
         """How many ticks of ``clock`` a run of T nominal steps has."""
         return total_steps // self.interval if self.local_steps else total_steps
 
-    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> LocalSGDState:
+    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> DataParallelState:
         """State from x0; x0 is broadcast from rank 0 so every rank starts from the same model.
         ``buffers`` (the model's bound batch-norm statistics, the same initial values on every
         rank) is kept as ``state.buffers`` and synchronized at each round."""
-        comm.bcast_(x0, root=0, label="init")
-        xp = comm.backend.xp
-        momentum = xp.zeros_like(x0) if self.momentum > 0 else None
-        return LocalSGDState(x=x0, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers)
+        return self.new_state(x0, comm, buffers, DataParallelState)
 
-    def step(self, state: LocalSGDState, oracle: Oracle, comm: Comm) -> Any:
+    def step(self, state: DataParallelState, oracle: Oracle, comm: Comm) -> Any:
         """One local step, then the averaging round if this rank's I_i steps are done.
 
         Returns the minibatch loss at the point where the gradient was taken.
         """
         loss = oracle(state.x, state.grad)
         direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
-        state.x -= self.schedule(state.step) * direction
+        state.x -= self.lr_at(state.step) * direction
         state.step += 1
         state.steps_in_round += 1
         if state.steps_in_round == self.interval_of(comm.rank):
             self.average(state, comm)
         return loss
 
-    def average(self, state: LocalSGDState, comm: Comm) -> None:
+    def average(self, state: DataParallelState, comm: Comm) -> None:
         """The restart: x_i <- mean_j x_j, the buffer policy, and the momentum policy."""
         comm.average_(state.x, label=AVERAGE_LABEL)
         if state.buffers is not None:
@@ -133,3 +116,6 @@ class LocalSGD:
                               lambda b: comm.average_(b, label=MOMENTUM_LABEL))
         state.rounds += 1
         state.steps_in_round = 0
+
+    def describe(self) -> str:
+        return f"I={self.interval}"

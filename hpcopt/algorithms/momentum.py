@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..errors import UserError
+
 Array = Any
 
 MOMENTUM_POLICIES = ("keep", "average", "reset")
+
+
+def check_momentum_policy(policy: str) -> None:
+    if policy not in MOMENTUM_POLICIES:
+        raise UserError(f"unknown momentum_policy {policy!r} (choose from {', '.join(MOMENTUM_POLICIES)})")
 
 
 def momentum_direction(grad: Array, buffer: Array | None, mu: float, nesterov: bool) -> Array:

@@ -20,7 +20,7 @@ so each stage draws its own noise and the noise is never sent. Two outer loops:
 schedules; the paper's own text was not at hand, see ALGORITHMS.md §3]::
 
     alpha_0 = 1,  alpha_{t+1} = 2 / (1 + sqrt(1 + 4 / alpha_t^2));  x_0 = z_0 = theta_0
-    y_t = (1 - alpha_t) x_t + alpha_t z_t;   gamma_t = smoothing * alpha_t  (smoothing = R d^(-1/4))
+    y_t = (1 - alpha_t) x_t + alpha_t z_t;   gamma_t = smoothing * alpha_t  (default R d^(-1/4))
     G_t = G_{t-1} + g_t / alpha_t;           eta_t = R alpha_t / (2 L (d^(1/4) + sqrt((t+1)/K)))
     z_{t+1} = P(theta_0 - eta_{t+1} G_t);    x_{t+1} = (1 - alpha_t) x_t + alpha_t z_{t+1}
 
@@ -33,18 +33,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 import numpy as np
 
-from ..comm import Comm
 from ..errors import UserError
 from ..rng import stream
+from .base import PIPELINE, context, option
+from .data_parallel import check_momentum, positive_finite
+from .state import counter, scalar, scratch, vector
+
+if TYPE_CHECKING:
+    from ..comm import Comm
 
 Array = Any
 Perturb = Callable[[int, Array], None]
 OUTER_LOOPS = ("nesterov", "accelerated")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")  # hpcopt.pipeline.schedules.KINDS
 NOISE_PURPOSE = "pprs"
+#: gamma of the nesterov loop when ``smoothing`` is left at AUTO
+NESTEROV_SMOOTHING = 1e-3
+AUTO = -1.0
 
 
 class StagedOracle(Protocol):
@@ -68,20 +77,21 @@ class Box:
 
 @dataclass
 class PipelineState:
-    """What a stage carries between iterations (the checkpoint saves it, per stage)."""
+    """What a stage carries between iterations (the checkpoint saves the declared fields, per
+    stage: ``hpcopt.algorithms.state``)."""
 
-    x: Array                      # x_t, this stage's trainable block
-    y: Array                      # the point where the gradient is taken
-    grad: Array                   # g_t
-    prev: Array | None = None     # nesterov: x_{t-1}
-    z: Array | None = None        # accelerated: z_t
-    anchor: Array | None = None   # accelerated: theta_0
-    grad_sum: Array | None = None  # accelerated: G_t
-    noise_host: np.ndarray | None = None  # PPRS: where noise is drawn (CPU: d, GPU: K d pinned)
-    noise: Array | None = None    # PPRS on GPU: gamma_t X_k for k < K on the device (K x d)
-    box: Box | None = None
-    step: int = 0
-    alpha: float = 1.0
+    x: Array = vector()             # x_t, this stage's trainable block
+    y: Array = scratch()            # the point where the gradient is taken
+    grad: Array = scratch()         # g_t
+    prev: Array | None = vector()   # nesterov: x_{t-1}
+    z: Array | None = vector()      # accelerated: z_t
+    anchor: Array | None = vector()  # accelerated: theta_0
+    grad_sum: Array | None = vector()  # accelerated: G_t
+    noise_host: np.ndarray | None = scratch()  # PPRS: where noise is drawn (CPU: d, GPU: K d pinned)
+    noise: Array | None = scratch()  # PPRS on GPU: gamma_t X_k for k < K on the device (K x d)
+    box: Box | None = scratch()
+    step: int = counter()
+    alpha: float = scalar(1.0)
 
 
 def pprs_noise(seed: int, step: int, sample: int, stage: int, size: int) -> np.ndarray:
@@ -129,49 +139,91 @@ def _nesterov_step(state: PipelineState, oracle: StagedOracle, lr: float, moment
     return loss
 
 
-@dataclass(frozen=True)
-class PipelinedAGD:
-    """Pipelined projected Nesterov AGD (momentum 0: pipelined GD), one gradient per iteration."""
+@dataclass(frozen=True, kw_only=True)
+class _Pipelined:
+    """Options every pipeline algorithm has: the step size and the pipeline schedule."""
 
-    lr: float
-    momentum: float = 0.9
+    workload: ClassVar[str] = PIPELINE
+    implied: ClassVar[dict[str, Any]] = {}
+
+    lr: float = option(1e-3, "learning rate eta")
+    pipeline: str = option("gpipe", "pipeline algorithms: gpipe (fill-drain) | 1f1b")
 
     def __post_init__(self) -> None:
-        if not self.lr > 0 or not math.isfinite(self.lr):
-            raise UserError(f"lr must be a positive number, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise UserError(f"momentum must be in [0, 1), got {self.momentum}")
+        positive_finite("lr", self.lr)
+        if self.pipeline not in PIPELINE_SCHEDULES:
+            raise UserError(f"unknown pipeline schedule {self.pipeline!r} "
+                            f"(choose from {', '.join(PIPELINE_SCHEDULES)})")
+
+    @property
+    def samples_per_iteration(self) -> int:
+        """K: the samples an iteration streams through the pipeline."""
+        return 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelinedGD(_Pipelined):
+    """Pipelined projected GD: one gradient per iteration."""
+
+    name: ClassVar[str] = "pipelined_gd"
 
     def init(self, x0: Array, comm: Comm, box: Box | None = None) -> PipelineState:
         """State from this stage's block x0 (projected onto ``box``); no communication."""
-        return _new_state(x0, comm, box, prev=self.momentum > 0)
+        return _new_state(x0, comm, box)
+
+    def step(self, state: PipelineState, oracle: StagedOracle, comm: Comm) -> float:
+        """One iteration; returns the loss on the last stage, 0.0 on the others."""
+        return _nesterov_step(state, oracle, self.lr, 0.0, 1, None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelinedAGD(_Pipelined):
+    """Pipelined projected Nesterov AGD, one gradient per iteration."""
+
+    name: ClassVar[str] = "pipelined_agd"
+
+    momentum: float = option(0.9, "heavy-ball momentum mu; 0 = plain SGD")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_momentum(self.momentum, False)
+        if self.momentum == 0:
+            raise UserError("pipelined_agd needs --momentum in (0, 1), e.g. 0.9 "
+                            "(with momentum 0 it is --algorithm pipelined_gd)")
+
+    def init(self, x0: Array, comm: Comm, box: Box | None = None) -> PipelineState:
+        """State from this stage's block x0 (projected onto ``box``); no communication."""
+        return _new_state(x0, comm, box, prev=True)
 
     def step(self, state: PipelineState, oracle: StagedOracle, comm: Comm) -> float:
         """One iteration; returns the loss on the last stage, 0.0 on the others."""
         return _nesterov_step(state, oracle, self.lr, self.momentum, 1, None)
 
 
-@dataclass(frozen=True)
-class PPRS:
+@dataclass(frozen=True, kw_only=True)
+class PPRS(_Pipelined):
     """PPRS hyper-parameters (see the module docstring for both outer loops).
 
-    ``samples`` is K. ``nesterov`` uses ``lr``, ``momentum`` and ``gamma``. ``accelerated`` uses
-    ``radius`` R (>= ||theta_0 - theta*||), ``lipschitz`` L, ``dimension`` d (all stages' trainable
-    parameters together) and ``smoothing`` (gamma_t = smoothing * alpha_t; None: R d^(-1/4)).
+    ``samples`` is K. ``nesterov`` uses ``lr``, ``momentum`` and gamma = ``smoothing``.
+    ``accelerated`` uses the context: ``radius`` R (>= ||theta_0 - theta*||), ``lipschitz`` L,
+    ``dimension`` d (all stages' trainable parameters together), and gamma_t = smoothing *
+    alpha_t. ``smoothing`` AUTO (-1) is 1e-3 for nesterov and R d^(-1/4) for accelerated.
     """
 
-    samples: int = 10
-    outer: str = "nesterov"
-    lr: float = 1e-3
-    momentum: float = 0.9
-    gamma: float = 1e-3
-    radius: float = 0.0
-    lipschitz: float = 0.0
-    dimension: int = 0
-    smoothing: float | None = None
-    seed: int = 0
+    name: ClassVar[str] = "pprs"
+
+    momentum: float = option(0.9, "heavy-ball momentum mu; 0 = plain SGD")
+    samples: int = option(10, "pprs: K perturbed samples per iteration")
+    smoothing: float = option(AUTO, "pprs: gamma (accelerated: gamma_t = smoothing * alpha_t); "
+                                    "-1 = 1e-3 for nesterov, R d^(-1/4) for accelerated")
+    outer: str = option("nesterov", "pprs: nesterov (fixed lr, momentum, gamma) | accelerated")
+    radius: float | None = context(None)
+    lipschitz: float | None = context(None)
+    dimension: int | None = context(None)
+    seed: int = context(0)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.samples < 1:
             raise UserError(f"samples K must be >= 1, got {self.samples}")
         if self.outer not in OUTER_LOOPS:
@@ -179,32 +231,48 @@ class PPRS:
                             f"(choose from {', '.join(OUTER_LOOPS)})")
         if self.seed < 0:
             raise UserError(f"seed must be >= 0, got {self.seed}")
-        if self.outer == "nesterov":
-            PipelinedAGD(self.lr, self.momentum)  # same checks
-            if not self.gamma >= 0 or not math.isfinite(self.gamma):
-                raise UserError(f"gamma must be >= 0, got {self.gamma}")
-            return
-        if not (self.radius > 0 and self.lipschitz > 0 and self.dimension >= 1):
+        if not (self.smoothing == AUTO or (self.smoothing >= 0 and math.isfinite(self.smoothing))):
+            raise UserError(f"smoothing (gamma) must be >= 0 (or -1: the outer loop's default), "
+                            f"got {self.smoothing}")
+        check_momentum(self.momentum, False)
+
+    @property
+    def samples_per_iteration(self) -> int:
+        return self.samples
+
+    def _check_context(self) -> None:
+        """The accelerated loop needs R, L and d (from the problem; checked at init)."""
+        if self.outer == "accelerated" and not (
+                self.radius and self.radius > 0 and self.lipschitz and self.lipschitz > 0
+                and self.dimension and self.dimension >= 1):
             raise UserError("the accelerated outer loop needs radius > 0, lipschitz > 0 and "
                             f"dimension >= 1, got R={self.radius}, L={self.lipschitz}, "
                             f"d={self.dimension}")
-        if self.smoothing is not None and not self.smoothing >= 0:
-            raise UserError(f"smoothing must be >= 0, got {self.smoothing}")
+
+    @property
+    def smoothing_scale(self) -> float:
+        """gamma (nesterov) or the factor of alpha_t (accelerated), AUTO resolved."""
+        if self.smoothing != AUTO:
+            return self.smoothing
+        if self.outer == "nesterov":
+            return NESTEROV_SMOOTHING
+        self._check_context()
+        assert self.radius is not None and self.dimension is not None
+        return self.radius * self.dimension ** -0.25
 
     def gamma_at(self, alpha: float) -> float:
         """gamma_t: fixed (nesterov) or smoothing * alpha_t (accelerated)."""
-        if self.outer == "nesterov":
-            return self.gamma
-        scale = self.radius * self.dimension ** -0.25 if self.smoothing is None else self.smoothing
-        return scale * alpha
+        return self.smoothing_scale * (1.0 if self.outer == "nesterov" else alpha)
 
     def eta(self, t: int, alpha: float) -> float:
         """eta_t = R alpha_t / (2 L (d^(1/4) + sqrt((t + 1) / K))) (accelerated loop)."""
+        assert self.radius is not None and self.lipschitz is not None and self.dimension is not None
         return self.radius * alpha / (2 * self.lipschitz * (self.dimension ** 0.25
                                                             + math.sqrt((t + 1) / self.samples)))
 
     def init(self, x0: Array, comm: Comm, box: Box | None = None) -> PipelineState:
         """State from this stage's block x0 (projected onto ``box``); no communication."""
+        self._check_context()
         accelerated = self.outer == "accelerated"
         state = _new_state(x0, comm, box, prev=not accelerated and self.momentum > 0,
                            accelerated=accelerated)

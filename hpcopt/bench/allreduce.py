@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comm import Comm
-from ..config import AVERAGING_MODES
+from ..comm import AVERAGING_MODES
 from ..costmodel import NetworkProfile, fit_allreduce
 from ..errors import UserError
 from .common import KB, MB, Parser, fmt_bytes, mpi_library, parse_bytes, repetitions, sizes_between, write_json

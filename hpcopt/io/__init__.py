@@ -56,16 +56,18 @@ def open_for_reading(path: str | Path, what: str) -> "h5py.File":
         raise UserError(f"{path} is a damaged or truncated HDF5 file (expected a {what})") from None
 
 
-def check_format(attrs: Any, path: Path, name: str, version: int, what: str) -> None:
-    """The file's ``format`` attribute must be ``name`` and ``format_version`` exactly ``version``."""
+def check_format(attrs: Any, path: Path, name: str, version: int | tuple[int, ...], what: str) -> None:
+    """The file's ``format`` attribute must be ``name`` and ``format_version`` ``version`` (or
+    one of them, for a reader of several versions)."""
     found = attrs.get("format")
     if found != name:
         raise UserError(f"{path} is not an hpcopt {what} (format attribute {found!r}, expected {name!r})")
+    versions = (version,) if isinstance(version, int) else version
     found_version = attrs.get("format_version")
-    if not is_int(found_version) or int(found_version) != version:
+    if not is_int(found_version) or int(found_version) not in versions:
         shown = found_version.item() if hasattr(found_version, "item") else found_version
         raise UserError(f"{path} has {what} format version {shown!r}; "
-                        f"this hpcopt reads version {version}")
+                        f"this hpcopt reads version {' or '.join(map(str, versions))}")
 
 
 def is_int(value: Any) -> bool:
@@ -100,11 +102,11 @@ def json_attr(attrs: Any, key: str, path: Path) -> Any:
 
 
 def config_from_toml(text: str, path: Path) -> "Config":
-    """The run configuration stored as TOML text, parsed and validated."""
-    from ..config import build_config
+    """The run configuration stored as TOML text, parsed and validated (``config_from_stored``)."""
+    from ..config import config_from_stored
 
     try:
-        return build_config(tomllib.loads(text))
+        return config_from_stored(tomllib.loads(text))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: the stored config is not valid TOML ({exc})") from None
     except UserError as exc:

@@ -1,13 +1,14 @@
 """Checkpoints: one HDF5 file holds everything needed to continue a run bit for bit.
 
-Contents (layout: docs/formats.md): the averaged model (flat and under its layer names), each
-rank's model when the ranks' models differ (mid-round), each rank's momentum buffer, the
-clipping counters of a clipping algorithm (celgc, naive_clip), the
-algorithm's counters, each rank's sampler position (with the seed in the config, that is the
+Contents (layout: docs/formats.md): the averaged model (flat and under its layer names), the
+algorithm's state as its class declares it (``hpcopt.algorithms.state``: each rank's model
+when the ranks' models differ (mid-round), every per-rank vector such as momentum or batch-norm
+statistics, vectors shared by all ranks once, per-rank counters and scalars, each table with
+its column names), each rank's sampler position (with the seed in the config, that is the
 whole random state: every draw comes from a stream keyed by (seed, purpose, rank, epoch, ...)),
-the trace window in progress, rank 0's communication counters, the resolved config as TOML,
-the world size, versions and a format version; each rank's batch-norm running statistics
-(``/ranks/buffers``) for a model with batch norm.
+an LSTM's hidden state, the trace window in progress, rank 0's communication counters, the
+resolved config as TOML, the world size, versions and a format version. Nothing here knows an
+algorithm: a new one's state is saved and restored by its declarations.
 
 Writing is atomic: the file is written as ``NAME.tmp``, flushed, fsynced, renamed to ``NAME``
 and the directory fsynced, so a crash or kill at any moment leaves the previous checkpoint
@@ -32,11 +33,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..algorithms.local_sgd import LocalSGDState
+from ..algorithms import state as fields
+from ..algorithms.base import registry
 from ..backend import Backend
 from ..comm import Comm, OpCounter
-from ..config import CLIPPING, Config, to_toml
-from ..data.sampler import MinibatchSampler
+from ..config import Config, to_toml
 from ..errors import UserError
 from ..flat import ParamLayout
 from . import (READ_ERRORS, check_format, config_from_toml, int_attr, json_attr, open_for_reading,
@@ -44,18 +45,21 @@ from . import (READ_ERRORS, check_format, config_from_toml, int_attr, json_attr,
 from .digest import check_sealed, refuse_damaged, seal
 
 FORMAT = "hpcopt-checkpoint"
-VERSION = 2  # 2: the content digest (root attribute content_sha256)
+VERSION = 3  # 2: the content digest (root attribute content_sha256); 3: the state as declared
+READABLE = (2, 3)
 LABEL = "checkpoint"
 TMP_SUFFIX = ".tmp"
 NAME_PATTERN = re.compile(r"^step-(\d+)\.h5$")
 SUBDIR = "checkpoints"
-COUNTER_COLUMNS = ("step", "rounds", "steps_in_round")
 SAMPLER_COLUMNS = ("epoch", "position", "batch_size", "shard_size", "seed", "rank")
 BPTT_SAMPLER_COLUMNS = ("epoch", "position", "bptt", "stream_length", "batch_size", "rank")
 WINDOW_COLUMNS = ("loss_sum", "steps")
 CLIP_WINDOW_COLUMNS = (*WINDOW_COLUMNS, "clips")  # the window of a clipping run
-CLIPPING_COLUMNS = ("clip_count", "clipped", "grad_norm")
-PER_RANK = ("x", "momentum", "hidden", "buffers")
+#: Per-rank tables (``/ranks/<name>``, with a ``columns`` attribute) that are not state vectors.
+TABLES = ("counters", "scalars", "sampler", "window", "clipping")
+HIDDEN = "hidden"  # an LSTM's hidden state: the problem's, not the algorithm's
+#: Version 2 kept a clipping algorithm's numbers in their own table, all as floats.
+V2_CLIPPING = "clipping"
 RNG_NOTE = ("every random draw comes from hpcopt.rng.stream(seed, purpose, *key), a pure function "
             "of its key; a rank's random state is the seed (config) and its sampler row")
 _TAG = 7301
@@ -79,14 +83,15 @@ class Checkpoint:
     wall_seconds: float       # run time so far (rank 0's clock)
     layout: ParamLayout
     model: np.ndarray         # (d,) the averaged model
-    counters: np.ndarray      # (N, 3) int64, COUNTER_COLUMNS
+    counters: dict[str, np.ndarray]  # the state's counters: name -> (N,) int64
     sampler: np.ndarray       # (N, 6) int64, SAMPLER_COLUMNS
     window: np.ndarray        # (N, 2) float64, WINDOW_COLUMNS ((N, 3), CLIP_WINDOW_COLUMNS, clipping)
     comm: list[CommRow] = field(default_factory=list)   # rank 0's (op, label, calls, bytes, seconds)
-    rows: dict[str, np.ndarray] = field(default_factory=dict)  # "x", "momentum": (len(ranks), d); "hidden", "buffers": (len(ranks), k)
+    rows: dict[str, np.ndarray] = field(default_factory=dict)  # per-rank vectors: (len(ranks), width)
     ranks: tuple[int, ...] = ()
     path: Path = Path()       # where it was read from
-    clipping: np.ndarray | None = None  # (N, 3) float64, CLIPPING_COLUMNS (clipping algorithms)
+    scalars: dict[str, np.ndarray] = field(default_factory=dict)  # scalars and flags: name -> (N,) float64
+    shared: dict[str, np.ndarray] = field(default_factory=dict)   # vectors the same on every rank
 
 
 def checkpoint_path(out: Path, tick: int) -> Path:
@@ -162,13 +167,16 @@ class CheckpointWriter:
         write_model(self.file, ckpt.layout, ckpt.model, **CHECKSUMMED)
         ranks = self.file.create_group("ranks")
         ranks.attrs["rng"] = RNG_NOTE
-        tables = [("counters", ckpt.counters, COUNTER_COLUMNS),
+        tables = [("counters", _table(ckpt.counters, ckpt.world_size, np.int64), list(ckpt.counters)),
+                  ("scalars", _table(ckpt.scalars, ckpt.world_size, np.float64), list(ckpt.scalars)),
                   ("sampler", ckpt.sampler, sampler_columns(ckpt.config)),
                   ("window", ckpt.window, _window_columns(ckpt.config))]
-        if ckpt.clipping is not None:
-            tables.append(("clipping", ckpt.clipping, CLIPPING_COLUMNS))
         for name, data, columns in tables:
             ranks.create_dataset(name, data=data, **CHECKSUMMED).attrs["columns"] = json.dumps(columns)
+        if ckpt.shared:
+            group = self.file.create_group("shared")
+            for name, values in ckpt.shared.items():
+                group.create_dataset(name, data=values, **CHECKSUMMED)
         for name in self.names:
             width = self.widths.get(name, d)
             ranks.create_dataset(name, (ckpt.world_size, width), dtype=ckpt.model.dtype,
@@ -192,6 +200,12 @@ class CheckpointWriter:
             if self.file.id.valid:
                 self.file.close()
             self.tmp.unlink(missing_ok=True)
+
+
+def _table(columns: dict[str, np.ndarray], size: int, dtype: Any) -> np.ndarray:
+    """(N, len(columns)) with one column per named (N,) vector."""
+    return np.stack([np.asarray(v, dtype=dtype) for v in columns.values()], axis=1) \
+        if columns else np.zeros((size, 0), dtype=dtype)
 
 
 def header_attrs(format_name: str, version: int, ckpt: Any) -> dict[str, Any]:
@@ -243,7 +257,7 @@ def sampler_columns(config: Config) -> tuple[str, ...]:
 
 
 def _window_columns(config: Config) -> tuple[str, ...]:
-    return CLIP_WINDOW_COLUMNS if config.algorithm.algorithm in CLIPPING else WINDOW_COLUMNS
+    return CLIP_WINDOW_COLUMNS if registry()[config.algorithm.algorithm].clips else WINDOW_COLUMNS
 
 
 def write_checkpoint(path: Path, ckpt: Checkpoint) -> None:
@@ -288,18 +302,18 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
     digest does not match."""
     with opened(path) as (path, f):
         try:
-            check_format(f.attrs, path, FORMAT, VERSION, "checkpoint")
+            check_format(f.attrs, path, FORMAT, READABLE, "checkpoint")
             return path, config_from_toml(text_attr(f.attrs, "config", path), path)
         except UserError as exc:
-            raise refuse_damaged(f, path, FORMAT, VERSION, "checkpoint", exc) from None
+            raise refuse_damaged(f, path, FORMAT, READABLE, "checkpoint", exc) from None
 
 
 def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: bool) -> Checkpoint:
     attrs = f.attrs
     if verify:
-        check_sealed(f, path, FORMAT, VERSION, "checkpoint")
+        check_sealed(f, path, FORMAT, READABLE, "checkpoint")
     else:
-        check_format(attrs, path, FORMAT, VERSION, "checkpoint")
+        check_format(attrs, path, FORMAT, READABLE, "checkpoint")
     config = config_from_toml(text_attr(attrs, "config", path), path)
     size = int_attr(attrs, "world_size", path, minimum=1)
     if world_size is not None and world_size != size:
@@ -315,36 +329,50 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: 
     model = _finite(_array(f, "model/flat", path, dtype, (layout.size,))[()], "model/flat", path)
     for name, shape in layout.entries:
         _array(f, f"model/params/{name}", path, dtype, shape)
-    counters = _array(f, "ranks/counters", path, np.int64, (size, len(COUNTER_COLUMNS)))[()]
+    counters = _columns(f, "ranks/counters", path, np.int64, size)
+    if any((v < 0).any() for v in counters.values()):
+        raise UserError(f"{path}: /ranks/counters holds negative counts")
+    scalars = {} if "ranks/scalars" not in f else _columns(f, "ranks/scalars", path, np.float64, size)
+    if V2_CLIPPING in f.get("ranks", {}):  # version 2: clip_count, clipped, grad_norm as floats
+        clipping = _columns(f, f"ranks/{V2_CLIPPING}", path, np.float64, size)
+        counts = clipping.pop("clip_count", np.zeros(size))
+        if not (np.isfinite(counts).all() and (counts >= 0).all()):
+            raise UserError(f"{path}: /ranks/clipping holds negative or non-finite counts")
+        counters["clip_count"] = counts.astype(np.int64)
+        scalars.update(clipping)
     sampler = _array(f, "ranks/sampler", path, np.int64, (size, len(sampler_columns(config))))[()]
     window = _finite(_array(f, "ranks/window", path, np.float64,
                             (size, len(_window_columns(config))))[()], "ranks/window", path)
-    clipping = None
-    if config.algorithm.algorithm in CLIPPING:  # grad_norm is NaN before the first step
-        clipping = _array(f, "ranks/clipping", path, np.float64, (size, len(CLIPPING_COLUMNS)))[()]
-        if not (np.isfinite(clipping[:, :2]).all() and (clipping[:, :2] >= 0).all()):
-            raise UserError(f"{path}: /ranks/clipping holds negative or non-finite counts")
-    if (counters < 0).any() or (counters[:, 1:] != counters[0, 1:]).any():
-        raise UserError(f"{path}: ranks/counters are inconsistent (negative, or ranks in different rounds)")
-    expected = {"x": bool(counters[0, 2]), "momentum": config.algorithm.momentum > 0,
-                "hidden": config.model.model == "lstm", "buffers": config.model.keeps_buffers}
     ranks = tuple(range(size)) if rank is None else (rank,)
     rows = {}
-    for name in PER_RANK:
-        if (f"ranks/{name}" in f) != expected[name]:
-            raise UserError(f"{path}: ranks/{name} is {'missing' if expected[name] else 'unexpected'}")
-        if expected[name]:
-            width = layout.size
-            if name in ("hidden", "buffers"):  # (N, k): hidden: 2 x layers x streams x size
-                width = getattr(f[f"ranks/{name}"], "shape", (0,))[-1]
-            data = _array(f, f"ranks/{name}", path, dtype, (size, width))
-            rows[name] = _finite(data[()] if rank is None else data[rank:rank + 1], f"ranks/{name}", path)
+    for name in f["ranks"]:
+        if name in TABLES:
+            continue
+        width = getattr(f[f"ranks/{name}"], "shape", (0, 0))[-1]
+        data = _array(f, f"ranks/{name}", path, dtype, (size, width))
+        rows[name] = _finite(data[()] if rank is None else data[rank:rank + 1], f"ranks/{name}", path)
+    shared = {}
+    for name in f.get("shared", {}):
+        data = _array(f, f"shared/{name}", path, dtype, (getattr(f[f"shared/{name}"], "shape", (0,))[0],))
+        shared[name] = _finite(data[()], f"shared/{name}", path)
     return Checkpoint(config=config, world_size=size, tick=int_attr(attrs, "tick", path),
                       run_id=text_attr(attrs, "run_id", path),
                       trace_rows=int_attr(attrs, "trace_rows", path), wall_seconds=float(wall),
                       layout=layout, model=model, counters=counters, sampler=sampler, window=window,
                       comm=comm_rows(f, path), rows=rows, ranks=ranks, path=path,
-                      clipping=clipping)
+                      scalars=scalars, shared=shared)
+
+
+def _columns(f: Any, name: str, path: Path, dtype: Any, size: int) -> dict[str, np.ndarray]:
+    """A per-rank table as column name -> (N,) vector (names from its ``columns`` attribute)."""
+    dataset = f.get(name)
+    attrs = getattr(dataset, "attrs", {})
+    columns = json_attr(attrs, "columns", path) if "columns" in attrs else None
+    width = len(columns) if isinstance(columns, list) else (getattr(dataset, "shape", ()) or (0,))[-1]
+    table = _array(f, name, path, dtype, (size, width))[()]
+    if not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
+        raise UserError(f"{path}: /{name} has no list of columns")
+    return {column: table[:, i] for i, column in enumerate(columns)}
 
 
 def _array(f: Any, name: str, path: Path, dtype: Any, shape: tuple[int, ...]) -> Any:
@@ -395,39 +423,54 @@ def comm_rows(f: Any, path: Path) -> list[CommRow]:
 
 # -- a distributed run <-> a checkpoint ---------------------------------------------------------
 
-def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: LocalSGDState,
-         sampler: MinibatchSampler, window: np.ndarray, model: Any, tick: int, run_id: str,
-         trace_rows: int, wall_seconds: float, hidden: Any = None, buffers: Any = None,
+@dataclass
+class Position:
+    """Where a run stands when a checkpoint is taken (the file's root attributes)."""
+
+    config: Config
+    layout: ParamLayout
+    tick: int                 # the algorithm's clock
+    run_id: str
+    trace_rows: int           # rows of the run's trace on disk
+    wall_seconds: float
+
+
+def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool, model: Any,
+         sampler: Any, window: np.ndarray, hidden: Any = None,
          before_commit: Callable[[], None] | None = None) -> None:
     """Collective (every rank, at the same clock tick): rank 0 writes ``path`` atomically.
 
-    ``model`` is the averaged model (every rank holds it). Each rank's ``x`` is stored only
-    while the ranks' models differ (``steps_in_round > 0``); momentum always, when used.
-    ``hidden`` (an LSTM's state) and ``buffers`` (batch-norm statistics) are this rank's
-    flat vectors, stored for every rank when given. Rank 0's counters are stored after all of
-    this checkpoint's traffic. ``before_commit`` runs on rank 0 just before the file is
-    published (a debug fault, hpcopt.faults).
+    ``state`` is saved as its class declares (``hpcopt.algorithms.state``); ``model`` is the
+    averaged model (every rank holds it), and each rank's model field is stored only when the
+    ranks' models differ (not ``synchronized``). ``hidden`` (an LSTM's state) is this rank's
+    flat vector, stored for every rank when given. Rank 0's communication counters are stored
+    after all of this checkpoint's traffic. ``before_commit`` runs on rank 0 just before the
+    file is published (a debug fault, hpcopt.faults).
     """
     to_host = comm.backend.to_host
-    ints = np.array([state.step, state.rounds, state.steps_in_round,
-                     *(sampler.state()[k] for k in sampler_columns(config))], dtype=np.int64)
-    all_ints, all_window = comm.gather(ints, LABEL), comm.gather(window, LABEL)
-    all_clipping = None
-    if hasattr(state, "clip_count"):  # a clipping algorithm's counters (LocalClipState)
-        all_clipping = comm.gather(np.array([int(state.clip_count), float(state.clipped),
-                                             float(state.grad_norm)], dtype=np.float64), LABEL)
-    vectors = {"x": state.x, "momentum": state.momentum, "hidden": hidden, "buffers": buffers}
-    names = [n for n, keep in (("x", state.steps_in_round > 0), ("momentum", state.momentum is not None),
-                               ("hidden", hidden is not None), ("buffers", buffers is not None))
-             if keep]
+    counts = fields.numbers(state, fields.COUNTER)
+    reals = {**fields.numbers(state, fields.SCALAR), **fields.numbers(state, fields.FLAG)}
+    sampler_row = [sampler.state()[k] for k in sampler_columns(at.config)]
+    all_ints = comm.gather(np.array([*counts.values(), *sampler_row], dtype=np.int64), LABEL)
+    all_reals = comm.gather(np.array(list(reals.values()), dtype=np.float64), LABEL) if reals else None
+    all_window = comm.gather(window, LABEL)
+    vectors = {name: getattr(state, name) for name in fields.present(state, fields.VECTOR)}
+    if not synchronized:
+        vectors = {name: getattr(state, name) for name in fields.fields_of(state, fields.MODEL)} | vectors
+    if hidden is not None:
+        vectors[HIDDEN] = hidden
+    names = list(vectors)
     if comm.rank != 0:
         copies = [to_host(vectors[n]) for n in names]
         comm.waitall([comm.isend(c, 0, _TAG + i, LABEL) for i, c in enumerate(copies)], LABEL)
         return
-    ckpt = Checkpoint(config=config, world_size=comm.size, tick=tick, run_id=run_id,
-                      trace_rows=trace_rows, wall_seconds=wall_seconds, layout=layout,
-                      model=to_host(model), counters=all_ints[:, :3], sampler=all_ints[:, 3:],
-                      window=all_window, clipping=all_clipping)
+    ckpt = Checkpoint(config=at.config, world_size=comm.size, tick=at.tick, run_id=at.run_id,
+                      trace_rows=at.trace_rows, wall_seconds=at.wall_seconds, layout=at.layout,
+                      model=to_host(model),
+                      counters={n: all_ints[:, i] for i, n in enumerate(counts)},
+                      sampler=all_ints[:, len(counts):], window=all_window,
+                      scalars={n: all_reals[:, i] for i, n in enumerate(reals)} if all_reals is not None else {},
+                      shared={n: to_host(getattr(state, n)) for n in fields.present(state, fields.SHARED)})
     widths = {n: int(vectors[n].size) for n in names}
     try:
         with CheckpointWriter(path, ckpt, names, widths) as writer:
@@ -444,34 +487,42 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, state: Loc
         raise UserError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
 
 
-def restore(ckpt: Checkpoint, rank: int, state: LocalSGDState, sampler: MinibatchSampler,
-            backend: Backend, load_hidden: Any = None) -> np.ndarray:
-    """Put this rank's part of ``ckpt`` (read for ``rank``) into a fresh run; returns the trace
-    window to continue. The sampler is restored first: it is the only step that can refuse
-    (UserError), and it changes nothing when it does."""
+def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Backend,
+            load_hidden: Any = None) -> np.ndarray:
+    """Put this rank's part of ``ckpt`` (read for ``rank``) into a fresh run's ``state`` (every
+    field its class declares); returns the trace window to continue. Everything is checked
+    before anything changes, so a refusal (UserError) leaves the run as it was built."""
+    path, row = ckpt.path, ckpt.ranks.index(rank)
+    model_fields = fields.fields_of(state, fields.MODEL)
+    wanted = {name: getattr(state, name) for name in fields.present(state, fields.VECTOR)}
+    stored = {name: values for name, values in ckpt.rows.items() if name not in (HIDDEN, *model_fields)}
+    for name in sorted(set(wanted) ^ set(stored)):
+        raise UserError(f"{path}: ranks/{name} is {'missing' if name in wanted else 'unexpected'}")
+    shared = {name: getattr(state, name) for name in fields.present(state, fields.SHARED)}
+    for name in sorted(set(shared) ^ set(ckpt.shared)):
+        raise UserError(f"{path}: shared/{name} is {'missing' if name in shared else 'unexpected'}")
+    for name, values in [*stored.items(), *((n, v[None]) for n, v in ckpt.shared.items())]:
+        target = wanted.get(name, shared.get(name))
+        if values.shape[1] != target.size:
+            raise UserError(f"{path}: its {name} has {values.shape[1]} values, this run needs {target.size}")
+    for table, kinds in (("counters", (fields.COUNTER,)), ("scalars", (fields.SCALAR, fields.FLAG))):
+        missing = set(fields.fields_of(state, *kinds)) - set(getattr(ckpt, table))
+        if missing:
+            raise UserError(f"{path}: /ranks/{table} lacks {', '.join(sorted(missing))}")
     sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
-    row = ckpt.ranks.index(rank)
-    if "hidden" in ckpt.rows:  # checked before anything else changes: it can refuse too
+    if HIDDEN in ckpt.rows:  # checked before anything else changes: it can refuse too
         if load_hidden is None:
-            raise UserError(f"{ckpt.path}: it holds an LSTM hidden state this run has no use for")
-        load_hidden(ckpt.rows["hidden"][row])
-    buffers = getattr(state, "buffers", None)
-    if ("buffers" in ckpt.rows) != (buffers is not None):
-        raise UserError(f"{ckpt.path}: it {'holds' if buffers is None else 'lacks'} the batch-norm "
-                        f"statistics this run's model {'has no use for' if buffers is None else 'needs'}")
-    if buffers is not None and ckpt.rows["buffers"].shape[1] != buffers.size:
-        raise UserError(f"{ckpt.path}: its batch-norm statistics have {ckpt.rows['buffers'].shape[1]} "
-                        f"values, this model needs {buffers.size}")
-    source = ckpt.rows["x"][row] if "x" in ckpt.rows else ckpt.model
-    state.x[...] = backend.asarray(source)
-    if state.momentum is not None:
-        state.momentum[...] = backend.asarray(ckpt.rows["momentum"][row])
-    if buffers is not None:
-        buffers[...] = backend.asarray(ckpt.rows["buffers"][row])
-    state.step, state.rounds, state.steps_in_round = (int(v) for v in ckpt.counters[rank])
-    if ckpt.clipping is not None:
-        clip_count, clipped, grad_norm = ckpt.clipping[rank]
-        state.clip_count, state.clipped, state.grad_norm = int(clip_count), bool(clipped), float(grad_norm)
+            raise UserError(f"{path}: it holds an LSTM hidden state this run has no use for")
+        load_hidden(ckpt.rows[HIDDEN][row])
+    for name in model_fields:
+        getattr(state, name)[...] = backend.asarray(ckpt.rows[name][row] if name in ckpt.rows else ckpt.model)
+    for name, target in wanted.items():
+        target[...] = backend.asarray(ckpt.rows[name][row])
+    for name, target in shared.items():
+        target[...] = backend.asarray(ckpt.shared[name])
+    fields.load_numbers(state, fields.COUNTER, {n: v[rank] for n, v in ckpt.counters.items()})
+    for kind in (fields.SCALAR, fields.FLAG):
+        fields.load_numbers(state, kind, {n: v[rank] for n, v in ckpt.scalars.items()})
     return ckpt.window[rank].copy()
 
 
@@ -487,4 +538,4 @@ def restore_counters(ckpt: Checkpoint, comm: Comm) -> None:
 __all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint",
            "stored_config", "opened", "damaged", "header_attrs", "write_model", "publish", "comm_rows",
            "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "prune", "save",
-           "restore", "restore_counters", "FORMAT", "VERSION"]
+           "restore", "restore_counters", "Position", "FORMAT", "VERSION"]

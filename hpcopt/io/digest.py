@@ -111,7 +111,7 @@ def verify(f: Any, path: Path, what: str) -> None:
         raise UserError(f"{path} is a damaged {what} (content digest mismatch)")
 
 
-def check_sealed(f: Any, path: Path, name: str, version: int, kind: str) -> None:
+def check_sealed(f: Any, path: Path, name: str, version: int | tuple[int, ...], kind: str) -> None:
     """The first check of a checkpoint reader: the content digest, then the format (``name``,
     exactly ``version``; ``kind`` names it in messages).
 
@@ -126,7 +126,7 @@ def check_sealed(f: Any, path: Path, name: str, version: int, kind: str) -> None
     check_format(f.attrs, path, name, version, kind)
 
 
-def refuse_damaged(f: Any, path: Path, name: str, version: int, kind: str,
+def refuse_damaged(f: Any, path: Path, name: str, version: int | tuple[int, ...], kind: str,
                    error: UserError) -> UserError:
     """``error``, found by a reader that looked at part of ``f`` before verifying its digest,
     unless the file is damaged: then the digest's (or the format's) error instead."""

@@ -87,7 +87,7 @@ def check(path: Path) -> None:
     with opened(path) as (path, f):
         kinds = {pipeline_format.FORMAT: (pipeline_format, "pipeline checkpoint")}
         module, kind = kinds.get(f.attrs.get("format"), (data_parallel_format, "checkpoint"))
-        check_sealed(f, path, module.FORMAT, module.VERSION, kind)
+        check_sealed(f, path, module.FORMAT, module.READABLE, kind)
 
 
 def main(argv: list[str]) -> int:

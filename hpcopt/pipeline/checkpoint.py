@@ -6,10 +6,12 @@ renamed), format ``hpcopt-pipeline-checkpoint``. Layout (docs/formats.md):
 
 - ``/model/flat`` and ``/model/params/<layer>.<tensor>``: the whole model (every stage's block
   put together, frozen layers included), readable with h5py alone;
-- ``/stages/<s>``: stage s's optimizer state, one dataset per vector (``x``, and ``prev`` for
-  momentum, ``z``, ``anchor``, ``grad_sum`` for the accelerated loop), attributes ``step``,
-  ``alpha`` and ``block`` (its [start, stop) in the flat vector). With the seed in the config,
-  ``step`` is the whole random state: PPRS noise is keyed by (seed, step, sample, stage);
+- ``/stages/<s>``: stage s's optimizer state as ``PipelineState`` declares it
+  (``hpcopt.algorithms.state``): one dataset per vector it holds (``x``, and ``prev`` for
+  momentum, ``z``, ``anchor``, ``grad_sum`` for the accelerated loop), one attribute per
+  number (``step``, ``alpha``), and ``block`` (its [start, stop) in the flat vector). With the
+  seed in the config, ``step`` is the whole random state: PPRS noise is keyed by (seed, step,
+  sample, stage);
 - ``/ranks/window``: per rank, the trace window in progress (loss sum, loss max, iterations),
   the messages all stages sent up to the last trace row, this rank's sends since, and the
   modelled pipeline time so far;
@@ -28,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..algorithms import state as fields
 from ..algorithms.pprs import PipelineState
 from ..comm import Comm
 from ..config import Config
@@ -39,9 +42,14 @@ from ..io.digest import check_sealed, refuse_damaged, seal
 
 FORMAT = "hpcopt-pipeline-checkpoint"
 VERSION = 2  # 2: the content digest (root attribute content_sha256)
+READABLE = (VERSION,)
 LABEL = ckpt_io.LABEL
-#: Optimizer vectors a stage may carry (``PipelineState`` attributes), in file order.
-VECTORS = ("x", "prev", "z", "anchor", "grad_sum")
+#: Optimizer vectors a stage may carry (``PipelineState`` attributes), in file order, and its numbers.
+VECTORS = fields.fields_of(PipelineState, fields.VECTOR)
+NUMBER_KINDS = (fields.COUNTER, fields.SCALAR, fields.FLAG)
+#: Each number's Python type (stored as an attribute of that type).
+NUMBER_TYPES = {name: fields.NUMBER_TYPES[kind] for kind in NUMBER_KINDS
+                for name in fields.fields_of(PipelineState, kind)}
 WINDOW_COLUMNS = ("loss_sum", "loss_max", "iterations", "messages", "pending_sends",
                   "modelled_time")
 _TAG = 7401
@@ -53,8 +61,7 @@ class StageRecord:
 
     block: tuple[int, int]         # [start, stop) of the stage's parameters in the flat vector
     vectors: dict[str, np.ndarray]  # VECTORS present for this algorithm
-    step: int
-    alpha: float
+    numbers: dict[str, Any]         # the state's counters, scalars and flags (step, alpha)
 
 
 @dataclass
@@ -72,8 +79,8 @@ class PipelineCheckpoint:
     path: Path = Path()
 
 
-def _present(state: PipelineState) -> list[str]:
-    return [name for name in VECTORS if getattr(state, name) is not None]
+def _numbers(state: PipelineState) -> dict[str, float]:
+    return {name: value for kind in NUMBER_KINDS for name, value in fields.numbers(state, kind).items()}
 
 
 def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any, block_slice: slice,
@@ -83,9 +90,10 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any
     ``path`` atomically. ``window`` is this rank's WINDOW_COLUMNS. ``before_commit`` runs on
     rank 0 just before the file is published (a debug fault's hook)."""
     to_host = comm.backend.to_host
-    names = _present(state)  # the same on every stage: one algorithm
-    header = np.array([block_slice.start, block_slice.stop, state.x.size, state.step,
-                       state.alpha, *window], dtype=np.float64)
+    names = fields.present(state, fields.VECTOR)  # the same on every stage: one algorithm
+    numbers = _numbers(state)
+    header = np.array([block_slice.start, block_slice.stop, state.x.size, *numbers.values(),
+                       *window], dtype=np.float64)
     mine = [np.ascontiguousarray(to_host(block)),
             *(np.ascontiguousarray(to_host(getattr(state, n))) for n in names)]
     if comm.rank != 0:
@@ -108,10 +116,10 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any
     for h, vectors in zip(headers, stages):
         start, stop = int(h[0]), int(h[1])
         model[start:stop] = vectors[0]
-        records.append(StageRecord((start, stop), dict(zip(names, vectors[1:])), int(h[3]),
-                                   float(h[4])))
+        records.append(StageRecord((start, stop), dict(zip(names, vectors[1:])),
+                                   {name: NUMBER_TYPES[name](v) for name, v in zip(numbers, h[3:])}))
     ckpt = PipelineCheckpoint(config, comm.size, tick, run_id, trace_rows, wall_seconds, model,
-                              records, np.stack([h[5:] for h in headers]))
+                              records, np.stack([h[3 + len(numbers):] for h in headers]))
     try:
         _write(path, ckpt, layout, comm.stats.as_rows(), before_commit)
     except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
@@ -130,8 +138,7 @@ def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows:
             ckpt_io.write_model(f, layout, ckpt.model)
             for s, record in enumerate(ckpt.stages):
                 group = f.create_group(f"stages/{s}")
-                group.attrs.update({"step": record.step, "alpha": record.alpha,
-                                    "block": json.dumps(list(record.block))})
+                group.attrs.update({**record.numbers, "block": json.dumps(list(record.block))})
                 for name, values in record.vectors.items():
                     group.create_dataset(name, data=values)
             window = f.create_group("ranks").create_dataset("window", data=ckpt.window)
@@ -192,8 +199,13 @@ def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
         vectors = {name: group[name][()] for name in VECTORS if name in group}
         if any(v.dtype != dtype or not np.isfinite(v).all() for v in vectors.values()):
             raise UserError(f"{path}: /stages/{s} holds non-finite or non-{dtype} values")
-        stages.append(StageRecord((int(start), int(stop)), vectors, int_attr(group.attrs, "step", path),
-                                  float(group.attrs["alpha"])))
+        numbers = {}
+        for name, cast in NUMBER_TYPES.items():
+            value = group.attrs.get(name)
+            if not isinstance(value, (int, float, np.integer, np.floating)) or not np.isfinite(value):
+                raise UserError(f"{path}: /stages/{s} attribute {name!r} is missing or not a number")
+            numbers[name] = cast(value)
+        stages.append(StageRecord((int(start), int(stop)), vectors, numbers))
     window = f["ranks/window"][()]
     if window.shape != (size, len(WINDOW_COLUMNS)):
         raise UserError(f"{path}: /ranks/window has shape {window.shape}")
@@ -212,7 +224,7 @@ def restore(ckpt: PipelineCheckpoint, rank: int, block: Any, block_slice: slice,
     if record.block != (block_slice.start, block_slice.stop):
         raise UserError(f"{ckpt.path}: stage {rank} holds parameters {list(record.block)}, this "
                         f"run's stage {rank} holds [{block_slice.start}, {block_slice.stop}]")
-    names = _present(state)
+    names = fields.present(state, fields.VECTOR)
     if sorted(record.vectors) != sorted(names):
         raise UserError(f"{ckpt.path}: stage {rank} holds {sorted(record.vectors)}, this "
                         f"algorithm needs {sorted(names)}")
@@ -224,5 +236,6 @@ def restore(ckpt: PipelineCheckpoint, rank: int, block: Any, block_slice: slice,
     block[...] = backend.asarray(ckpt.model[block_slice])
     for name in names:
         getattr(state, name)[...] = backend.asarray(record.vectors[name])
-    state.step, state.alpha = record.step, record.alpha
+    for kind in NUMBER_KINDS:
+        fields.load_numbers(state, kind, record.numbers)
     return ckpt.window[rank].copy()

@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.pprs import PPRS, PipelinedAGD
+import dataclasses
+
+from ..algorithms.base import create
+from ..algorithms.pprs import PPRS, PipelinedAGD, PipelinedGD
 from ..config import Config
 from ..data.datasets import load_dataset
 from ..errors import UserError
@@ -28,7 +31,7 @@ from .split import StagePlan
 CLASSIFIER_EPOCHS = 5
 #: The l1 chain's shape: parameter blocks (so at most this many stages), each of this size.
 L1_BLOCKS, L1_BLOCK_DIM, L1_ROWS = 8, 4, 64
-Algorithm = PPRS | PipelinedAGD
+Algorithm = PPRS | PipelinedAGD | PipelinedGD
 
 
 def build_problem(config: Config, architecture_only: bool = False,
@@ -83,23 +86,16 @@ def plan_for(config: Config, model: Sequential, world_size: int) -> StagePlan:
 def build_algorithm(config: Config, problem: StagedProblem, trainable: int) -> Algorithm:
     """PPRS or a pipelined baseline; ``trainable`` is d, all stages' trainable parameters."""
     algo = config.algorithm
-    if algo.algorithm != "pprs":
-        return PipelinedAGD(algo.lr, algo.momentum)
-    if algo.outer == "accelerated" and (problem.radius is None or problem.lipschitz is None):
+    if (algo.algorithm == "pprs" and algo.outer == "accelerated"
+            and (problem.radius is None or problem.lipschitz is None)):
         raise UserError(f"the accelerated outer loop needs a known radius and Lipschitz constant: "
                         f"use --problem l1_chain, or --outer nesterov for {problem.name}")
-    return PPRS(samples=algo.samples, outer=algo.outer, lr=algo.lr, momentum=algo.momentum,
-                gamma=algo.smoothing, radius=problem.radius or 0.0,
-                lipschitz=problem.lipschitz or 0.0, dimension=trainable,
-                smoothing=algo.smoothing, seed=config.run.seed)
+    return create(algo.algorithm, dataclasses.asdict(algo),
+                  {"radius": problem.radius, "lipschitz": problem.lipschitz,
+                   "dimension": trainable, "seed": config.run.seed})
 
 
-def samples_per_iteration(algorithm: Any) -> int:
-    """K: the samples an iteration streams through the pipeline (1 for the baselines)."""
-    return algorithm.samples if isinstance(algorithm, PPRS) else 1
-
-
-def describe(config: Config, problem: StagedProblem, plan: StagePlan) -> str:
+def describe(config: Config, problem: StagedProblem, plan: StagePlan, algorithm: Algorithm) -> str:
     """The problem, stages and algorithm in a few words, for the run's header."""
     data, algo = config.data, config.algorithm
     what = {"attack": f"attack on {data.images} {data.dataset} images (eps {data.eps:g}), mlp "
@@ -108,7 +104,8 @@ def describe(config: Config, problem: StagedProblem, plan: StagePlan) -> str:
                         f"{'-'.join(map(str, config.model.hidden))}",
             "l1_chain": "l1 chain (1/m)||A theta - b||_1"}[data.problem]
     if algo.algorithm == "pprs":
-        how = f"K={algo.samples}, gamma={algo.smoothing:g}, {algo.outer}"
+        assert isinstance(algorithm, PPRS)
+        how = f"K={algo.samples}, gamma={algorithm.smoothing_scale:g}, {algo.outer}"
     else:
         how = "one sample"
     return (f"{what}, {plan.num_stages} stage(s) cut at layers {list(plan.bounds[1:-1])}, "

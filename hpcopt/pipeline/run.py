@@ -57,7 +57,7 @@ from ..staging import prepare_gpu
 from ..watchdog import watching
 from . import checkpoint as pipe_ckpt
 from .executor import Pipeline
-from .parts import Algorithm, build_algorithm, build_problem, describe, plan_for, samples_per_iteration
+from .parts import Algorithm, build_algorithm, build_problem, describe, plan_for
 from .schedules import ideal_bubble
 from .split import StagePlan
 
@@ -186,7 +186,7 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     show = verbose and config.run.progress and comm.rank == 0
     if show:
         resumed = f"{ckpt.path} at iteration {ckpt.tick}" if ckpt else ""
-        print(f"hpcopt train: {label} on {describe(config, prob, built.plan)}, "
+        print(f"hpcopt train: {label} on {describe(config, prob, built.plan, built.algorithm)}, "
               f"{config.run.dtype}, {built.total} iterations, {threads.describe()}\n"
               f"{header_end(out, resumed, comm)}", flush=True)
     try:
@@ -217,7 +217,7 @@ class _Loop:
         self.out, self.run_id, self.wall_before = out, run_id, wall_before
         self.writer: trace_io.TraceWriter | None = None
         self.label = config.algorithm.algorithm
-        self.samples = samples_per_iteration(built.algorithm)
+        self.samples = built.algorithm.samples_per_iteration
         self.stages = comm.size
         self.ideal = ideal_bubble(self.stages, self.samples)
         # the window since the last row (saved in checkpoints) and the run's running totals

@@ -108,10 +108,10 @@ def test_celgc_lstm_on_gpu_matches_the_serial_reference(comm, cupy, staged, shar
         progress="false", seed="5", algorithm="celgc", gamma="0.3", momentum="0.5", device="gpu"))
     _, state = train(config, comm, verbose=False)
     parts = worker_parts(on_cpu(config), comm.size)
-    schedule, algo = parts[0].algorithm.schedule, config.algorithm
+    schedule, algo = parts[0].algorithm.lr_at, config.algorithm
     models, counts = celgc_reference(parts[0].x0, [p.problem.oracle for p in parts],
                                      config.run.steps, algo.interval, lr=schedule, gamma=algo.gamma,
-                                     base_lr=schedule.lr, momentum=algo.momentum)
+                                     base_lr=algo.lr, momentum=algo.momentum)
     np.testing.assert_allclose(cupy.asnumpy(state.x), sum(models) / comm.size, rtol=1e-8, atol=1e-10)
     assert state.clip_count == counts[comm.rank]
 

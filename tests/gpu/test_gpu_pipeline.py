@@ -110,7 +110,7 @@ def test_host_device_copies_per_iteration_are_bounded(comm, cupy, path, algorith
     problem = l1_chain(blocks=8, block_dim=2, rows=20, seed=1, xp=cupy)
     setup = setup_stage(problem, comm, kind="gpipe")
     samples = 4 if algorithm == "pprs" else 1
-    algo = (PPRS(samples=samples, gamma=0.01, lr=0.01, seed=3) if algorithm == "pprs"
+    algo = (PPRS(samples=samples, smoothing=0.01, lr=0.01, seed=3) if algorithm == "pprs"
             else PipelinedAGD(lr=0.01, momentum=0.9))
     state = algo.init(setup.x0, comm)
     algo.step(state, setup.pipeline.gradient, comm)  # first iteration: buffers allocated

@@ -14,7 +14,6 @@ import pytest
 
 from hpcopt.algorithms.buffers import BUFFERS_LABEL, check_buffer_policy, sync_buffers
 from hpcopt.algorithms.local_sgd import LocalSGD
-from hpcopt.algorithms.schedules import Schedule
 from hpcopt.data.sampler import MinibatchSampler
 from hpcopt.errors import UserError
 from hpcopt.nn import plain_cnn
@@ -42,7 +41,7 @@ def one_round(comm, policy, device="cpu"):
     labels = backend.asarray(data.integers(0, 3, 16))
     sampler = MinibatchSampler(np.arange(16), 4, seed=0, rank=comm.rank)
     problem = ClassificationProblem(model, features, labels, sampler, backend)
-    algorithm = LocalSGD(Schedule("constant", 0.1), interval=STEPS)
+    algorithm = LocalSGD(lr=0.1, interval=STEPS)
     state = algorithm.init(backend.asarray(x0), comm)
     for _ in range(STEPS):
         algorithm.step(state, problem.oracle, comm)

@@ -23,7 +23,7 @@ from hpcopt.nn.language_model import LSTMLanguageModel
 from hpcopt.problems.language_model import LanguageModelProblem
 from hpcopt.rng import stream
 from tests.conftest import data_pointer, host, on_devices, use_device
-from tests.reference import celgc_reference, naive_clip_reference
+from tests.reference import celgc_reference, naive_clip_reference, options_of
 
 pytestmark = pytest.mark.mpi
 
@@ -96,10 +96,10 @@ def test_gamma_inf_is_prsgd_bit_for_bit(comm, case, device):
     steps, interval, options = case
     use_device(comm, device)
     schedule = Schedule("step", 0.5, decay=0.5, milestones=(5,))
-    celgc, _ = run(LocalClip(schedule, math.inf, interval=interval, **options), comm, steps)
+    celgc, _ = run(LocalClip(**options_of(schedule), gamma=math.inf, interval=interval, **options), comm, steps)
     celgc_averages = comm.stats.totals("average").calls
     comm.stats.reset()
-    prsgd, _ = run(LocalSGD(schedule, interval=interval, **options), comm, steps)
+    prsgd, _ = run(LocalSGD(**options_of(schedule), interval=interval, **options), comm, steps)
     assert celgc.steps_in_round > 0 and int(celgc.clip_count) == 0
     comm.average_(celgc.x, label="final")
     if prsgd.steps_in_round:
@@ -118,7 +118,7 @@ CELGC_CASES = [
     {"interval": 3, "momentum": 0.8, "nesterov": True, "weight_decay": 1e-2,
      "momentum_policy": "average"},
     {"interval": 2, "momentum": 0.5, "momentum_policy": "reset"},
-    {"interval": 3, "norm": "global"},
+    {"interval": 3, "clip_norm": "global"},
     {"interval": 2, "participation": 0.5, "seed": 4},
     {"interval": 3, "participation": 0.7, "momentum": 0.9, "momentum_policy": "average"},
     {"interval": 3, "schedule": Schedule("step", 0.8, decay=0.3, milestones=(6,))},
@@ -135,7 +135,7 @@ def test_distributed_celgc_matches_the_serial_reference(comm, case, device):
     schedule = case.pop("schedule", Schedule("constant", 0.8))
     gamma = schedule.lr * LOCAL_THRESHOLD
     steps = 14
-    state, _ = run(LocalClip(schedule, gamma, **case), comm, steps)
+    state, _ = run(LocalClip(**options_of(schedule), gamma=gamma, **case), comm, steps)
     models, counts = celgc_reference(x0(), oracles(comm.size), steps, lr=schedule, gamma=gamma,
                                      base_lr=schedule.lr, **case)
     np.testing.assert_allclose(host(state.x), models[comm.rank], rtol=1e-10, atol=1e-12)
@@ -151,7 +151,7 @@ def test_distributed_celgc_matches_the_serial_reference(comm, case, device):
 def test_naive_baseline_matches_the_serial_reference_on_every_rank(comm, device, options):
     schedule = Schedule("constant", 0.8)
     gamma = schedule.lr * AVERAGE_THRESHOLD
-    state, _ = run(NaiveParallelClip(schedule, gamma, **options), use_device(comm, device), 12)
+    state, _ = run(NaiveParallelClip(**options_of(schedule), gamma=gamma, **options), use_device(comm, device), 12)
     expected, count = naive_clip_reference(x0(), oracles(comm.size), 12, schedule, gamma,
                                            schedule.lr, **options)
     np.testing.assert_allclose(host(state.x), expected, rtol=1e-10, atol=1e-12)
@@ -165,7 +165,7 @@ def test_naive_baseline_on_one_rank_is_single_process_clipped_sgd():
     alone = Comm(MPI.COMM_SELF)
     try:
         eta, gamma, steps = 0.8, 0.8 * AVERAGE_THRESHOLD, 10
-        state, _ = run(NaiveParallelClip(Schedule("constant", eta), gamma), alone, steps)
+        state, _ = run(NaiveParallelClip(lr=eta, gamma=gamma), alone, steps)
     finally:
         alone.free()
     prob, x, g = problem(0, 1), x0(), np.zeros_like(x0())
@@ -181,7 +181,7 @@ def test_naive_baseline_on_one_rank_is_single_process_clipped_sgd():
                                                             (3, 8, 1.0), (13, 4, 0.5)])
 def test_celgc_sends_ceil_t_over_i_averages_of_d_values_and_nothing_else(comm, steps, interval,
                                                                           participation):
-    state, _ = run(LocalClip(Schedule("constant", 0.1), 1.0, interval=interval,
+    state, _ = run(LocalClip(lr=0.1, gamma=1.0, interval=interval,
                              participation=participation), comm, steps, dtype=np.float32)
     rounds, d = math.ceil(steps / interval), state.x.size
     rows = comm.stats.as_rows()
@@ -192,7 +192,7 @@ def test_celgc_sends_ceil_t_over_i_averages_of_d_values_and_nothing_else(comm, s
 
 def test_global_norm_adds_one_scalar_allreduce_per_step(comm, device):
     steps = 7
-    run(LocalClip(Schedule("constant", 0.1), 1.0, interval=3, norm="global"),
+    run(LocalClip(lr=0.1, gamma=1.0, interval=3, clip_norm="global"),
         use_device(comm, device), steps)
     assert comm.stats.totals("clip_norm").calls == steps
     assert comm.stats.totals("clip_norm").bytes == steps * 8
@@ -201,13 +201,13 @@ def test_global_norm_adds_one_scalar_allreduce_per_step(comm, device):
 
 def test_naive_baseline_sends_t_allreduces_of_d_values(comm):
     steps = 6
-    state, _ = run(NaiveParallelClip(Schedule("constant", 0.1), 1.0), comm, steps, np.float32)
+    state, _ = run(NaiveParallelClip(lr=0.1, gamma=1.0), comm, steps, np.float32)
     rows = [row[:4] for row in comm.stats.as_rows() if row[1] != "init"]
     assert rows == [("allreduce", "average", steps, steps * state.x.size * 4)]
 
 
 def test_buffers_are_never_reallocated(comm, device):
-    algorithm = LocalClip(Schedule("constant", 0.1), 1.0, interval=2, momentum=0.9,
+    algorithm = LocalClip(lr=0.1, gamma=1.0, interval=2, momentum=0.9,
                           momentum_policy="average", participation=0.5)
     backend = use_device(comm, device).backend
     prob = problem(comm.rank, comm.size, backend=backend)
@@ -247,7 +247,7 @@ def test_char_lstm_explodes_at_eta_30_without_clipping_and_trains_with_it(comm):
             model, BpttSampler(rank_streams(tokens, 8, comm.rank, comm.size), 35), CPU, np.float64)
         x = np.zeros(model.layout.size)
         model.init(x, stream(0, "init"))
-        algorithm = LocalClip(Schedule("constant", 30.0), gamma, interval=4)
+        algorithm = LocalClip(lr=30.0, gamma=gamma, interval=4)
         state = algorithm.init(x, comm)
         values = np.zeros((steps, 2))
         for t in range(steps):

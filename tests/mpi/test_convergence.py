@@ -8,6 +8,7 @@ import pytest
 
 from hpcopt.algorithms.local_sgd import LocalSGD
 from hpcopt.algorithms.schedules import Schedule
+from tests.reference import options_of
 from hpcopt.data.partition import iid_partition
 from hpcopt.data.sampler import MinibatchSampler
 from hpcopt.data.synthetic import least_squares, logistic_regression
@@ -30,7 +31,7 @@ def run_prsgd(problem, comm, steps, interval, schedule, batch=4, device="cpu"):
         g[...] = data.gradient(x, idx)
         return data.loss(x, idx)
 
-    algorithm = LocalSGD(schedule, interval=interval)
+    algorithm = LocalSGD(**options_of(schedule), interval=interval)
     state = algorithm.init(backend.xp.zeros(problem.x_star.size), comm)
     for _ in range(steps):
         algorithm.step(state, oracle, comm)

@@ -103,7 +103,7 @@ def test_forward_only_loss_and_messages_per_iteration(comm):
     want_loss, _ = serial_mean_gradient(problem, problem.params, 1)
     assert comm.allreduce_scalar(pipe.loss(setup.x0), label="test") == pytest.approx(want_loss)
     comm.stats.reset()
-    algo = PPRS(samples=samples, gamma=0.1, lr=0.01)
+    algo = PPRS(samples=samples, smoothing=0.1, lr=0.01)
     state = algo.init(setup.x0, comm)
     for _ in range(iterations):
         algo.step(state, pipe.gradient, comm)
@@ -128,7 +128,7 @@ def test_forward_only_loss_and_messages_per_iteration(comm):
 def test_pprs_with_gamma_zero_and_one_sample_equals_pipelined_agd(comm):
     problem = l1_chain(blocks=4, block_dim=3, rows=20, seed=2)
     runs = []
-    for algo in (PPRS(samples=1, gamma=0.0, lr=0.02, momentum=0.8),
+    for algo in (PPRS(samples=1, smoothing=0.0, lr=0.02, momentum=0.8),
                  PipelinedAGD(lr=0.02, momentum=0.8)):
         setup = setup_stage(problem, comm)
         state = algo.init(setup.x0, comm)
@@ -144,7 +144,7 @@ def test_pprs_equals_serial_reference_with_noise_rebuilt_from_its_keys(comm, xp,
     on_device(comm, xp)
     problem = l1_chain(blocks=4, block_dim=3, rows=20, seed=4)
     samples, steps, seed, d = 3, 6, 9, problem.params.size
-    algo = PPRS(samples=samples, outer=outer, lr=0.05, momentum=0.5, gamma=0.3, seed=seed,
+    algo = PPRS(samples=samples, outer=outer, lr=0.05, momentum=0.5, smoothing=0.3, seed=seed,
                 radius=problem.radius, lipschitz=problem.lipschitz, dimension=d)
     setup = setup_stage(l1_chain(blocks=4, block_dim=3, rows=20, seed=4, xp=xp), comm)
     state = algo.init(setup.x0, comm)
@@ -184,7 +184,7 @@ def test_pprs_equals_serial_reference_with_noise_rebuilt_from_its_keys(comm, xp,
                                                       ("accelerated", 4, 100, 0.35)])
 def test_pprs_converges_on_the_l1_chain(comm, outer, samples, steps, reach):
     problem = l1_chain(blocks=4, block_dim=3, rows=24, seed=0)
-    algo = PPRS(samples=samples, outer=outer, lr=0.01, momentum=0.9, gamma=0.01, seed=1,
+    algo = PPRS(samples=samples, outer=outer, lr=0.01, momentum=0.9, smoothing=0.01, seed=1,
                 radius=problem.radius, lipschitz=problem.lipschitz, dimension=problem.params.size)
     setup = setup_stage(problem, comm)
     state = algo.init(setup.x0, comm)
@@ -204,7 +204,7 @@ def test_frozen_stages_stay_fixed_and_the_box_holds(comm):
     problem.lower[:n], problem.upper[:n] = -0.05, 0.05
     setup = setup_stage(problem, comm)
     frozen_before = setup.pipeline.params.copy()
-    algo = PPRS(samples=4, gamma=0.01, lr=0.5)
+    algo = PPRS(samples=4, smoothing=0.01, lr=0.5)
     state = algo.init(setup.x0, comm, setup.box)
     losses = [comm.allreduce_scalar(algo.step(state, setup.pipeline.gradient, comm), label="test")
               for _ in range(20)]

@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
+from hpcopt.algorithms import state as fields
 from hpcopt.config import build_config
 from hpcopt.io import digest
 from hpcopt.io.checkpoint import read_checkpoint
@@ -36,16 +37,17 @@ def config(out, **overrides):
 
 
 def assert_same_run(a_state, b_state, a_dir, b_dir, rank):
-    np.testing.assert_array_equal(host(a_state.x), host(b_state.x))
-    if a_state.momentum is not None:
-        np.testing.assert_array_equal(host(a_state.momentum), host(b_state.momentum))
-    if getattr(a_state, "buffers", None) is not None:  # batch-norm running statistics
-        np.testing.assert_array_equal(host(a_state.buffers), host(b_state.buffers))
-    assert (a_state.step, a_state.rounds) == (b_state.step, b_state.rounds)
-    if hasattr(a_state, "clip_count"):  # a clipping algorithm's counters survive the resume
-        assert int(a_state.clip_count) == int(b_state.clip_count)
-        assert bool(a_state.clipped) == bool(b_state.clipped)
-        np.testing.assert_array_equal(float(a_state.grad_norm), float(b_state.grad_norm))
+    """Every field the state declares for checkpoints (model, momentum, batch-norm statistics,
+    shared vectors, counters, clipping numbers) is bitwise the same, and so is the trace."""
+    assert type(a_state) is type(b_state)
+    arrays = fields.present(a_state, fields.MODEL, fields.VECTOR, fields.SHARED)
+    assert arrays == fields.present(b_state, fields.MODEL, fields.VECTOR, fields.SHARED)
+    for name in arrays:
+        np.testing.assert_array_equal(host(getattr(a_state, name)), host(getattr(b_state, name)),
+                                      err_msg=name)
+    for kind in (fields.COUNTER, fields.SCALAR, fields.FLAG):
+        np.testing.assert_array_equal(list(fields.numbers(a_state, kind).values()),
+                                      list(fields.numbers(b_state, kind).values()), err_msg=kind)
     if rank != 0:
         return
     a, b = read_trace(a_dir / "trace.h5"), read_trace(b_dir / "trace.h5")
@@ -69,7 +71,7 @@ def heterogeneous(size):
 
 RESUME_CASES = ["momentum", "nesterov-average-eval", "heterogeneous", "shared-memory-averaging",
                 "celgc", "lstm", "batchnorm", "batchnorm-local", "batchnorm-celgc",
-                "batchnorm-naive-clip"]
+                "batchnorm-naive-clip", "slowmo", "slowmo-heterogeneous"]
 
 
 # on the GPU: device state written and read back, the clipping counters, the LSTM hidden state
@@ -106,14 +108,20 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
                                  "buffer_policy": "rank0", "eval_every": 3},
              "batchnorm-naive-clip": {"model": "plain_cnn", "hidden": None, "channels": "3",
                                       "batch_norm": "true", "algorithm": "naive_clip",
-                                      "gamma": 0.2, "eval_every": 3}}[case]
+                                      "interval": None, "gamma": 0.2, "eval_every": 3},
+             # an algorithm added as one file (hpcopt/algorithms/slowmo.py): its state (the
+             # round's start and the slow momentum, the same on every rank) resumes by its
+             # declarations, mid-round and with momentum averaged at the rounds
+             "slowmo": {"algorithm": "slowmo", "slow_momentum": 0.6, "slow_lr": 0.9,
+                        "momentum_policy": "average", "eval_every": 3},
+             "slowmo-heterogeneous": {**heterogeneous(comm.size), "algorithm": "slowmo"}}[case]
     extra["device"] = device
     if case == "lstm" and comm.rank == 0:
         write_tiny_ptb(shared_dir / "ptb")
     comm.mpi.Barrier()
-    if case == "heterogeneous":
+    if case.endswith("heterogeneous"):
         steps = 6  # nominal: 2 rounds of I=3, then 2 more after the resume
-    every = steps // 3 if case == "heterogeneous" else steps
+    every = steps // 3 if case.endswith("heterogeneous") else steps
     whole, part = shared_dir / "whole", shared_dir / "part"
     _, a = fresh_train(config(whole, steps=2 * steps, checkpoint_every=every, **extra))
     _, half = fresh_train(config(part, steps=steps, checkpoint_every=every, **extra))
@@ -241,5 +249,5 @@ def test_checkpoint_opens_without_hpcopt(comm, shared_dir):
         np.testing.assert_array_equal(np.concatenate(pieces), flat)
         assert f["ranks/x"].shape == f["ranks/momentum"].shape == (comm.size, flat.size)
         np.testing.assert_allclose(f["ranks/x"][()].mean(axis=0), flat, rtol=1e-12, atol=1e-14)
-        assert f.attrs["world_size"] == comm.size and f.attrs["format_version"] == 2
+        assert f.attrs["world_size"] == comm.size and f.attrs["format_version"] == 3
         assert 'hidden = [12]' in f.attrs["config"]

@@ -25,7 +25,7 @@ def small_config(**overrides):
 
 def reference_inputs(config, size):
     parts = worker_parts(config, size)
-    schedule = parts[0].algorithm.schedule
+    schedule = parts[0].algorithm.lr_at
     return parts[0].x0, [p.problem.oracle for p in parts], schedule
 
 
@@ -48,11 +48,11 @@ def test_celgc_through_train_matches_the_serial_reference(comm, overrides, devic
     algo, steps = config.algorithm, config.run.steps
     x0, oracles, schedule = reference_inputs(config, comm.size)
     models, counts = celgc_reference(x0, oracles, steps, algo.interval, lr=schedule, gamma=algo.gamma,
-                                     base_lr=schedule.lr, momentum=algo.momentum,
+                                     base_lr=algo.lr, momentum=algo.momentum,
                                      nesterov=algo.nesterov, weight_decay=algo.weight_decay,
                                      momentum_policy=algo.momentum_policy,
                                      participation=algo.participation, seed=config.run.seed,
-                                     norm=algo.clip_norm)
+                                     clip_norm=algo.clip_norm)
     # train() ends with the "final" average over every rank
     np.testing.assert_allclose(host(state.x), sum(models) / comm.size, rtol=1e-10, atol=1e-12)
     assert int(state.clip_count) == counts[comm.rank]
@@ -67,7 +67,7 @@ def test_naive_clip_through_train_matches_the_serial_reference(comm, device):
     summary, state = train(config, comm, verbose=False)
     x0, oracles, schedule = reference_inputs(config, comm.size)
     model, count = naive_clip_reference(x0, oracles, config.run.steps, lr=schedule, gamma=0.15,
-                                        base_lr=schedule.lr, momentum=0.9, weight_decay=1e-3)
+                                        base_lr=config.algorithm.lr, momentum=0.9, weight_decay=1e-3)
     np.testing.assert_allclose(host(state.x), model, rtol=1e-10, atol=1e-12)
     assert int(state.clip_count) == count
     assert summary.clip_fraction == count / config.run.steps

@@ -41,10 +41,10 @@ def test_celgc_on_the_lstm_matches_the_serial_reference(comm, shared_dir, device
     summary, state = train(config, comm, verbose=False)
     algo = config.algorithm
     parts = worker_parts(config, comm.size)
-    schedule = parts[0].algorithm.schedule
+    schedule = parts[0].algorithm.lr_at
     models, counts = celgc_reference(parts[0].x0, [p.problem.oracle for p in parts],
                                      config.run.steps, algo.interval, lr=schedule, gamma=algo.gamma,
-                                     base_lr=schedule.lr, momentum=algo.momentum)
+                                     base_lr=algo.lr, momentum=algo.momentum)
     np.testing.assert_allclose(host(state.x), sum(models) / comm.size, rtol=1e-9, atol=1e-12)
     assert int(state.clip_count) == counts[comm.rank]
     assert summary.clip_fraction == sum(counts) / (config.run.steps * comm.size) > 0

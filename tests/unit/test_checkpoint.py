@@ -3,6 +3,7 @@ bad files refused with one line and exit code 2 (never a traceback, never a part
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -38,10 +39,11 @@ def synthetic(d: int = 6, world_size: int = 2, value: float = 1.0, mid_round: bo
     return Checkpoint(
         config=config, world_size=world_size, tick=5, run_id="abc", trace_rows=2, wall_seconds=1.5,
         layout=layout, model=np.full(d, value + (world_size - 1) / 2),
-        counters=np.array([[5, 1, int(mid_round)]] * world_size, dtype=np.int64),
+        counters={"step": np.full(world_size, 5), "rounds": np.full(world_size, 1),
+                  "steps_in_round": np.full(world_size, int(mid_round))},
         sampler=np.array([[0, 5, 8, 700, 0, r] for r in range(world_size)], dtype=np.int64),
         window=np.array([[1.25, 2.0]] * world_size), comm=[("allreduce", "average", 1, 48, 0.01)],
-        rows=per_rank)
+        rows=per_rank, ranks=tuple(range(world_size)))
 
 
 def test_round_trip_and_per_rank_reading(tmp_path):
@@ -74,13 +76,12 @@ def test_newest_complete_checkpoint_is_found_and_old_ones_pruned(tmp_path):
 
 def test_a_failed_restore_changes_nothing(tmp_path):
     """The sampler is checked before anything is written into the state."""
-    from types import SimpleNamespace
-
+    from hpcopt.algorithms.data_parallel import DataParallelState
     from hpcopt.backend import CPU
     from hpcopt.data.sampler import MinibatchSampler
 
     ckpt = synthetic()
-    state = SimpleNamespace(x=np.zeros(6), momentum=np.zeros(6), step=0, rounds=0, steps_in_round=0)
+    state = DataParallelState(x=np.zeros(6), momentum=np.zeros(6))
     sampler = MinibatchSampler(np.arange(700), 8, seed=1, rank=0)  # the checkpoint has seed 0
     with pytest.raises(UserError, match="seed"):
         restore(ckpt, 0, state, sampler, CPU)
@@ -333,3 +334,26 @@ def test_the_run_length_is_fixed_with_the_sqrt_nt_schedule():
     stored = build_config(None, {"steps": "20", "schedule": "sqrt_nt"})
     with pytest.raises(UserError, match="sqrt_nt step size depends on the number of steps"):
         check_resume(stored, build_config(None, {"steps": "40", "schedule": "sqrt_nt"}))
+
+
+@pytest.mark.parametrize("algorithm", ["prsgd", "celgc"])
+def test_a_version_2_checkpoint_resumes_bit_for_bit(tmp_path, algorithm):
+    """Files written by hpcopt before the state was declared (format version 2: fixed per-rank
+    datasets, the clipping numbers in their own table) resume exactly: the model after 10 steps
+    equals the one the old version's uninterrupted run reached (digits, MLP 64-12-10, I = 4,
+    momentum 0.9, checkpoint at step 6, mid-round)."""
+    from hpcopt.io.checkpoint import VERSION
+    from tests.runs import fresh_train
+
+    data = ROOT / "tests" / "data" / "checkpoint-v2"
+    path = tmp_path / "checkpoints" / "step-000000006.h5"
+    path.parent.mkdir()
+    shutil.copy(data / f"{algorithm}-step-6.h5", path)
+    old = read_checkpoint(path)
+    assert VERSION == 3 and old.counters["step"].tolist() == [6]
+    if algorithm == "celgc":
+        assert set(old.scalars) == {"clipped", "grad_norm"} and "clip_count" in old.counters
+    config = dataclasses.replace(old.config, run=dataclasses.replace(
+        old.config.run, steps=10, out=str(tmp_path), progress=False))
+    _, state = fresh_train(config, resume=path)
+    np.testing.assert_array_equal(state.x, np.load(data / f"{algorithm}-step-10-x.npy"))

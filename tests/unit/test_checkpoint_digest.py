@@ -117,8 +117,8 @@ def pipeline_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
     model = np.linspace(0, 1, 6)
     ckpt = pipe.PipelineCheckpoint(
         build_config(None, {"dtype": "float64"}), 2, 7, "abc", 1, 0.5, model,
-        [pipe.StageRecord((0, 4), {"x": model[:4].copy()}, 7, 0.1),
-         pipe.StageRecord((4, 6), {"x": model[4:].copy()}, 7, 0.1)],
+        [pipe.StageRecord((0, 4), {"x": model[:4].copy()}, {"step": 7, "alpha": 0.1}),
+         pipe.StageRecord((4, 6), {"x": model[4:].copy()}, {"step": 7, "alpha": 0.1})],
         np.zeros((2, len(pipe.WINDOW_COLUMNS))))
     path = directory / "step-000000007.h5"
     pipe._write(path, ckpt, ParamLayout.of(w=(4,), b=(2,)), [])

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from hpcopt.algorithms.local_clip import LocalClip, NaiveParallelClip
-from hpcopt.algorithms.schedules import Schedule
 from hpcopt.errors import UserError
 
-SCHEDULE = Schedule("constant", 0.5)
+LR = {"lr": 0.5}
+STEP = {"lr": 2.0, "schedule": "step", "decay": 0.1, "milestones": (10,)}
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -19,7 +19,7 @@ SCHEDULE = Schedule("constant", 0.5)
     ({"interval": 0}, "interval I must be >= 1"),
     ({"participation": 0.0}, r"participation fraction must be in \(0, 1\]"),
     ({"participation": 1.5}, r"participation fraction must be in \(0, 1\]"),
-    ({"norm": "max"}, "unknown clipping norm 'max'"),
+    ({"clip_norm": "max"}, "unknown clipping norm 'max'"),
     ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
     ({"nesterov": True}, "nesterov needs momentum"),
     ({"weight_decay": -0.1}, "weight_decay must be >= 0"),
@@ -29,32 +29,32 @@ SCHEDULE = Schedule("constant", 0.5)
 def test_bad_hyper_parameters_are_user_errors(kwargs, message):
     kwargs = {"gamma": 1.0, **kwargs}
     with pytest.raises(UserError, match=message):
-        LocalClip(SCHEDULE, **kwargs)
+        LocalClip(**LR, **kwargs)
 
 
 def test_bad_step_size_is_a_user_error_and_the_baseline_validates_too():
-    with pytest.raises(UserError, match="lr must be a positive number"):
-        LocalClip(Schedule("constant", 0.0), 1.0)
+    with pytest.raises(UserError, match="lr must be > 0"):
+        LocalClip(lr=0.0, gamma=1.0)
     with pytest.raises(UserError, match="gamma must be > 0"):
-        NaiveParallelClip(SCHEDULE, 0.0)
-    assert LocalClip(SCHEDULE, math.inf).gamma == math.inf
+        NaiveParallelClip(**LR, gamma=0.0)
+    assert LocalClip(**LR, gamma=math.inf).gamma == math.inf
 
 
 def test_step_size_is_min_of_eta_and_gamma_over_norm_and_gamma_decays_with_eta():
-    algorithm = LocalClip(Schedule("step", 2.0, decay=0.1, milestones=(10,)), gamma=1.0)
+    algorithm = LocalClip(**STEP, gamma=1.0)
     assert algorithm.step_size(0, 0.1) == 2.0                     # threshold gamma/eta = 0.5
     assert algorithm.step_size(0, 4.0) == pytest.approx(0.25)     # gamma / ||g||
     assert algorithm.step_size(10, 0.1) == pytest.approx(0.2)     # eta decayed, not clipped
     assert algorithm.step_size(10, 4.0) == pytest.approx(0.025)   # gamma decayed with eta
     assert algorithm.step_size(0, 0.0) == 2.0                     # + 1e-10: no division by zero
-    assert LocalClip(SCHEDULE, math.inf).step_size(3, 1e30) == 0.5
+    assert LocalClip(**LR, gamma=math.inf).step_size(3, 1e30) == 0.5
 
 
 @pytest.mark.parametrize("norm_dtype", [np.float32, np.float64])
 def test_a_device_norm_gives_the_same_step_size_without_leaving_the_device(xp, norm_dtype):
     """On the GPU the norm stays a 0-d device array (no transfer a step): the step size must be
     the float rule's value exactly, for a float32 model's norm too."""
-    algorithm = LocalClip(Schedule("step", 2.0, decay=0.1, milestones=(10,)), gamma=1.0)
+    algorithm = LocalClip(**STEP, gamma=1.0)
     for t, value in [(0, 0.1), (0, 4.0), (10, 4.0), (0, 0.0), (3, 1.7)]:
         norm = xp.asarray(value, dtype=norm_dtype)
         size = algorithm.step_size(t, norm)
@@ -65,11 +65,11 @@ def test_a_device_norm_gives_the_same_step_size_without_leaving_the_device(xp, n
 @pytest.mark.parametrize("fraction, size, count", [(0.5, 4, 2), (0.5, 3, 2), (0.7, 10, 7),
                                                    (0.01, 5, 1), (1.0, 6, 6), (0.99, 6, 6)])
 def test_participants_are_ceil_fraction_n_distinct_ranks(fraction, size, count):
-    algorithm = LocalClip(SCHEDULE, 1.0, participation=fraction, seed=3)
+    algorithm = LocalClip(**LR, gamma=1.0, participation=fraction, seed=3)
     draws = [algorithm.participants(r, size) for r in range(20)]
     assert all(d.size == count and np.unique(d).size == count for d in draws)
     assert all(0 <= d.min() and d.max() < size and np.all(np.diff(d) > 0) for d in draws)
-    again = LocalClip(SCHEDULE, 1.0, participation=fraction, seed=3)
+    again = LocalClip(**LR, gamma=1.0, participation=fraction, seed=3)
     assert all(np.array_equal(d, again.participants(r, size)) for r, d in enumerate(draws))
     if 0 < count < size:
         assert len({tuple(d) for d in draws}) > 1  # a new subset each round

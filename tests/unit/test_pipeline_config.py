@@ -8,7 +8,7 @@ from hpcopt.errors import UserError
 
 def test_pipeline_defaults_need_no_files_or_extra_flags():
     cfg = build_config(None, {"algorithm": "pprs"})
-    assert (cfg.data.problem, cfg.algorithm.samples, cfg.algorithm.smoothing) == ("attack", 10, 1e-3)
+    assert (cfg.data.problem, cfg.algorithm.samples, cfg.algorithm.smoothing) == ("attack", 10, -1.0)
     assert (cfg.algorithm.outer, cfg.algorithm.pipeline, cfg.model.stages) == ("nesterov", "gpipe", ())
     assert build_config(None, {"algorithm": "pipelined_agd", "momentum": "0.9"}).algorithm.momentum == 0.9
 
@@ -27,7 +27,7 @@ def test_pipeline_defaults_need_no_files_or_extra_flags():
     ({"eps": "0"}, "eps must be > 0"),
     ({"stages": "3,2"}, "stages must be increasing"),
     ({"momentum": "1"}, "momentum must be in \\[0, 1\\)"),
-    ({"interval": "4"}, "interval does not apply to pipeline algorithms"),
+    ({"interval": "4"}, "interval applies only to --algorithm prsgd or celgc or slowmo, not pprs"),
     ({"model": "plain_cnn"}, "pipeline algorithms train an mlp"),
 ])
 def test_bad_pprs_options_are_user_errors(overrides, match):

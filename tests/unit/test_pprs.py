@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hpcopt.algorithms.pprs import PPRS, Box, PipelinedAGD, pprs_noise, theory_horizon
+from hpcopt.algorithms.pprs import PPRS, Box, PipelinedAGD, PipelinedGD, pprs_noise, theory_horizon
 from hpcopt.backend import CPU, array_module, get_backend
 from hpcopt.errors import UserError
 from tests.conftest import host
@@ -50,7 +50,7 @@ def run(xp, algo, x0, steps, rank=0, box=None, center=None):
 
 
 def test_noise_comes_from_its_key_and_is_never_shared_between_stages(xp):
-    algo = PPRS(samples=3, gamma=0.5, lr=0.1, seed=11)
+    algo = PPRS(samples=3, smoothing=0.5, lr=0.1, seed=11)
     state, oracle = run(xp, algo, np.zeros(5), steps=2, rank=2)
     expected = [0.5 * pprs_noise(11, t, k, 2, 5) for t in range(2) for k in range(3)]
     assert len(oracle.seen) == len(expected)
@@ -66,7 +66,7 @@ def test_noise_of_an_iteration_reaches_the_device_in_one_copy(xp):
     """All K blocks of an iteration are drawn on the host and copied over together."""
     if xp is np or not getattr(xp, "EMULATED", False):
         pytest.skip("counts host-to-device copies: needs the emulated CuPy's counters")
-    algo = PPRS(samples=4, gamma=0.5, lr=0.1, seed=2)
+    algo = PPRS(samples=4, smoothing=0.5, lr=0.1, seed=2)
     comm = fake_comm(xp)
     state = algo.init(xp.zeros(6), comm)
     oracle = L1Oracle(np.zeros(6))
@@ -81,21 +81,22 @@ def test_noise_of_an_iteration_reaches_the_device_in_one_copy(xp):
 def test_pprs_with_gamma_zero_and_one_sample_is_pipelined_agd(xp, momentum):
     x0 = np.random.default_rng(0).standard_normal(7)
     box = Box(-0.8, 0.9)
-    pprs, _ = run(xp, PPRS(samples=1, gamma=0.0, lr=0.05, momentum=momentum), x0, 25, box=box)
-    agd, _ = run(xp, PipelinedAGD(lr=0.05, momentum=momentum), x0, 25, box=box)
+    pprs, _ = run(xp, PPRS(samples=1, smoothing=0.0, lr=0.05, momentum=momentum), x0, 25, box=box)
+    baseline = PipelinedAGD(lr=0.05, momentum=momentum) if momentum else PipelinedGD(lr=0.05)
+    agd, _ = run(xp, baseline, x0, 25, box=box)
     np.testing.assert_array_equal(host(pprs.x), host(agd.x))
 
 
 def test_agd_is_projected_nesterov_and_momentum_zero_is_projected_gd(xp):
     x0, c = np.array([2.0, -3.0, 0.1]), np.array([0.5, 0.5, 0.5])
     lr, mu = 0.1, 0.8
-    state, _ = run(xp, PipelinedAGD(lr, mu), x0, 6, box=Box(-1.0, 1.0), center=c)
+    state, _ = run(xp, PipelinedAGD(lr=lr, momentum=mu), x0, 6, box=Box(-1.0, 1.0), center=c)
     x, prev = np.clip(x0, -1, 1), np.clip(x0, -1, 1)
     for _ in range(6):
         y = x + mu * (x - prev)
         x, prev = np.clip(y - lr * np.sign(y - c), -1, 1), x
     np.testing.assert_allclose(host(state.x), x, rtol=1e-15)
-    gd, _ = run(xp, PipelinedAGD(lr, 0.0), x0, 6, center=c)
+    gd, _ = run(xp, PipelinedGD(lr=lr), x0, 6, center=c)
     x = x0.copy()
     for _ in range(6):
         x = x - lr * np.sign(x - c)
@@ -150,14 +151,27 @@ def test_theory_horizon():
     ({"outer": "heavy"}, "unknown outer loop"),
     ({"lr": 0.0}, "lr must be"),
     ({"momentum": 1.0}, "momentum"),
-    ({"gamma": -1.0}, "gamma"),
-    ({"outer": "accelerated"}, "needs radius"),
-    ({"outer": "accelerated", "radius": 1, "lipschitz": 1, "dimension": 4, "smoothing": -1},
+    ({"smoothing": -0.5}, "smoothing"),
+    ({"outer": "accelerated", "radius": 1, "lipschitz": 1, "dimension": 4, "smoothing": -2},
      "smoothing"),
 ])
 def test_bad_hyper_parameters_are_user_errors(kwargs, match):
     with pytest.raises(UserError, match=match):
         PPRS(**kwargs)
+
+
+def test_the_accelerated_loop_needs_its_context_when_it_starts(xp):
+    with pytest.raises(UserError, match="needs radius"):
+        PPRS(outer="accelerated").init(xp.zeros(3), fake_comm(xp))
+
+
+def test_accelerated_smoothing_defaults_to_r_d_quarter_and_nesterov_to_1e_3():
+    """gamma_t = R d^(-1/4) alpha_t unless smoothing is given (the configured default, -1)."""
+    algo = PPRS(outer="accelerated", radius=2.0, lipschitz=1.0, dimension=16, smoothing=-1.0)
+    assert algo.gamma_at(0.5) == 2.0 * 16 ** -0.25 * 0.5
+    assert PPRS(outer="accelerated", radius=2.0, lipschitz=1.0, dimension=16,
+                smoothing=0.3).gamma_at(0.5) == 0.3 * 0.5
+    assert PPRS().gamma_at(0.5) == 1e-3 and PPRS(smoothing=0.2).gamma_at(0.5) == 0.2
 
 
 def test_accelerated_pprs_meets_its_theoretical_accuracy_on_the_l1_chain(xp):

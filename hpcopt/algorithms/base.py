@@ -1,0 +1,119 @@
+"""The Algorithm protocol, and the registry that finds algorithms by name.
+
+An algorithm is one module of this package holding a frozen dataclass with a class attribute
+``name``. Its fields are of two kinds:
+
+- options (``option(default, help)``): the hyper-parameters. The class is its own config
+  section: these fields are the ``[algorithm]`` keys and command-line flags a run of ``name``
+  accepts (``hpcopt.config``), validated once, by the class's ``__post_init__``;
+- context (``context(default)``): facts of the run the runner supplies (world size, run length,
+  seed, a problem's constants), never set by the user.
+
+Its state is a dataclass whose fields declare what a checkpoint holds
+(``hpcopt.algorithms.state``), so a new algorithm resumes bit for bit by construction. A
+data-parallel algorithm (``workload = "data_parallel"``) implements ``DataParallelAlgorithm``;
+a pipeline one (``workload = "pipeline"``) is stepped by the pipeline runner with a staged
+oracle. Adding an algorithm means adding one module here: the registry imports every module
+of the package and collects the classes with a ``name``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol
+
+if TYPE_CHECKING:
+    from ..comm import Comm
+
+Array = Any
+Oracle = Callable[[Array, Array], Any]
+
+DATA_PARALLEL, PIPELINE = "data_parallel", "pipeline"
+_HELP, _CONTEXT = "help", "context"
+
+
+def option(default: Any, help: str) -> Any:
+    """A hyper-parameter with its one-line help (shown by ``hpcopt train --help``)."""
+    return field(default=default, metadata={_HELP: help})
+
+
+def context(default: Any) -> Any:
+    """A fact of the run that the runner passes in (not a user option)."""
+    return field(default=default, metadata={_CONTEXT: True})
+
+
+def option_fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    """The option fields of an algorithm class, in declaration order."""
+    return tuple(f for f in dataclasses.fields(cls) if _HELP in f.metadata)
+
+
+def context_fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if _CONTEXT in f.metadata)
+
+
+class DataParallelAlgorithm(Protocol):
+    """What the data-parallel runner (``hpcopt.train``) calls.
+
+    ``clock`` is the "when": the ticks at which every rank is at the same point, so that
+    collectives outside the algorithm (trace rows, evaluation, checkpoints) may run; the
+    "how" of each round is the algorithm's own ``step``."""
+
+    name: ClassVar[str]
+    workload: ClassVar[str]
+    clips: ClassVar[bool]      # whether its state counts clipped steps (trace column clip_fraction)
+    buffer_policy: str
+    #: Options of other algorithms it accepts at the value it embodies (naive_clip: interval 1).
+    implied: ClassVar[dict[str, Any]]
+
+    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> Any: ...
+    def step(self, state: Any, oracle: Oracle, comm: Comm) -> Any: ...
+    def lr_at(self, t: int) -> float: ...
+    def steps_for(self, total_steps: int, rank: int, size: int) -> int: ...
+    def clock(self, state: Any) -> int | None: ...
+    def clock_ticks(self, total_steps: int) -> int: ...
+    def synchronized(self, state: Any) -> bool: ...
+    def finish(self, state: Any, comm: Comm, label: str) -> None: ...
+    def describe(self) -> str: ...
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, type]:
+    """Algorithm name -> class, from every module of ``hpcopt.algorithms`` (in module order)."""
+    from .. import algorithms
+
+    found: dict[str, type] = {}
+    for module_info in sorted(pkgutil.iter_modules(algorithms.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{algorithms.__name__}.{module_info.name}")
+        for value in vars(module).values():
+            name = getattr(value, "name", None)
+            if (isinstance(value, type) and dataclasses.is_dataclass(value)
+                    and "name" in vars(value) and isinstance(name, str)):
+                if name in found and found[name] is not value:
+                    raise TypeError(f"two algorithms are called {name!r}: "
+                                    f"{found[name].__qualname__} and {value.__qualname__}")
+                found[name] = value
+    return dict(sorted(found.items(), key=lambda item: _ORDER.get(item[0], len(_ORDER))))
+
+
+#: The order names are listed in (help, error messages); algorithms not named here follow.
+_ORDER = {name: i for i, name in enumerate(
+    ("prsgd", "celgc", "naive_clip", "pprs", "pipelined_gd", "pipelined_agd"))}
+
+
+def names(workload: str | None = None) -> tuple[str, ...]:
+    """Registered algorithm names (of one workload, when given)."""
+    return tuple(n for n, cls in registry().items()
+                 if workload is None or getattr(cls, "workload", DATA_PARALLEL) == workload)
+
+
+def create(name: str, options: Mapping[str, Any], run_context: Mapping[str, Any]) -> Any:
+    """The algorithm ``name`` with its options taken from ``options`` (a mapping holding at
+    least every option of the class) and its context fields from ``run_context``."""
+    cls = registry()[name]
+    values = {f.name: options[f.name] for f in option_fields(cls)}
+    values.update({key: run_context[key] for key in context_fields(cls) if key in run_context})
+    return cls(**values)

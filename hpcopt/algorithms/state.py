@@ -1,0 +1,98 @@
+"""State fields that declare what a checkpoint holds.
+
+An algorithm's state is a dataclass whose fields say, through these constructors, how each one
+is saved; checkpoints (``hpcopt.io.checkpoint``, ``hpcopt.pipeline.checkpoint``) write and read
+exactly the declared fields, so a new algorithm resumes bit for bit by construction::
+
+    @dataclass
+    class MyState:
+        x: Array = model()          # the parameters: per rank only while the ranks' models differ
+        grad: Array = scratch()     # recomputed every step: not saved
+        velocity: Array = vector()  # one row per rank (None: this run has none)
+        anchor: Array = shared()    # the same on every rank: rank 0's copy
+        step: int = counter()       # per-rank integers, floats and flags
+        norm: float = scalar(math.nan)
+
+Counters, scalars and flags may be 0-d device arrays on the GPU (read with ``int``, ``float``,
+``bool`` only when a checkpoint is written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Any
+
+Array = Any
+
+KIND = "hpcopt_saved"
+MODEL, VECTOR, SHARED, COUNTER, SCALAR, FLAG, SCRATCH = (
+    "model", "vector", "shared", "counter", "scalar", "flag", "scratch")
+#: Kinds held as one number per rank, and the Python type each is restored as.
+NUMBER_TYPES: dict[str, type] = {COUNTER: int, SCALAR: float, FLAG: bool}
+
+
+def model() -> Any:
+    """The model x: saved as the averaged model, and per rank while the models differ."""
+    return field(default=None, metadata={KIND: MODEL})
+
+
+def vector() -> Any:
+    """A per-rank array (any length, the same on every rank), saved as one row per rank."""
+    return field(default=None, metadata={KIND: VECTOR})
+
+
+def shared() -> Any:
+    """An array the algorithm keeps identical on every rank: rank 0's copy is saved."""
+    return field(default=None, metadata={KIND: SHARED})
+
+
+def counter(default: int = 0) -> Any:
+    """A per-rank integer (restored as ``int``)."""
+    return field(default=default, metadata={KIND: COUNTER})
+
+
+def scalar(default: float = 0.0) -> Any:
+    """A per-rank float (restored as ``float``)."""
+    return field(default=default, metadata={KIND: SCALAR})
+
+
+def flag(default: bool = False) -> Any:
+    """A per-rank boolean (restored as ``bool``)."""
+    return field(default=default, metadata={KIND: FLAG})
+
+
+def scratch(default: Any = None) -> Any:
+    """Working memory or run-time objects rebuilt at every start: never saved."""
+    return field(default=default, metadata={KIND: SCRATCH})
+
+
+def fields_of(state: Any, *kinds: str) -> tuple[str, ...]:
+    """The names of ``state``'s (an instance or a class) fields of these kinds, in order."""
+    found = []
+    for f in dataclasses.fields(state):
+        kind = f.metadata.get(KIND)
+        if kind is None:
+            raise TypeError(f"{type(state).__name__}.{f.name} declares no checkpoint kind "
+                            "(use model(), vector(), shared(), counter(), scalar(), flag() or scratch())")
+        if kind in kinds:
+            found.append(f.name)
+    return tuple(found)
+
+
+def present(state: Any, *kinds: str) -> tuple[str, ...]:
+    """The array fields of these kinds that this run holds (not None)."""
+    return tuple(name for name in fields_of(state, *kinds) if getattr(state, name) is not None)
+
+
+def numbers(state: Any, kind: str) -> dict[str, float]:
+    """The per-rank numbers of one kind, read to the host (``int``, ``float`` or ``bool``)."""
+    cast = NUMBER_TYPES[kind]
+    return {name: cast(getattr(state, name)) for name in fields_of(state, kind)}
+
+
+def load_numbers(state: Any, kind: str, values: dict[str, Any]) -> None:
+    """Put per-rank numbers back, each as its kind's Python type."""
+    cast = NUMBER_TYPES[kind]
+    for name in fields_of(state, kind):
+        setattr(state, name, cast(values[name]))
