@@ -26,8 +26,8 @@ MPICH", IJHPCA 2005; Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithm
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 

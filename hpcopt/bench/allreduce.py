@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -29,7 +30,17 @@ from ..comm import Comm
 from ..config import AVERAGING_MODES
 from ..costmodel import NetworkProfile, fit_allreduce
 from ..errors import UserError
-from .common import KB, MB, Parser, fmt_bytes, mpi_library, parse_bytes, repetitions, sizes_between, write_json
+from .common import (
+    KB,
+    MB,
+    Parser,
+    fmt_bytes,
+    mpi_library,
+    parse_bytes,
+    repetitions,
+    sizes_between,
+    write_json,
+)
 
 
 def bus_factor(ranks: int) -> float:

@@ -15,8 +15,9 @@ one behind that HDF5 cannot read safely.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 

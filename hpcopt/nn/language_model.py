@@ -14,7 +14,8 @@ AWD-LSTM), the others ``hidden``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
