@@ -49,7 +49,8 @@ def vet_checkpoint(path: str | Path) -> Path:
         return found
     result = run_module(__name__, [str(found)], BASE_SECONDS + size / BYTES_PER_SECOND)
     if result.ok:
-        _vetted.add(key)
+        if key is not None:  # only a file that could be stat'ed is remembered as vetted
+            _vetted.add(key)
         return found
     raise _refusal(result, found, "checkpoint")
 
