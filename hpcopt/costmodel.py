@@ -26,14 +26,25 @@ MPICH", IJHPCA 2005; Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithm
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Protocol
 
 import numpy as np
 
 from .errors import UserError
 
 ALGORITHMS = ("ring", "tree", "auto")
+
+
+class CallCounter(Protocol):
+    """What the models read of a ``CommStats`` counter (``hpcopt.comm.OpCounter``)."""
+
+    @property
+    def calls(self) -> int: ...
+
+    @property
+    def bytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -166,28 +177,29 @@ def op_seconds(op: str, calls: int, nbytes: float, ranks: int, profile: NetworkP
     return calls * profile.allreduce(size, ranks, algorithm)  # any other collective: as an allreduce
 
 
-def network_delay(profile: NetworkProfile, ranks: int, algorithm: str = "auto") -> Callable[[str, int], float]:
+def network_delay(profile: NetworkProfile, ranks: int,
+                  algorithm: str = "auto") -> Callable[[str, int], float]:
     """The delay of one call of (op, bytes) on ``profile``: ``CommStats.delay`` in delay mode."""
     return lambda op, nbytes: op_seconds(op, 1, nbytes, ranks, profile, algorithm)
 
 
-def comm_modelled(counters: Mapping[tuple[str, str], object], ranks: int, profile: NetworkProfile,
+def comm_modelled(counters: Mapping[tuple[str, str], CallCounter], ranks: int, profile: NetworkProfile,
                   algorithm: str = "auto") -> dict[str, float]:
     """label -> modelled seconds, from ``CommStats.counters`` ((op, label) -> calls, bytes)."""
     out: dict[str, float] = {}
     for (op, label), counter in counters.items():
-        seconds = op_seconds(op, counter.calls, counter.bytes, ranks, profile, algorithm)  # type: ignore[attr-defined]
+        seconds = op_seconds(op, counter.calls, counter.bytes, ranks, profile, algorithm)
         out[label] = out.get(label, 0.0) + seconds
     return out
 
 
-def main_ops(counters: Mapping[tuple[str, str], object]) -> dict[str, str]:
+def main_ops(counters: Mapping[tuple[str, str], CallCounter]) -> dict[str, str]:
     """label -> the operation that moved its bytes (most bytes, then most calls): what a trace
     stores so that its per-label calls and bytes can be modelled on any profile later."""
     best: dict[str, tuple[bool, int, int, str]] = {}
     for (op, label), counter in counters.items():
         costs = op not in ("recv", "irecv", "wait")  # a send's transfer is modelled at the send
-        key = (costs, counter.bytes, counter.calls, op)  # type: ignore[attr-defined]
+        key = (costs, counter.bytes, counter.calls, op)
         if label not in best or key > best[label]:
             best[label] = key
     return {label: key[3] for label, key in best.items()}

@@ -20,8 +20,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import UserError
 
@@ -37,7 +38,7 @@ class FaultPlan:
     kind: str = "raise"
 
     @classmethod
-    def parse(cls, text: str) -> "FaultPlan":
+    def parse(cls, text: str) -> FaultPlan:
         """``RANK:STEP[:KIND]``; UserError for anything else."""
         parts = text.split(":")
         try:

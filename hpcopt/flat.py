@@ -6,9 +6,10 @@ be in place (``x -= lr * g`` through ``out=``), never ``x = x - ...``, so the vi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Iterable
+from typing import Any
 
 from .backend import Backend
 
@@ -30,12 +31,12 @@ class ParamLayout:
                 raise ValueError(f"negative dimension in shape of {name!r}: {shape}")
 
     @classmethod
-    def of(cls, **shapes: Shape) -> "ParamLayout":
+    def of(cls, **shapes: Shape) -> ParamLayout:
         """``ParamLayout.of(w=(3, 4), b=(4,))``."""
         return cls.from_items(shapes.items())
 
     @classmethod
-    def from_items(cls, items: Iterable[tuple[str, Shape]]) -> "ParamLayout":
+    def from_items(cls, items: Iterable[tuple[str, Shape]]) -> ParamLayout:
         return cls(tuple((name, tuple(int(n) for n in shape)) for name, shape in items))
 
     @property

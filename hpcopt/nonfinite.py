@@ -27,7 +27,8 @@ loss, which stops the run as above: skipping never hides a run that has diverged
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -148,10 +148,14 @@ class ShmAverager:
     def _window(self) -> np.ndarray:
         if self._mem is None:
             nbytes = (2 * self.node_size + self.stages) * self._row_bytes
+            # Split_type and Split of an intracommunicator return one; mpi4py types them as Comm.
+            assert isinstance(self.node, MPI.Intracomm)
             # One contiguous segment owned by node rank 0; the others attach to it.
             self.win = MPI.Win.Allocate_shared(nbytes if self.node_rank == 0 else 0, 1, comm=self.node)
             memory, _ = self.win.Shared_query(0)
-            self._mem = np.frombuffer(memory, dtype=np.uint8)
+            # MPI.buffer exports the buffer protocol on every Python, but mpi4py's stubs declare
+            # its __buffer__ only for Python >= 3.12, so numpy's stubs reject it on 3.10.
+            self._mem = np.frombuffer(memory, dtype=np.uint8)  # type: ignore[call-overload]
             self.win.Lock_all(MPI.MODE_NOCHECK)
         return self._mem
 
@@ -193,6 +197,7 @@ class ShmAverager:
 
     def _sync(self) -> None:
         win = self.win
+        assert win is not None  # average_ plans (and so allocates the window) before any sync
         win.Sync()
         self.node.Barrier()
         win.Sync()

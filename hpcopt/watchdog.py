@@ -22,9 +22,10 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import CodeType, FrameType
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI

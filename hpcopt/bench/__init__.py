@@ -7,7 +7,7 @@ The scripts in the repository's ``benchmarks/`` directory are thin wrappers arou
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 KINDS = ("allreduce", "p2p", "scaling")
 

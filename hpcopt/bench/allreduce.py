@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -29,7 +31,17 @@ from ..comm import Comm
 from ..comm import AVERAGING_MODES
 from ..costmodel import NetworkProfile, fit_allreduce
 from ..errors import UserError
-from .common import KB, MB, Parser, fmt_bytes, mpi_library, parse_bytes, repetitions, sizes_between, write_json
+from .common import (
+    KB,
+    MB,
+    Parser,
+    fmt_bytes,
+    mpi_library,
+    parse_bytes,
+    repetitions,
+    sizes_between,
+    write_json,
+)
 
 
 def bus_factor(ranks: int) -> float:
@@ -45,10 +57,11 @@ def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "flo
     results = []
     try:
         for nbytes in sizes:
-            buf = np.random.default_rng(mpi.Get_rank()).random(max(1, nbytes // np.dtype(dtype).itemsize)).astype(dtype)
+            count = max(1, nbytes // np.dtype(dtype).itemsize)
+            buf = np.random.default_rng(mpi.Get_rank()).random(count).astype(dtype)
             cases: dict[str, Callable[[], Any]] = {"raw": _raw(mpi, buf, float(n))}
             for mode, comm in comms.items():
-                cases[mode] = (lambda c=comm: c.average_(buf))
+                cases[mode] = partial(comm.average_, buf)
             for fn in cases.values():  # warm-up (also makes the shared-memory window once)
                 fn()
             start = time.perf_counter()
@@ -89,7 +102,8 @@ def fit(results: list[dict[str, Any]], case: str, ranks: int) -> NetworkProfile:
 def table(results: list[dict[str, Any]], ranks: int) -> list[str]:
     cases = list(results[0]["seconds"])
     factor = bus_factor(ranks)
-    lines = ["| size | reps | " + " | ".join(f"{c} us | {c} algbw GB/s | {c} busbw GB/s" for c in cases) + " |",
+    header = " | ".join(f"{c} us | {c} algbw GB/s | {c} busbw GB/s" for c in cases)
+    lines = ["| size | reps | " + header + " |",
              "|---:|---:|" + "---:|---:|---:|" * len(cases)]
     for r in results:
         cells = []
@@ -107,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-bytes", type=parse_bytes, default=16 * MB)
     p.add_argument("--factor", type=int, default=4)
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    p.add_argument("--averaging", default="auto", help=f"comma list of Comm modes ({', '.join(AVERAGING_MODES)})")
+    p.add_argument("--averaging", default="auto",
+                   help=f"comma list of Comm modes ({', '.join(AVERAGING_MODES)})")
     p.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per size and case")
     p.add_argument("--min-reps", type=int, default=5)
     p.add_argument("--max-reps", type=int, default=200)

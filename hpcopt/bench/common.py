@@ -6,8 +6,9 @@ import argparse
 import json
 import time
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI

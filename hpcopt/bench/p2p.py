@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {fmt_bytes(r['bytes'])} | {1e6 * r['latency_s']:.2f} | {bw} |")
         fitted = fit_p2p([r["bytes"] for r in rows], [r["latency_s"] for r in rows])
         print(f"# fitted alpha + n beta: alpha {1e6 * fitted.alpha:.2f} us, bandwidth "
-              f"{fitted.bandwidth / 1e9:.2f} GB/s -> --network alpha={fitted.alpha:.3g},beta={fitted.beta:.3g}")
+              f"{fitted.bandwidth / 1e9:.2f} GB/s "
+              f"-> --network alpha={fitted.alpha:.3g},beta={fitted.beta:.3g}")
         write_json(args.json, {"ranks": mpi.Get_size(), "mpi": mpi_library(), "results": rows,
                                "fit": {"alpha": fitted.alpha, "beta": fitted.beta}})
         return 0

@@ -73,7 +73,7 @@ def run(ranks: list[int], algorithms: list[str], repeats: int, steps: int, inter
         batch: int) -> tuple[list[str], dict[tuple, dict[str, float]]]:
     """Launch every case ``repeats`` times, interleaved; (table lines, medians per case)."""
     global_batch = batch * max(ranks)
-    cases = []
+    cases: list[tuple[str, str, int, int, int | None]] = []  # (algorithm, mode, ranks, batch, threads)
     for algorithm in algorithms:
         cases += [(algorithm, "weak", n, batch, None) for n in ranks]
         cases += [(algorithm, "strong", n, global_batch // n, None) for n in ranks]
@@ -91,22 +91,27 @@ def run(ranks: list[int], algorithms: list[str], repeats: int, steps: int, inter
     lines = [f"default job (MLP 784-512-256-10 on MNIST-5k, I={interval}), {steps} steps, "
              f"median of {repeats} launches, {os.cpu_count()} cores",
              "",
-             "| algorithm | scaling | ranks | batch/rank | threads/rank | ms/step | samples/s | comm share | efficiency |",
+             "| algorithm | scaling | ranks | batch/rank | threads/rank | ms/step | samples/s | comm share "
+             "| efficiency |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for case, m in med.items():
         algorithm, mode, n, per_rank, threads = case
-        base = med.get((algorithm, mode, min(ranks), batch if mode == "weak" else global_batch // min(ranks), None))
+        base_batch = batch if mode == "weak" else global_batch // min(ranks)
+        base = med.get((algorithm, mode, min(ranks), base_batch, None))
         efficiency = float("nan")
         if base is not None and min(ranks) == 1:
             scale = 1 if mode == "weak" else n
             efficiency = base["seconds_per_step"] / (scale * m["seconds_per_step"])
         label = f"{int(m['threads'])}" + (" (user)" if threads else "")
-        lines.append(f"| {algorithm} | {mode} | {n} | {per_rank} | {label} | {1e3 * m['seconds_per_step']:.2f} | "
-                     f"{m['samples_per_second']:,.0f} | {m['comm_share']:.0%} | {efficiency:.2f} |")
-    one_thread, two = med.get((algorithms[0], "weak", 1, batch, 1)), med.get((algorithms[0], "weak", 2, batch, None))
+        lines.append(f"| {algorithm} | {mode} | {n} | {per_rank} | {label} | "
+                     f"{1e3 * m['seconds_per_step']:.2f} | {m['samples_per_second']:,.0f} | "
+                     f"{m['comm_share']:.0%} | {efficiency:.2f} |")
+    one_thread = med.get((algorithms[0], "weak", 1, batch, 1))
+    two = med.get((algorithms[0], "weak", 2, batch, None))
     if one_thread and two:
+        ratio = one_thread["seconds_per_step"] / two["seconds_per_step"]
         lines += ["", f"weak-scaling efficiency 1 -> 2 ranks of {algorithms[0]} against 1 rank with 1 thread "
-                  f"(one core per rank in both): {one_thread['seconds_per_step'] / two['seconds_per_step']:.2f}"]
+                  f"(one core per rank in both): {ratio:.2f}"]
     return lines, med
 
 
@@ -122,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.ranks) < 1 or args.repeats < 1 or args.steps < 1 or args.batch < 1:
         raise UserError("--ranks, --repeats, --steps and --batch must be >= 1")
-    lines, _ = run(sorted(set(args.ranks)), args.algorithms, args.repeats, args.steps, args.interval, args.batch)
+    lines, _ = run(sorted(set(args.ranks)), args.algorithms, args.repeats, args.steps, args.interval,
+                   args.batch)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -12,7 +12,7 @@ heterogeneous (non-i.i.d.) shards from the labels. A new kind is one function ad
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -8,7 +8,8 @@ with exactly the batches the uninterrupted run would have drawn.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,8 @@ class Window:
 
     A row's reduction over ranks is one non-blocking collective (label "trace"): ``post``
     starts an Iallgather of each rank's (mean loss, gradient norm, stop flag), 24 bytes a
-    rank (with ``clipping`` also the window's clipped steps and steps: 40 bytes), and ``complete`` finishes it, normally at the next row tick, so no rank ever waits
+    rank (with ``clipping`` also the window's clipped steps and steps: 40 bytes), and
+    ``complete`` finishes it, normally at the next row tick, so no rank ever waits
     for it on the step path. Every rank then takes means and maxima in rank order: the same
     bits everywhere, and in every run on as many ranks.
     """
@@ -230,7 +232,7 @@ class TraceWriter:
 
     def __init__(self, path: Path, attrs: dict[str, Any], resume_at: tuple[int, int] | None = None,
                  flush_rows: int = 64, flush_seconds: float = 10.0,
-                 extra_columns: tuple[str, ...] = (), modelled: bool = False) -> None:
+                 extra_columns: Sequence[str] = (), modelled: bool = False) -> None:
         import h5py
 
         self.columns = {**COLUMNS, **{name: optional_dtype(name) for name in extra_columns}}
@@ -246,7 +248,7 @@ class TraceWriter:
             if self.file["rows"].dtype != self.row_dtype:
                 raise UserError(f"{path}: its rows have columns {', '.join(self.file['rows'].dtype.names)}, "
                                 f"this run writes {', '.join(self.columns)}")
-            self.labels = json.loads(self.file["comm"].attrs["labels"])
+            self.labels: list[str] = json.loads(self.file["comm"].attrs["labels"])
             self.ops = json.loads(self.file["comm"].attrs.get("ops", "{}"))
             self._truncate(resume_at[0])
             self.file.attrs["resumed_at"] = _resumed(self.file.attrs.get("resumed_at"), resume_at[1])
@@ -263,7 +265,7 @@ class TraceWriter:
         comm.attrs["labels"] = "[]"
         for name, dtype in self.comm_columns.items():
             comm.create_dataset(name, (0, 0), maxshape=(None, None), dtype=dtype, chunks=(CHUNK_ROWS, 8))
-        self.labels: list[str] = []
+        self.labels = []
         self.rows_on_disk = 0
         self.file.flush()
 

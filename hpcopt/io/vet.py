@@ -15,8 +15,9 @@ one behind that HDF5 cannot read safely.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 
@@ -48,7 +49,8 @@ def vet_checkpoint(path: str | Path) -> Path:
         return found
     result = run_module(__name__, [str(found)], BASE_SECONDS + size / BYTES_PER_SECOND)
     if result.ok:
-        _vetted.add(key)
+        if key is not None:  # only a file that could be stat'ed is remembered as vetted
+            _vetted.add(key)
         return found
     raise _refusal(result, found, "checkpoint")
 

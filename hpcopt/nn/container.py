@@ -8,8 +8,9 @@ goes to any depth: ``block1.conv1.weight``, ``block1.bn1.running_mean``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from operator import methodcaller
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -66,7 +66,7 @@ class Conv2d(Layer):
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         k = self.kernel
-        shapes = [("weight", (self.out_channels, self.in_channels, k, k))]
+        shapes: list[tuple[str, tuple[int, ...]]] = [("weight", (self.out_channels, self.in_channels, k, k))]
         return shapes + [("bias", (self.out_channels,))] if self.bias else shapes
 
     def init_params(self, params: dict[str, Array], rng: np.random.Generator) -> None:

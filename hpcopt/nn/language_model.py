@@ -14,7 +14,8 @@ AWD-LSTM), the others ``hidden``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,10 +44,10 @@ class LSTMLanguageModel:
         self.vocab, self.tie = vocab, tie
         self.embedding = Embedding(vocab, embed, name="embedding")
         sizes = [embed] + [hidden] * (layers - 1) + [embed if tie else hidden]
-        self.lstms = [LSTM(n_in, n_out, name=f"lstm{l + 1}")
-                      for l, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:]))]
+        self.lstms = [LSTM(n_in, n_out, name=f"lstm{i + 1}")
+                      for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:]))]
         self.decoder = Linear(sizes[-1], vocab, name="decoder")
-        entries = [("embedding.weight", (vocab, embed))]
+        entries: list[tuple[str, tuple[int, ...]]] = [("embedding.weight", (vocab, embed))]
         for lstm in self.lstms:
             entries += [(f"{lstm.name}.{p}", shape) for p, shape in lstm.param_shapes()]
         if not tie:
@@ -93,9 +94,10 @@ class LSTMLanguageModel:
     def _forward(self, inputs: Array, targets: Array,
                  state: Sequence[State]) -> tuple[Array, Array, list[State]]:
         y = self.embedding.forward(inputs)
-        new_state = []
+        new_state: list[State] = []
         for lstm, layer_state in zip(self.lstms, state):
             y = lstm.forward(y, state=layer_state)
+            assert lstm.final_state is not None  # forward has just set it
             new_state.append(lstm.final_state)
         steps, batch, width = y.shape
         logits = self.decoder.forward(y.reshape(steps * batch, width))
@@ -109,7 +111,9 @@ class LSTMLanguageModel:
         self.bind(params, grads)
         loss, dlogits, new_state = self._forward(inputs, targets, state)
         steps, batch = inputs.shape
-        dy = self.decoder.backward(dlogits).reshape(steps, batch, -1)
+        dx = self.decoder.backward(dlogits)
+        assert dx is not None  # need_input_grad (the default): the input gradient is returned
+        dy = dx.reshape(steps, batch, -1)
         for i in range(len(self.lstms) - 1, -1, -1):
             dy = self.lstms[i].backward(dy)
         self.embedding.backward(dy, accumulate=self.tie)  # tied: decoder wrote its part first

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..backend import array_module
 from .container import Container, chain_backward, chain_forward
@@ -60,4 +61,7 @@ class Residual(Container):
     def backward(self, dy: Array, need_input_grad: bool = True) -> Array | None:
         dx = chain_backward(self.branch, dy, need_input_grad)
         skip = dy if self.shortcut is None else self.shortcut.backward(dy, need_input_grad)
-        return dx + skip if need_input_grad else None
+        if not need_input_grad:
+            return None
+        assert dx is not None and skip is not None  # both return the input gradient when asked
+        return dx + skip

@@ -3,13 +3,21 @@ of non-trained state (batch-norm running statistics)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..flat import ParamLayout
-from .container import (BUFFERS, PARAMS, chain_backward, chain_forward, check_unique_names,
-                        child_views, nested_shapes)
+from .container import (
+    BUFFERS,
+    PARAMS,
+    chain_backward,
+    chain_forward,
+    check_unique_names,
+    child_views,
+    nested_shapes,
+)
 from .layers import Layer
 
 Array = Any

@@ -9,8 +9,9 @@ floored at -kappa) subject to ||delta||_inf <= eps and images + delta in [0, 1].
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

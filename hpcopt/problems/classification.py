@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class ClassificationProblem:
         self.model.bind(params, grads)
         inputs = self.features[idx]
         if self.augment:
+            assert key is not None  # taken above whenever augment is set
             inputs = self.augment(inputs, *key)
         loss, dlogits = softmax_cross_entropy(self.model.forward(inputs), self.labels[idx])
         self.model.backward(dlogits)
@@ -63,7 +65,8 @@ class ClassificationProblem:
         training_buffers = self.model.buffers
         if buffers is not None:
             self.model.bind_buffers(buffers)
-        chunks, values = [], []  # values: each chunk's loss and correct count, read at once
+        chunks: list[int] = []
+        values: list[Any] = []  # each chunk's loss and correct count, read at once
         for start in range(lo, hi, chunk):
             stop = min(hi, start + chunk)
             logits = self.model.forward(features[start:stop], train=False)

@@ -94,11 +94,11 @@ def setup_stage(problem: StagedProblem, comm: Comm, plan: StagePlan | None = Non
     pipeline = Pipeline(problem.model, plan, block, comm, problem.input_shape,
                         source=problem.source, sink=problem.sink, frozen=problem.frozen,
                         kind=kind, label=label)
-    mine = pipeline.global_trainable
+    trainable = pipeline.global_trainable
     box = None
     if problem.lower is not None or problem.upper is not None:
         size = problem.params.size
         lower = problem.lower if problem.lower is not None else np.full(size, -np.inf)
         upper = problem.upper if problem.upper is not None else np.full(size, np.inf)
-        box = Box(backend.asarray(lower[mine], dtype), backend.asarray(upper[mine], dtype))
+        box = Box(backend.asarray(lower[trainable], dtype), backend.asarray(upper[trainable], dtype))
     return StageSetup(pipeline, block[pipeline.trainable].copy(), box)
