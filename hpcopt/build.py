@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,11 +20,11 @@ from .data.bptt import BpttSampler, corpus_shard, rank_streams, streams_of
 from .data.datasets import Dataset, as_images, load_dataset
 from .data.partition import partition_indices
 from .data.sampler import MinibatchSampler
-from .errors import UserError
 from .data.text import Corpus, load_corpus
+from .errors import UserError
 from .nn import Sequential, mlp
-from .nn.models import plain_cnn, resnet
 from .nn.language_model import LSTMLanguageModel
+from .nn.models import plain_cnn, resnet
 from .problems.classification import ClassificationProblem, Evaluation
 from .problems.language_model import LanguageModelProblem, LMEvaluation
 

@@ -8,7 +8,8 @@ import sys
 import time
 import traceback
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .config import SECTIONS, Config, build_config, option_index, read_toml
 from .errors import UserError

@@ -31,7 +31,8 @@ TEXT_CORPORA = ("shakespeare", "ptb", "wikitext2")  # data sets for language mod
 MODELS = ("mlp", "lstm", "resnet", "plain_cnn")
 CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
 DTYPES = ("float32", "float64")
-NONFINITE_MODES = ("stop", "skip")  # hpcopt.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
+#: hpcopt.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
+NONFINITE_MODES = ("stop", "skip")
 #: Algorithms whose ranks are pipeline stages (hpcopt.pipeline.run).
 PIPELINE_ALGORITHMS = algorithm_names(PIPELINE)
 

@@ -7,8 +7,9 @@ import datetime
 import signal
 import threading
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class StopSignal:
         self.raised = False
         self._previous: Any = None
 
-    def __enter__(self) -> "StopSignal":
+    def __enter__(self) -> StopSignal:
         if self.enabled and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self

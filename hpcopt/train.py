@@ -35,12 +35,20 @@ from .algorithms.local_sgd import AVERAGE_LABEL
 from .build import RunParts, build_run
 from .comm import Comm, agreed, node_layout
 from .config import Config, check_resume
-from .costmodel import SETUP_LABELS, NetworkProfile, comm_modelled, get_profile, main_ops, network_delay, profile_attrs
+from .costmodel import (
+    SETUP_LABELS,
+    NetworkProfile,
+    comm_modelled,
+    get_profile,
+    main_ops,
+    network_delay,
+    profile_attrs,
+)
 from .errors import UserError
 from .faults import FaultPlan
 from .io import checkpoint as ckpt_io
-from .io.vet import vet_checkpoint
 from .io import trace as trace_io
+from .io.vet import vet_checkpoint
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, check_output
 from .problems.classification import Evaluation
@@ -220,8 +228,9 @@ class _Run:
 def train(config: Config, comm: Comm | None = None, verbose: bool = True,
           resume: str | Path | None = None,
           faults: FaultPlan | None = None) -> tuple[Summary, State]:
-    """Run the configured algorithm (PR-SGD, CELGC or the naive clipping baseline) (continuing from checkpoint ``resume`` when given); returns the
-    summary and this rank's final state.
+    """Run the configured data-parallel algorithm (PR-SGD, CELGC, the naive clipping baseline,
+    SlowMo or any other registered one), continuing from checkpoint ``resume`` when given;
+    returns the summary and this rank's final state.
 
     At the end every rank holds the averaged model: if the last round was partial, one more
     average is taken on the label "final" (so the "average" label counts exactly floor(T/I)).
@@ -397,7 +406,8 @@ def _trace_writer(config: Config, parts: RunParts, out: Path | None, run_id: str
 
 
 def _summarize(run: _Run, final: Evaluation | LMEvaluation | None, train_loss: float,
-               history: list[tuple[int, Evaluation | LMEvaluation]], threads: ThreadChoice, stopped: bool) -> Summary:
+               history: list[tuple[int, Evaluation | LMEvaluation]], threads: ThreadChoice,
+               stopped: bool) -> Summary:
     comm, state, parts = run.comm, run.state, run.parts
     totals = comm.stats.totals()
     modelled = (sum(seconds for label, seconds in
@@ -417,7 +427,8 @@ def _summarize(run: _Run, final: Evaluation | LMEvaluation | None, train_loss: f
                    threads=threads, out=str(run.out or ""), checkpoint=run.checkpoint, stopped=stopped,
                    history=history, unit=parts.unit,
                    network=run.network.name if run.network else "", modelled_seconds=local[6] / size,
-                   clip_fraction=(float(local[4] / local[5]) if local[5] else 0.0) if parts.clipping else None)
+                   clip_fraction=((float(local[4] / local[5]) if local[5] else 0.0)
+                                  if parts.clipping else None))
 
 
 def _header(parts: RunParts, comm: Comm, threads: ThreadChoice, out: Path | None,

@@ -18,8 +18,9 @@ has a flat buffer of running statistics (``state.buffers``); right after x is av
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import UserError
 from .base import option

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..comm import Comm
-from ..comm import AVERAGING_MODES
+from ..comm import AVERAGING_MODES, Comm
 from ..costmodel import NetworkProfile, fit_allreduce
 from ..errors import UserError
 from .common import (

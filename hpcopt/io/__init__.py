@@ -33,7 +33,7 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
 
-def open_for_reading(path: str | Path, what: str) -> "h5py.File":
+def open_for_reading(path: str | Path, what: str) -> h5py.File:
     """Open an HDF5 file read-only, or raise a UserError saying why it cannot be a ``what``.
 
     File locking is off so that a trace can be read while its run is still writing it.
@@ -101,7 +101,7 @@ def json_attr(attrs: Any, key: str, path: Path) -> Any:
         raise UserError(f"{path}: attribute {key!r} is not valid JSON") from None
 
 
-def config_from_toml(text: str, path: Path) -> "Config":
+def config_from_toml(text: str, path: Path) -> Config:
     """The run configuration stored as TOML text, parsed and validated (``config_from_stored``)."""
     from ..config import config_from_stored
 

@@ -26,10 +26,11 @@ import datetime
 import json
 import os
 import re
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +41,16 @@ from ..comm import Comm, OpCounter
 from ..config import Config, to_toml
 from ..errors import UserError
 from ..flat import ParamLayout
-from . import (READ_ERRORS, check_format, config_from_toml, int_attr, json_attr, open_for_reading,
-               text_attr, versions)
+from . import (
+    READ_ERRORS,
+    check_format,
+    config_from_toml,
+    int_attr,
+    json_attr,
+    open_for_reading,
+    text_attr,
+    versions,
+)
 from .digest import check_sealed, refuse_damaged, seal
 
 FORMAT = "hpcopt-checkpoint"
@@ -157,7 +166,7 @@ class CheckpointWriter:
         self.tmp = path.with_name(path.name + TMP_SUFFIX)
         self.committed = False
 
-    def __enter__(self) -> "CheckpointWriter":
+    def __enter__(self) -> CheckpointWriter:
         import h5py
 
         ckpt, d = self.ckpt, self.ckpt.model.size
@@ -469,7 +478,8 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
                       model=to_host(model),
                       counters={n: all_ints[:, i] for i, n in enumerate(counts)},
                       sampler=all_ints[:, len(counts):], window=all_window,
-                      scalars={n: all_reals[:, i] for i, n in enumerate(reals)} if all_reals is not None else {},
+                      scalars=({n: all_reals[:, i] for i, n in enumerate(reals)}
+                               if all_reals is not None else {}),
                       shared={n: to_host(getattr(state, n)) for n in fields.present(state, fields.SHARED)})
     widths = {n: int(vectors[n].size) for n in names}
     try:

@@ -24,9 +24,10 @@ seals it with the same SHA-256 content digest (hpcopt.io.digest), verified befor
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,8 @@ from ..comm import Comm
 from ..config import Config
 from ..errors import UserError
 from ..flat import ParamLayout
-from ..io import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
 from ..io import checkpoint as ckpt_io
+from ..io import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
 from ..io.digest import check_sealed, refuse_damaged, seal
 
 FORMAT = "hpcopt-pipeline-checkpoint"

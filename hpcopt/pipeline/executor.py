@@ -12,8 +12,9 @@ for its activation and its gradient, and, for perturbed gradients, its own copy 
 parameters. Slots are allocated once and reused; a slot's receives for sample k + n are posted
 when sample k's backward has finished with it. Sends are never waited on before the end of the
 iteration, so a stage blocks only on a receive, exactly as in ``schedules.simulate`` (the unit
-tests simulate both schedules for every Delta <= 8 and K <= 128: no deadlock). Traffic is counted under ``<label>.activation`` and
-``<label>.gradient``; the time spent waiting is this stage's idle time (``timing``).
+tests simulate both schedules for every Delta <= 8 and K <= 128: no deadlock). Traffic is
+counted under ``<label>.activation`` and ``<label>.gradient``; the time spent waiting is this
+stage's idle time (``timing``).
 
 On GPU (``comm.backend``) the block, the slots' buffers, activations and gradients are device
 arrays, ``source`` and ``sink`` must give device arrays, and messages go through
@@ -24,8 +25,9 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI

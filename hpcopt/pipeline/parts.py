@@ -7,12 +7,10 @@ stage. Everything here is deterministic in the config: every rank builds the sam
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
-from typing import Any
 
 import numpy as np
-
-import dataclasses
 
 from ..algorithms.base import create
 from ..algorithms.pprs import PPRS, PipelinedAGD, PipelinedGD

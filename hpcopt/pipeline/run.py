@@ -45,15 +45,15 @@ from ..comm import Comm, agreed, node_layout
 from ..config import Config, check_resume
 from ..errors import UserError
 from ..faults import FaultPlan
-from ..io.vet import vet_checkpoint
 from ..io import checkpoint as ckpt_io
 from ..io import trace as trace_io
+from ..io.vet import vet_checkpoint
+from ..nonfinite import nonfinite_loss, nonfinite_parameters
 from ..problems.staged import StagedProblem, setup_stage
 from ..progress import Progress
-from ..threads import ThreadChoice, configure_threads
 from ..runs import StopSignal, header_end, open_trace, run_directory
-from ..nonfinite import nonfinite_loss, nonfinite_parameters
 from ..staging import prepare_gpu
+from ..threads import ThreadChoice, configure_threads
 from ..watchdog import watching
 from . import checkpoint as pipe_ckpt
 from .executor import Pipeline

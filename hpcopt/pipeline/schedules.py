@@ -15,8 +15,8 @@ With unit-time F and B both take 2 (K + Delta - 1) units, so every stage idles a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import UserError
 

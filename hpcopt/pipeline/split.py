@@ -9,9 +9,9 @@ stage is then one flat vector, a view ``block[trainable]``.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Collection, Sequence
 
 from ..errors import UserError
 from ..nn import Layer, Sequential
@@ -44,7 +44,7 @@ class StagePlan:
                             f"rank(s): launch with mpiexec -n {self.num_stages}")
 
     @classmethod
-    def explicit(cls, model: Sequential, boundaries: Sequence[int]) -> "StagePlan":
+    def explicit(cls, model: Sequential, boundaries: Sequence[int]) -> StagePlan:
         """Cut before each layer index in ``boundaries`` (Delta - 1 increasing indices)."""
         n = len(model.layers)
         if any(not 0 < b < n for b in boundaries):
@@ -53,7 +53,7 @@ class StagePlan:
         return cls((0, *boundaries, n))
 
     @classmethod
-    def balanced(cls, model: Sequential, num_stages: int) -> "StagePlan":
+    def balanced(cls, model: Sequential, num_stages: int) -> StagePlan:
         """Contiguous cut minimising the largest stage's parameter count.
 
         Cuts fall just before a layer with parameters, so parameter-free layers (activations)
