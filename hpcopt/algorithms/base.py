@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ..errors import UserError
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -45,6 +48,21 @@ def option(default: Any, help: str) -> Any:
 def context(default: Any) -> Any:
     """A fact of the run that the runner passes in (not a user option)."""
     return field(default=default, metadata={_CONTEXT: True})
+
+
+def positive_finite(name: str, value: float) -> None:
+    """UserError unless 0 < value < inf."""
+    if not value > 0:
+        raise UserError(f"{name} must be > 0, got {value}")
+    if not math.isfinite(value):
+        raise UserError(f"{name} must be finite, got {value}")
+
+
+def check_momentum(momentum: float, nesterov: bool) -> None:
+    if not 0 <= momentum < 1:
+        raise UserError(f"momentum must be in [0, 1), got {momentum}")
+    if nesterov and momentum == 0:
+        raise UserError("nesterov needs momentum > 0")
 
 
 def option_fields(cls: type) -> tuple[dataclasses.Field, ...]:

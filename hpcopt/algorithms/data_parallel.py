@@ -7,14 +7,14 @@ rounds. The state's fields declare what a checkpoint holds (``hpcopt.algorithms.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import UserError
-from .base import DATA_PARALLEL, context, option
+from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
+from .momentum import MOMENTUM_POLICIES, check_momentum_policy
 from .schedules import SCHEDULES, Schedule
 from .state import counter, model, scratch, vector
 
@@ -38,19 +38,20 @@ class DataParallelState:
     buffers: Array | None = vector()  # batch-norm running statistics (None: the model has none)
 
 
-def positive_finite(name: str, value: float) -> None:
-    """UserError unless 0 < value < inf."""
-    if not value > 0:
-        raise UserError(f"{name} must be > 0, got {value}")
-    if not math.isfinite(value):
-        raise UserError(f"{name} must be finite, got {value}")
+def interval_option() -> Any:
+    """I, of the algorithms that average every I local steps (one option, one help text)."""
+    return option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
 
 
-def check_momentum(momentum: float, nesterov: bool) -> None:
-    if not 0 <= momentum < 1:
-        raise UserError(f"momentum must be in [0, 1), got {momentum}")
-    if nesterov and momentum == 0:
-        raise UserError("nesterov needs momentum > 0")
+def momentum_policy_option() -> Any:
+    return option("keep", f"momentum buffers at a round: {' | '.join(MOMENTUM_POLICIES)}")
+
+
+def check_rounds(interval: int, momentum_policy: str) -> None:
+    """The checks of ``interval_option`` and ``momentum_policy_option``."""
+    if interval < 1:
+        raise UserError(f"interval I must be >= 1, got {interval}")
+    check_momentum_policy(momentum_policy)
 
 
 @dataclass(frozen=True, kw_only=True)

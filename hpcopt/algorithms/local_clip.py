@@ -40,9 +40,15 @@ from ..errors import UserError
 from ..rng import stream
 from .base import context, option
 from .buffers import sync_buffers
-from .data_parallel import DataParallelState, ScheduledSGD
+from .data_parallel import (
+    DataParallelState,
+    ScheduledSGD,
+    check_rounds,
+    interval_option,
+    momentum_policy_option,
+)
 from .local_sgd import AVERAGE_LABEL, MOMENTUM_LABEL
-from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, check_momentum_policy, momentum_direction
+from .momentum import apply_momentum_policy, momentum_direction
 from .state import counter, flag, scalar
 
 if TYPE_CHECKING:
@@ -127,20 +133,18 @@ class LocalClip(_ClippedSGD):
 
     name: ClassVar[str] = "celgc"
 
-    interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
+    interval: int = interval_option()
     clip_norm: str = option("local", "celgc: local ||g_i|| or global sqrt(mean_j ||g_j||^2)")
-    momentum_policy: str = option("keep", f"momentum buffers at a round: {' | '.join(MOMENTUM_POLICIES)}")
+    momentum_policy: str = momentum_policy_option()
     participation: float = option(1.0, "celgc: fraction of ranks in each round's average")
     seed: int = context(0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.interval < 1:
-            raise UserError(f"interval I must be >= 1, got {self.interval}")
+        check_rounds(self.interval, self.momentum_policy)
         if self.clip_norm not in CLIP_NORMS:
             raise UserError(f"unknown clipping norm {self.clip_norm!r} "
                             f"(choose from {', '.join(CLIP_NORMS)})")
-        check_momentum_policy(self.momentum_policy)
         if not 0 < self.participation <= 1:
             raise UserError(f"participation fraction must be in (0, 1], got {self.participation}")
         if self.seed < 0:

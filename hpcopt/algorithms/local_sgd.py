@@ -25,8 +25,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import UserError
 from .base import option
 from .buffers import sync_buffers
-from .data_parallel import DataParallelState, ScheduledSGD
-from .momentum import MOMENTUM_POLICIES, apply_momentum_policy, check_momentum_policy, momentum_direction
+from .data_parallel import (
+    DataParallelState,
+    ScheduledSGD,
+    check_rounds,
+    interval_option,
+    momentum_policy_option,
+)
+from .momentum import apply_momentum_policy, momentum_direction
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -47,16 +53,14 @@ class LocalSGD(ScheduledSGD):
 
     name: ClassVar[str] = "prsgd"
 
-    interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
-    momentum_policy: str = option("keep", f"momentum buffers at a round: {' | '.join(MOMENTUM_POLICIES)}")
+    interval: int = interval_option()
+    momentum_policy: str = momentum_policy_option()
     local_steps: tuple[int, ...] = option((), "prsgd: local steps per round of each rank (one value "
                                               "per rank); none = interval")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.interval < 1:
-            raise UserError(f"interval I must be >= 1, got {self.interval}")
-        check_momentum_policy(self.momentum_policy)
+        check_rounds(self.interval, self.momentum_policy)
         if any(k < 1 for k in self.local_steps):
             raise UserError(f"local_steps must all be >= 1, got {self.local_steps}")
 

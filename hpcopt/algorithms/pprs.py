@@ -40,8 +40,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..rng import stream
-from .base import PIPELINE, context, option
-from .data_parallel import check_momentum, positive_finite
+from .base import PIPELINE, check_momentum, context, option, positive_finite
 from .state import counter, scalar, scratch, vector
 
 if TYPE_CHECKING:
