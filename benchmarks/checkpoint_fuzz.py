@@ -7,7 +7,7 @@ The checkpoint is the one the property tests use (tests/checkpoints.py): PR-SGD 
 1 rank, MLP 64-12-10 on digits, momentum 0.9, I = 4, taken at tick 6 (mid-round: every kind
 of per-rank dataset). Each edit sets 1 to 4 bytes at uniformly random offsets to random values,
 then ``read_checkpoint`` loads the copy in a forked child process. Outcomes: ``refused`` (one
-UserError line naming the file), ``unchanged`` (loads, every field equal to the original's),
+HpcoptError line naming the file), ``unchanged`` (loads, every field equal to the original's),
 ``silent`` (loads, some field differs: the damage went undetected), ``other`` (any other
 exception: a reader bug), ``crash`` (the child died of a signal: a crash inside HDF5).
 ``--no-digest`` writes and reads without the content digest (as before it existed), for the
@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcopt.errors import UserError  # noqa: E402
+from hpcopt.errors import HpcoptError  # noqa: E402
 from hpcopt.io.checkpoint import Checkpoint, read_checkpoint  # noqa: E402
 from hpcopt.io.vet import vet_checkpoint  # noqa: E402
 from tests.checkpoints import differences, small_checkpoint  # noqa: E402
@@ -45,7 +45,7 @@ def outcome(path: Path, reference: Checkpoint, vet: bool) -> tuple[str, str]:
         if vet:
             vet_checkpoint(path)
         loaded = read_checkpoint(path, verify=not vet)
-    except UserError as exc:
+    except HpcoptError as exc:
         return ("refused", "") if str(path) in str(exc) and "\n" not in str(exc) else ("other", str(exc))
     except Exception as exc:  # noqa: BLE001 - counted: any other exception is a reader bug
         return "other", f"{type(exc).__name__}: {exc}"

@@ -46,7 +46,7 @@ from hpcopt.algorithms.local_sgd import LocalSGD  # noqa: E402
 from hpcopt.backend import CPU, Backend, get_backend  # noqa: E402
 from hpcopt.comm import Comm, node_layout  # noqa: E402
 from hpcopt.data.sampler import MinibatchSampler  # noqa: E402
-from hpcopt.errors import UserError  # noqa: E402
+from hpcopt.errors import HpcoptError  # noqa: E402
 from hpcopt.mpi_support import cuda_aware_mpi  # noqa: E402
 from hpcopt.nn import mlp  # noqa: E402
 from hpcopt.problems.classification import ClassificationProblem  # noqa: E402
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = MPI.COMM_WORLD.Get_rank()
     try:
         device = CPU if args.dry_run else get_backend("gpu", node_layout(MPI.COMM_WORLD)[0])
-    except UserError as exc:
+    except HpcoptError as exc:
         if rank == 0:
             print(f"benchmarks/gpu.py: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hpcopt.comm import Comm
 from hpcopt.config import build_config
-from hpcopt.train import train
+from hpcopt import train
 from sections import replace_section
 
 INTERVALS = (1, 2, 4, 8, 16, 32)

@@ -41,10 +41,11 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from hpcopt import train  # noqa: E402
 from hpcopt.comm import Comm  # noqa: E402
 from hpcopt.config import build_config  # noqa: E402
 from hpcopt.io.trace import Window  # noqa: E402
-from hpcopt.train import _Run, train  # noqa: E402
+from hpcopt.run.data_parallel import DataParallelSession  # noqa: E402
 
 MODES = ("off", "on")
 
@@ -63,13 +64,13 @@ def _timed(name: str, function: Callable) -> Callable:
 
 
 def instrument() -> None:
-    """Time the trace's code: its part of the oracle (the dot), Window.add and _Run.row.
+    """Time the trace's code: its part of the oracle (the dot), Window.add and the session's row.
     Checkpoints are switched off (not tracing; their disk writes would only add noise)."""
     traced = Window.traced
     Window.traced = lambda self, oracle: _timed("traced", traced(self, _timed("oracle", oracle)))
     Window.add = _timed("add", Window.add)
-    _Run.row = _timed("row", _Run.row)
-    _Run.save = lambda self, tick, scratch: None
+    DataParallelSession.row = _timed("row", DataParallelSession.row)
+    DataParallelSession.save = lambda self, tick: None
 
 
 def run(steps: int, trace: bool, out: Path) -> tuple[float, float]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
+from .errors import HpcoptError
 
 DEVICES = ("cpu", "gpu")  # NumPy, or CuPy on the GPU of each node-local rank
 
@@ -110,7 +110,7 @@ def gpu_for_local_rank(local_rank: int, count: int) -> int:
     this is 0 for everyone; with more ranks than devices on a node, ranks share devices.
     """
     if count < 1:
-        raise UserError("device 'gpu' was asked for but CuPy finds no CUDA device")
+        raise HpcoptError("device 'gpu' was asked for but CuPy finds no CUDA device")
     return local_rank % count
 
 
@@ -123,17 +123,17 @@ def get_backend(device: str = "cpu", local_rank: int | None = None) -> Backend:
     if device == "cpu":
         return CPU
     if device != "gpu":
-        raise UserError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+        raise HpcoptError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
     try:
         import cupy
     except ImportError:
-        raise UserError("device 'gpu' needs CuPy (pip install 'hpcopt[gpu]'), "
+        raise HpcoptError("device 'gpu' needs CuPy (pip install 'hpcopt[gpu]'), "
                         "which is not installed") from None
     try:
         available = cupy.cuda.is_available()
         count = cupy.cuda.runtime.getDeviceCount() if available else 0
     except Exception as exc:  # a driver or runtime that cannot be loaded: no usable GPU
-        raise UserError(f"device 'gpu' was asked for but CUDA is not usable: {exc}") from None
+        raise HpcoptError(f"device 'gpu' was asked for but CUDA is not usable: {exc}") from None
     if local_rank is not None:
         cupy.cuda.Device(gpu_for_local_rank(local_rank, count)).use()
     elif count < 1:

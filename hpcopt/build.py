@@ -20,8 +20,9 @@ from .data.bptt import BpttSampler, corpus_shard, rank_streams, streams_of
 from .data.datasets import Dataset, as_images, load_dataset
 from .data.partition import partition_indices
 from .data.sampler import MinibatchSampler
-from .data.text import Corpus, load_corpus
-from .errors import UserError
+from .data.text import load_corpus
+from .errors import HpcoptError
+from .flat import ParamLayout
 from .nn import Sequential, mlp
 from .nn.language_model import LSTMLanguageModel
 from .nn.models import plain_cnn, resnet
@@ -32,32 +33,45 @@ Array = Any
 
 
 @dataclass
-class RunParts:
-    """Everything ``train`` needs, built identically on every rank except for the data shard.
+class Workload:
+    """A data-parallel problem: everything ``hpcopt.train`` needs besides the algorithm, built
+    identically on every rank except for this rank's data. Built from the config's [data] and
+    [model] sections (``build_workload``), or by user code (``hpcopt.torch``).
 
-    ``evaluate(params, scratch, comm)`` evaluates a model on the test set (collective), so the
-    training loop never needs to know what kind of problem it runs.
+    ``problem.oracle(params, grads) -> loss`` draws this rank's next minibatch and writes the
+    gradient; ``problem.sampler`` has ``state()`` and ``restore(state)``, so a checkpoint
+    resumes the data order. ``evaluate(params, scratch, comm, buffers=None)`` evaluates a model
+    on the test set (collective), so the training loop never needs to know what kind of problem
+    it runs.
     """
 
-    config: Config
-    backend: Backend
-    dataset: Dataset | Corpus
-    model: Sequential | LSTMLanguageModel
-    problem: ClassificationProblem | LanguageModelProblem
-    algorithm: DataParallelAlgorithm
-    x0: Array
-    total_steps: int         # T, the nominal number of local steps
-    local_steps: int         # steps this rank runs (differs from T only with local_steps)
-    evaluate: Callable[[Array, Array, Comm], Evaluation | LMEvaluation]
+    layout: ParamLayout      # the parameters' names and shapes in x0 (and in checkpoints)
+    problem: Any
+    x0: Array                # the initial parameters, one flat vector (the same on every rank)
+    evaluate: Callable[..., Evaluation | LMEvaluation]
+    steps_per_epoch: int     # local steps of one pass over this rank's data
     description: str         # the data and model, for the run's header
-    unit: str = "samples"    # what the throughput counts: samples, or tokens for a corpus
-    processed: Callable[[int], int] = lambda steps: 0  # units this rank has trained on after k steps
+    unit: str = "steps"      # what the throughput counts: steps, samples, tokens for a corpus
+    processed: Callable[[int], int] = lambda steps: steps  # units this rank has processed in k steps
     #: Per-rank state of the problem beyond the sampler that a checkpoint must hold (the LSTM
     #: hidden state): (a flat vector of it, put such a vector back); None for classification.
     carried: tuple[Callable[[], Array], Callable[[Array], None]] | None = None
     #: The model's batch-norm running statistics, initialized and bound (the same on every
     #: rank); the algorithm's state keeps them. None for a model without batch norm.
     buffers: Array | None = None
+    language_model: bool = False  # evaluations report perplexity (trace column eval_perplexity)
+
+
+@dataclass
+class RunParts:
+    """A workload with the algorithm that trains it and the run's length."""
+
+    config: Config
+    backend: Backend
+    workload: Workload
+    algorithm: DataParallelAlgorithm
+    total_steps: int         # T, the nominal number of local steps
+    local_steps: int         # steps this rank runs (differs from T only with local_steps)
 
     @property
     def clipping(self) -> bool:
@@ -65,15 +79,30 @@ class RunParts:
         return self.algorithm.clips
 
 
-def build_run(config: Config, comm: Comm) -> RunParts:
-    """Build every part; raises UserError for anything the user must fix (on any rank)."""
+def build_run(config: Config, comm: Comm, workload: Workload | None = None) -> RunParts:
+    """The algorithm for ``workload`` (default: the one the config describes) and the run's
+    length (``steps``, else ``epochs`` passes over a rank's data); raises HpcoptError for
+    anything the user must fix (on any rank)."""
     backend = get_backend(config.run.device)
+    if workload is None:
+        workload = build_workload(config, comm, backend)
+    elif not isinstance(workload.x0, backend.xp.ndarray):
+        raise HpcoptError(f"the workload's parameters are {type(workload.x0).__name__}, but device "
+                        f"{config.run.device} needs {backend.xp.__name__} arrays")
+    total_steps = config.run.steps or max(1, math.ceil(config.run.epochs * workload.steps_per_epoch))
+    algorithm = build_algorithm(config, comm.size, total_steps)
+    local_steps = algorithm.steps_for(total_steps, comm.rank, comm.size)
+    return RunParts(config, backend, workload, algorithm, total_steps, local_steps)
+
+
+def build_workload(config: Config, comm: Comm, backend: Backend) -> Workload:
+    """The data set (this rank's shard) and the model the config describes."""
     if config.language_model:
-        return _language_model_run(config, comm, backend)
-    return _classification_run(config, comm, backend)
+        return _language_model_workload(config, comm, backend)
+    return _classification_workload(config, comm, backend)
 
 
-def _classification_run(config: Config, comm: Comm, backend: Backend) -> RunParts:
+def _classification_workload(config: Config, comm: Comm, backend: Backend) -> Workload:
     """An image data set, sharded by ``partition``, and a classifier."""
     dtype = np.dtype(config.run.dtype)
     dataset = load_dataset(config.data.dataset, config.data.path or None,
@@ -81,13 +110,14 @@ def _classification_run(config: Config, comm: Comm, backend: Backend) -> RunPart
     shard = _shard(config, dataset, comm)
     n_train = dataset.x_train.shape[0]
     batch = config.data.batch_size
-    total_steps = config.run.steps or _steps_for_epochs(config.run.epochs, n_train, comm.size, batch)
+    per_epoch = _steps_per_epoch(config, n_train, comm.size)
     conv = config.model.model in CONV_MODELS
     n_test = dataset.x_test.shape[0]
     if conv:  # NCHW images
         features = as_images(dataset.x_train[shard], dataset.image_shape)
         test_features = as_images(dataset.x_test, dataset.image_shape)
-        model = build_model(config, features.shape[1], dataset.num_classes, features.shape[2:])
+        model = build_model(config, features.shape[1], dataset.num_classes,
+                            (features.shape[2], features.shape[3]))
     else:
         features = dataset.x_train[shard].reshape(shard.size, -1)
         test_features = dataset.x_test.reshape(n_test, -1)
@@ -111,11 +141,9 @@ def _classification_run(config: Config, comm: Comm, backend: Backend) -> RunPart
 
     description = (f"{config.data.dataset} ({n_train} train / {n_test} test), "
                    f"{_describe_model(config, features.shape[1:], dataset.num_classes)}"
-                   f"{', augmented' if augment else ''}")
-    parts = _finish(config, comm, backend, dataset, model, problem, total_steps, evaluate,
-                    description, "samples", lambda steps: steps * batch)
-    parts.buffers = buffers
-    return parts
+                   f"{', augmented' if augment else ''}, batch {batch}/rank")
+    return Workload(model.layout, problem, _initial(config, model, backend), evaluate, per_epoch,
+                    description, "samples", lambda steps: steps * batch, buffers=buffers)
 
 
 def _describe_model(config: Config, sample_shape: tuple[int, ...], classes: int) -> str:
@@ -129,7 +157,7 @@ def _describe_model(config: Config, sample_shape: tuple[int, ...], classes: int)
     return "mlp " + "-".join(str(s) for s in (sample_shape[0], *cfg.hidden, classes))
 
 
-def _language_model_run(config: Config, comm: Comm, backend: Backend) -> RunParts:
+def _language_model_workload(config: Config, comm: Comm, backend: Backend) -> Workload:
     """A text corpus: rank r trains on its share of the training tokens under ``partition``
     (``corpus_shard``), in ``batch_size`` parallel streams and windows of ``bptt`` tokens; the
     test split is evaluated in contiguous blocks (each rank its block, from a zero state)."""
@@ -153,22 +181,22 @@ def _language_model_run(config: Config, comm: Comm, backend: Backend) -> RunPart
     problem = LanguageModelProblem(model, sampler, backend, dtype)
     test_streams = backend.asarray(rank_streams(corpus.test, min(data.batch_size, 10), comm.rank,
                                                 comm.size))
-    total_steps = config.run.steps or max(1, math.ceil(config.run.epochs * windows))
     description = (f"{data.dataset} ({corpus.train.size:,} train / {corpus.test.size:,} test "
                    f"tokens, vocabulary {corpus.vocab_size}), lstm {cfg.embed or hidden}-"
-                   f"{'x'.join(str(h) for h in cfg.hidden)}{' tied' if cfg.tie else ''}, bptt {data.bptt}")
+                   f"{'x'.join(str(h) for h in cfg.hidden)}{' tied' if cfg.tie else ''}, bptt {data.bptt}, "
+                   f"batch {data.batch_size}/rank")
 
     def tokens(steps: int) -> int:  # the last window of a pass over the streams is shorter
         per_pass = sampler.streams.shape[0] - 1
         passes, rest = divmod(steps, sampler.windows_per_epoch)
         return data.batch_size * (passes * per_pass + min(rest * data.bptt, per_pass))
 
-    parts = _finish(config, comm, backend, corpus, model, problem, total_steps,
+    return Workload(model.layout, problem, _initial(config, model, backend),
                     lambda params, scratch, c: problem.evaluate(params, scratch, test_streams,
                                                                 data.bptt, c),
-                    description, "tokens", tokens)
-    parts.carried = (lambda: _hidden_vector(problem), lambda v: _load_hidden(problem, v))
-    return parts
+                    windows, description, "tokens", tokens,
+                    carried=(lambda: _hidden_vector(problem), lambda v: _load_hidden(problem, v)),
+                    language_model=True)
 
 
 def _hidden_vector(problem: LanguageModelProblem) -> Array:
@@ -178,10 +206,10 @@ def _hidden_vector(problem: LanguageModelProblem) -> Array:
 
 
 def _load_hidden(problem: LanguageModelProblem, vector: Array) -> None:
-    """Put ``_hidden_vector``'s result back (UserError if its size does not fit)."""
+    """Put ``_hidden_vector``'s result back (HpcoptError if its size does not fit)."""
     shapes = [a.shape for state in problem.hidden for a in state]
     if vector.size != sum(math.prod(s) for s in shapes):
-        raise UserError(f"the checkpoint's LSTM hidden state has {vector.size} values, "
+        raise HpcoptError(f"the checkpoint's LSTM hidden state has {vector.size} values, "
                         f"this model needs {sum(math.prod(s) for s in shapes)}")
     arrays, start = [], 0
     for shape in shapes:
@@ -191,18 +219,11 @@ def _load_hidden(problem: LanguageModelProblem, vector: Array) -> None:
     problem.hidden = [(arrays[i], arrays[i + 1]) for i in range(0, len(arrays), 2)]
 
 
-def _finish(config: Config, comm: Comm, backend: Backend, dataset: Dataset | Corpus,
-            model: Sequential | LSTMLanguageModel, problem: Any, total_steps: int,
-            evaluate: Callable, description: str, unit: str,
-            processed: Callable[[int], int]) -> RunParts:
-    """The algorithm and the initial model, common to every kind of run."""
-    algorithm = build_algorithm(config, comm.size, total_steps)
-    local_steps = algorithm.steps_for(total_steps, comm.rank, comm.size)
+def _initial(config: Config, model: Sequential | LSTMLanguageModel, backend: Backend) -> Array:
+    """The initial parameters: the model's initialization drawn from the run's seed."""
     x0_host = np.zeros(model.layout.size)
     model.init(x0_host, rng.stream(config.run.seed, "init"))
-    return RunParts(config, backend, dataset, model, problem, algorithm,
-                    backend.asarray(x0_host, np.dtype(config.run.dtype)), total_steps, local_steps,
-                    evaluate, description, unit, processed)
+    return backend.asarray(x0_host, np.dtype(config.run.dtype))
 
 
 def _shard(config: Config, dataset: Dataset, comm: Comm) -> np.ndarray:
@@ -223,10 +244,10 @@ def build_model(config: Config, inputs: int, classes: int,
             return resnet(cfg.depth, inputs, classes, cfg.width)
         if cfg.model == "plain_cnn":
             assert image_size is not None
-            return plain_cnn(inputs, tuple(image_size), classes, cfg.channels,
+            return plain_cnn(inputs, image_size, classes, cfg.channels,
                              batch_norm=cfg.batch_norm)
     except ValueError as exc:  # e.g. images too small for the poolings
-        raise UserError(f"{cfg.model} on {config.data.dataset}: {exc}") from None
+        raise HpcoptError(f"{cfg.model} on {config.data.dataset}: {exc}") from None
     return mlp(inputs, cfg.hidden, classes, cfg.activation)
 
 
@@ -238,10 +259,11 @@ def build_algorithm(config: Config, size: int, total_steps: int) -> DataParallel
                   {"workers": size, "total_steps": total_steps, "seed": config.run.seed})
 
 
-def _steps_for_epochs(epochs: float, n_train: int, workers: int, batch_size: int) -> int:
-    """T such that the N ranks together see about ``epochs`` passes over the training set."""
+def _steps_per_epoch(config: Config, n_train: int, workers: int) -> int:
+    """Local steps of one pass of the N ranks together over the training set."""
+    batch_size = config.data.batch_size
     per_epoch = (n_train // workers) // batch_size
-    if per_epoch < 1:
-        raise UserError(f"batch size {batch_size} is larger than a shard "
+    if per_epoch < 1 and not config.run.steps:
+        raise HpcoptError(f"batch size {batch_size} is larger than a shard "
                         f"({n_train // workers} samples per rank with {workers} ranks)")
-    return max(1, math.ceil(epochs * per_epoch))
+    return per_epoch

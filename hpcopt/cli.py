@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from .config import SECTIONS, Config, build_config, option_index, read_toml
-from .errors import UserError
+from .errors import HpcoptError
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage on every rank."""
 
     def error(self, message: str) -> typing.NoReturn:
-        raise UserError(message)
+        raise HpcoptError(message)
 
 
 #: Defaults of the command line that differ from the config's (the Python API writes no files
@@ -156,14 +156,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         for path in written:
             print(f"wrote {path}", flush=True)
         return 0
-    from .config import PIPELINE_ALGORITHMS
-
-    if config.algorithm.algorithm in PIPELINE_ALGORITHMS:  # ranks are pipeline stages
-        from .pipeline.run import train_pipeline
-
-        pipeline_summary, _ = train_pipeline(config, comm, resume=args.resume, faults=args.faults)
-        return STOPPED_EXIT_CODE if pipeline_summary.stopped else 0
-    from .train import train
+    from .run import train
 
     summary, _ = train(config, comm, resume=args.resume, faults=args.faults)
     return STOPPED_EXIT_CODE if summary.stopped else 0
@@ -173,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: user errors exit 2 with one line from rank 0; crashes abort every rank."""
     try:
         return run(argv)
-    except UserError as exc:
+    except HpcoptError as exc:
         if exc.everywhere or _world_size() == 1:
             if _rank() == 0:
                 print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)

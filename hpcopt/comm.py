@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import CPU, Backend
-from .errors import UserError
+from .errors import HpcoptError
 from .shm_average import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
 from .staging import DeviceTransport, transport_for
 
@@ -329,7 +329,7 @@ def node_layout(mpi_comm: MPI.Comm) -> tuple[int, int]:
 
 
 def agreed(build: Callable[[], T], comm: Comm) -> T:
-    """Run ``build`` on every rank; if it raised UserError on any rank, raise it on all ranks.
+    """Run ``build`` on every rank; if it raised HpcoptError on any rank, raise it on all ranks.
 
     Used around set-up work that has no collective inside (parsing, loading, building), so that
     a problem found on one rank (a file missing on one node) ends every rank together with
@@ -338,11 +338,11 @@ def agreed(build: Callable[[], T], comm: Comm) -> T:
     message, result = None, None
     try:
         result = build()
-    except UserError as exc:
+    except HpcoptError as exc:
         message = str(exc)
     errors = comm.agree_errors(message)
     if errors:
         rank, text = errors[0]
         everyone_agrees = len(errors) == comm.size and all(m == text for _, m in errors)
-        raise UserError(text if everyone_agrees else f"rank {rank}: {text}", everywhere=True)
+        raise HpcoptError(text if everyone_agrees else f"rank {rank}: {text}", everywhere=True)
     return result  # type: ignore[return-value]

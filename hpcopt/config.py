@@ -19,7 +19,7 @@ from .algorithms.base import PIPELINE, create, option, option_fields, registry
 from .algorithms.base import names as algorithm_names
 from .backend import DEVICES
 from .comm import AVERAGING_MODES
-from .errors import UserError
+from .errors import HpcoptError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,12 +38,12 @@ PIPELINE_ALGORITHMS = algorithm_names(PIPELINE)
 
 
 def _refuse_changed(section: Any, key: str, value: str, only: dict[str, tuple[str, ...]]) -> None:
-    """UserError for the first option of ``only`` (in its order) changed from its default while
+    """HpcoptError for the first option of ``only`` (in its order) changed from its default while
     ``key`` is ``value``, which is not among the values the option applies to."""
     defaults = type(section).__dataclass_fields__
     for name, allowed in only.items():
         if getattr(section, name) != defaults[name].default and value not in allowed:
-            raise UserError(f"{name} applies only to --{key} {' or '.join(allowed)}, not {value}")
+            raise HpcoptError(f"{name} applies only to --{key} {' or '.join(allowed)}, not {value}")
 
 
 @dataclass(frozen=True)
@@ -69,38 +69,39 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.problem not in PIPELINE_PROBLEMS:
-            raise UserError(f"unknown problem {self.problem!r} (choose from {', '.join(PIPELINE_PROBLEMS)})")
+            raise HpcoptError(f"unknown problem {self.problem!r} "
+                              f"(choose from {', '.join(PIPELINE_PROBLEMS)})")
         for name in ("images", "shots"):
             if getattr(self, name) < 1:
-                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise HpcoptError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (self.eps > 0 and math.isfinite(self.eps)):
-            raise UserError(f"eps must be > 0, got {self.eps}")
+            raise HpcoptError(f"eps must be > 0, got {self.eps}")
         if self.partition == "dirichlet":
             if not (self.alpha > 0 and math.isfinite(self.alpha)):
-                raise UserError(f"partition dirichlet needs alpha > 0, got {self.alpha}")
+                raise HpcoptError(f"partition dirichlet needs alpha > 0, got {self.alpha}")
         elif self.alpha != 0.0:
-            raise UserError("alpha applies only to --partition dirichlet")
+            raise HpcoptError("alpha applies only to --partition dirichlet")
         if self.partition == "similarity":
             if not 0 <= self.similarity <= 1:
-                raise UserError(f"partition similarity needs similarity in [0, 1], got {self.similarity}")
+                raise HpcoptError(f"partition similarity needs similarity in [0, 1], got {self.similarity}")
         elif self.similarity != -1.0:
-            raise UserError("similarity applies only to --partition similarity")
+            raise HpcoptError("similarity applies only to --partition similarity")
         if self.batch_size < 1:
-            raise UserError(f"batch_size must be >= 1, got {self.batch_size}")
+            raise HpcoptError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 < self.test_fraction < 1:
-            raise UserError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+            raise HpcoptError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.bptt < 1:
-            raise UserError(f"bptt must be >= 1, got {self.bptt}")
+            raise HpcoptError(f"bptt must be >= 1, got {self.bptt}")
         if self.dataset in TEXT_CORPORA:
             if not 0 < self.corpus_fraction <= 1:
-                raise UserError(f"corpus_fraction must be in (0, 1], got {self.corpus_fraction}")
+                raise HpcoptError(f"corpus_fraction must be in (0, 1], got {self.corpus_fraction}")
             if self.test_fraction != 0.2:
-                raise UserError(f"test_fraction applies only to image data sets; a corpus "
+                raise HpcoptError(f"test_fraction applies only to image data sets; a corpus "
                                 f"({self.dataset}) has its own test split")
         elif self.corpus_fraction != 1.0:
-            raise UserError(f"corpus_fraction applies only to the text corpora ({', '.join(TEXT_CORPORA)})")
+            raise HpcoptError(f"corpus_fraction applies only to the text corpora ({', '.join(TEXT_CORPORA)})")
         elif self.bptt != 35:
-            raise UserError(f"bptt applies only to the text corpora ({', '.join(TEXT_CORPORA)})")
+            raise HpcoptError(f"bptt applies only to the text corpora ({', '.join(TEXT_CORPORA)})")
 
 
 @dataclass(frozen=True)
@@ -120,26 +121,26 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if any(b < 1 for b in self.stages) or list(self.stages) != sorted(set(self.stages)):
-            raise UserError(f"stages must be increasing layer indices >= 1, got {self.stages}")
+            raise HpcoptError(f"stages must be increasing layer indices >= 1, got {self.stages}")
         if self.model not in MODELS:
-            raise UserError(f"unknown model {self.model!r} (choose from {', '.join(MODELS)})")
+            raise HpcoptError(f"unknown model {self.model!r} (choose from {', '.join(MODELS)})")
         self._check_model_keys()
         if self.depth < 8 or (self.depth - 2) % 6:
-            raise UserError(f"resnet depth must be 6n + 2 with n >= 1 (8, 14, 20, ...), got {self.depth}")
+            raise HpcoptError(f"resnet depth must be 6n + 2 with n >= 1 (8, 14, 20, ...), got {self.depth}")
         if self.width < 1:
-            raise UserError(f"width must be >= 1, got {self.width}")
+            raise HpcoptError(f"width must be >= 1, got {self.width}")
         if not self.channels or any(c < 1 for c in self.channels):
-            raise UserError(f"channels must be one or more sizes >= 1, got {self.channels}")
+            raise HpcoptError(f"channels must be one or more sizes >= 1, got {self.channels}")
         if any(h < 1 for h in self.hidden):
-            raise UserError(f"hidden sizes must be >= 1, got {self.hidden}")
+            raise HpcoptError(f"hidden sizes must be >= 1, got {self.hidden}")
         if self.embed < 0:
-            raise UserError(f"embed must be >= 1, got {self.embed}")
+            raise HpcoptError(f"embed must be >= 1, got {self.embed}")
         if self.model == "lstm":
             if not self.hidden or len(set(self.hidden)) != 1:
-                raise UserError(f"lstm needs equal hidden sizes, one per layer (e.g. --hidden 256,256), "
+                raise HpcoptError(f"lstm needs equal hidden sizes, one per layer (e.g. --hidden 256,256), "
                                 f"got {self.hidden}")
         elif self.embed or self.tie:
-            raise UserError(f"{'embed' if self.embed else 'tie'} applies only to --model lstm")
+            raise HpcoptError(f"{'embed' if self.embed else 'tie'} applies only to --model lstm")
 
     def _check_model_keys(self) -> None:
         """Keys of one kind of model are refused (when changed from the default) for the others."""
@@ -175,7 +176,7 @@ def _check_algorithm(section: Any) -> None:
     another value than the one its class ``implied``), then let its class check its own."""
     found = registry().get(section.algorithm)
     if found is None:
-        raise UserError(f"unknown algorithm {section.algorithm!r} (choose from {', '.join(registry())})")
+        raise HpcoptError(f"unknown algorithm {section.algorithm!r} (choose from {', '.join(registry())})")
     own = {f.name for f in option_fields(found)}
     implied = found.implied
     for f in fields(section):
@@ -183,7 +184,7 @@ def _check_algorithm(section: Any) -> None:
         if (f.name != "algorithm" and f.name not in own and value != f.default
                 and implied.get(f.name, f.default) != value):
             users = [n for n, cls in registry().items() if f.name in {g.name for g in option_fields(cls)}]
-            raise UserError(f"{f.name} applies only to --algorithm {' or '.join(users)}, "
+            raise HpcoptError(f"{f.name} applies only to --algorithm {' or '.join(users)}, "
                             f"not {section.algorithm}")
     create(section.algorithm, dataclasses.asdict(section), {})
 
@@ -221,30 +222,30 @@ class RunConfig:
         if self.network:
             from .costmodel import get_profile
 
-            get_profile(self.network)  # UserError for an unknown name or bad values
+            get_profile(self.network)  # HpcoptError for an unknown name or bad values
         elif self.network_delay:
-            raise UserError("network_delay needs a profile: --network NAME or alpha=...,bandwidth=...")
+            raise HpcoptError("network_delay needs a profile: --network NAME or alpha=...,bandwidth=...")
         if self.averaging not in AVERAGING_MODES:
-            raise UserError(f"averaging must be one of {', '.join(AVERAGING_MODES)}, "
+            raise HpcoptError(f"averaging must be one of {', '.join(AVERAGING_MODES)}, "
                             f"got {self.averaging!r}")
         if self.seed < 0:
-            raise UserError(f"seed must be >= 0, got {self.seed}")
+            raise HpcoptError(f"seed must be >= 0, got {self.seed}")
         if self.steps < 0 or self.epochs < 0 or (self.steps == 0 and self.epochs == 0):
-            raise UserError("give a positive number of steps or epochs")
+            raise HpcoptError("give a positive number of steps or epochs")
         if self.dtype not in DTYPES:
-            raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise HpcoptError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device not in DEVICES:
-            raise UserError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise HpcoptError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
-                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise HpcoptError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("keep_checkpoints", "trace_every"):
             if getattr(self, name) < 1:
-                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise HpcoptError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (0 <= self.stall_timeout < math.inf):
-            raise UserError(f"stall_timeout must be >= 0 seconds (0 = off), got {self.stall_timeout}")
+            raise HpcoptError(f"stall_timeout must be >= 0 seconds (0 = off), got {self.stall_timeout}")
         if self.on_nonfinite not in NONFINITE_MODES:
-            raise UserError(f"on_nonfinite must be one of {', '.join(NONFINITE_MODES)}, "
+            raise HpcoptError(f"on_nonfinite must be one of {', '.join(NONFINITE_MODES)}, "
                             f"got {self.on_nonfinite!r}")
 
 
@@ -257,28 +258,29 @@ class Config:
 
     def __post_init__(self) -> None:
         if self.run.network and self.algorithm.algorithm in PIPELINE_ALGORITHMS:
-            raise UserError("network applies only to the data-parallel algorithms (prsgd, celgc, naive_clip)")
+            raise HpcoptError("network applies only to the data-parallel algorithms "
+                              "(prsgd, celgc, naive_clip)")
         text, lstm = self.data.dataset in TEXT_CORPORA, self.model.model == "lstm"
         if text and not lstm:
-            raise UserError(f"{self.data.dataset} is a text corpus: train it with --model lstm")
+            raise HpcoptError(f"{self.data.dataset} is a text corpus: train it with --model lstm")
         if lstm and not text:
-            raise UserError(f"--model lstm needs a text corpus ({', '.join(TEXT_CORPORA)}), "
+            raise HpcoptError(f"--model lstm needs a text corpus ({', '.join(TEXT_CORPORA)}), "
                             f"not {self.data.dataset}")
         conv = self.model.model in CONV_MODELS
         if self.data.augment and not conv:
-            raise UserError(f"augment applies only to --model {' or '.join(CONV_MODELS)}, "
+            raise HpcoptError(f"augment applies only to --model {' or '.join(CONV_MODELS)}, "
                             f"not {self.model.model}")
         if self.model.keeps_buffers and self.algorithm.algorithm in PIPELINE_ALGORITHMS:
-            raise UserError(f"batch norm (--model {self.model.model}) trains only with the "
+            raise HpcoptError(f"batch norm (--model {self.model.model}) trains only with the "
                             f"data-parallel algorithms, not {self.algorithm.algorithm}")
         self._check_pipeline()
         if self.algorithm.algorithm in PIPELINE_ALGORITHMS and self.run.on_nonfinite == "skip":
-            raise UserError("on_nonfinite skip applies only to the data-parallel algorithms (a "
+            raise HpcoptError("on_nonfinite skip applies only to the data-parallel algorithms (a "
                             "pipeline iteration is full-batch: no minibatch to drop), "
                             f"not {self.algorithm.algorithm}")
         if (self.algorithm.buffer_policy != AlgorithmConfig.__dataclass_fields__["buffer_policy"].default
                 and not self.model.keeps_buffers):
-            raise UserError("buffer_policy applies only to models with batch norm "
+            raise HpcoptError("buffer_policy applies only to models with batch norm "
                             "(--model resnet, or plain_cnn with --batch-norm true)")
 
     def _check_pipeline(self) -> None:
@@ -290,13 +292,13 @@ class Config:
                                   ("data", "shots"), ("model", "stages")):
                 cls = SECTIONS[section]
                 if getattr(getattr(self, section), name) != cls.__dataclass_fields__[name].default:
-                    raise UserError(f"{name} applies only to --algorithm "
+                    raise HpcoptError(f"{name} applies only to --algorithm "
                                     f"{' or '.join(PIPELINE_ALGORITHMS)}")
             return
         if self.model.model != "mlp":
-            raise UserError(f"pipeline algorithms train an mlp, not --model {self.model.model}")
+            raise HpcoptError(f"pipeline algorithms train an mlp, not --model {self.model.model}")
         if self.data.partition != "iid":
-            raise UserError("partition does not apply to pipeline algorithms (every stage sees "
+            raise HpcoptError("partition does not apply to pipeline algorithms (every stage sees "
                             "the whole batch)")
 
     @property
@@ -334,17 +336,17 @@ def coerce(name: str, value: Any, annotation: Any) -> Any:
         elif isinstance(value, (list, tuple)):
             items = list(value)
         else:
-            raise UserError(f"{name} must be a list, got {value!r}")
+            raise HpcoptError(f"{name} must be a list, got {value!r}")
         return tuple(coerce(name, item, item_type) for item in items)
     if annotation is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return value.lower() in ("1", "true", "yes", "on")
-        raise UserError(f"{name} must be true or false, got {value!r}")
+        raise HpcoptError(f"{name} must be true or false, got {value!r}")
     if annotation is int:
         if isinstance(value, bool):
-            raise UserError(f"{name} must be an integer, got {value!r}")
+            raise HpcoptError(f"{name} must be an integer, got {value!r}")
         if isinstance(value, int):
             return value
         if isinstance(value, str):
@@ -352,7 +354,7 @@ def coerce(name: str, value: Any, annotation: Any) -> Any:
                 return int(value)
             except ValueError:
                 pass
-        raise UserError(f"{name} must be an integer, got {value!r}")
+        raise HpcoptError(f"{name} must be an integer, got {value!r}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -361,25 +363,25 @@ def coerce(name: str, value: Any, annotation: Any) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise UserError(f"{name} must be a number, got {value!r}")
+        raise HpcoptError(f"{name} must be a number, got {value!r}")
     if annotation is str:
         if isinstance(value, str):
             return value
-        raise UserError(f"{name} must be a string, got {value!r}")
+        raise HpcoptError(f"{name} must be a string, got {value!r}")
     raise TypeError(f"unsupported option type {annotation} for {name}")  # pragma: no cover
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Parse a TOML config file; a missing or malformed file is a UserError."""
+    """Parse a TOML config file; a missing or malformed file is a HpcoptError."""
     try:
         with open(path, "rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
-        raise UserError(f"config file not found: {path}") from None
+        raise HpcoptError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"config file {path} is not valid TOML: {exc}") from None
+        raise HpcoptError(f"config file {path} is not valid TOML: {exc}") from None
     except OSError as exc:
-        raise UserError(f"cannot read config file {path}: {exc.strerror}") from None
+        raise HpcoptError(f"cannot read config file {path}: {exc.strerror}") from None
 
 
 def build_config(file_values: dict[str, Any] | None = None,
@@ -389,16 +391,16 @@ def build_config(file_values: dict[str, Any] | None = None,
     chosen: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     for section, table in (file_values or {}).items():
         if section not in SECTIONS:
-            raise UserError(f"unknown config section [{section}] (sections: {', '.join(SECTIONS)})")
+            raise HpcoptError(f"unknown config section [{section}] (sections: {', '.join(SECTIONS)})")
         if not isinstance(table, dict):
-            raise UserError(f"config section [{section}] must be a table")
+            raise HpcoptError(f"config section [{section}] must be a table")
         for key, value in table.items():
             if key not in index or index[key][0] != section:
-                raise UserError(f"unknown key {key!r} in [{section}]")
+                raise HpcoptError(f"unknown key {key!r} in [{section}]")
             chosen[section][key] = value
     for key, value in (overrides or {}).items():
         if key not in index:
-            raise UserError(f"unknown option {key!r}")
+            raise HpcoptError(f"unknown option {key!r}")
         chosen[index[key][0]][key] = value
     parts = {}
     for section, cls in SECTIONS.items():
@@ -428,7 +430,7 @@ RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_ev
 
 
 def check_resume(stored: Config, config: Config) -> None:
-    """UserError if ``config`` differs from a checkpoint's ``stored`` config in an option that
+    """HpcoptError if ``config`` differs from a checkpoint's ``stored`` config in an option that
     would change the computation (anything outside RESUME_SAFE)."""
     old, new = stored.to_dict(), config.to_dict()
     for section, values in new.items():
@@ -442,7 +444,7 @@ def check_resume(stored: Config, config: Config) -> None:
                 continue
             else:
                 why = f"; a resumed run may change only {', '.join(RESUME_SAFE)}"
-            raise UserError(f"cannot change {key} when resuming: the checkpoint has "
+            raise HpcoptError(f"cannot change {key} when resuming: the checkpoint has "
                             f"{_toml_value(before)}, asked for {_toml_value(value)}{why}")
 
 

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import UserError
+from .errors import HpcoptError
 
 ALGORITHMS = ("ring", "tree", "auto")
 
@@ -57,7 +57,7 @@ class NetworkProfile:
 
     def __post_init__(self) -> None:
         if not (self.alpha >= 0 and self.beta >= 0 and math.isfinite(self.alpha + self.beta)):
-            raise UserError(f"network profile {self.name!r} needs alpha >= 0 and beta >= 0")
+            raise HpcoptError(f"network profile {self.name!r} needs alpha >= 0 and beta >= 0")
 
     @property
     def bandwidth(self) -> float:
@@ -77,7 +77,7 @@ class NetworkProfile:
             return math.ceil(math.log2(ranks)) * (self.alpha + nbytes * self.beta)
         if algorithm == "auto":
             return min(self.allreduce(nbytes, ranks, "ring"), self.allreduce(nbytes, ranks, "tree"))
-        raise UserError(f"unknown allreduce algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
+        raise HpcoptError(f"unknown allreduce algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
 
 
 #: Named profiles. ``shm`` was fitted to benchmarks/allreduce.py on the 2-core development
@@ -95,7 +95,7 @@ def get_profile(spec: str) -> NetworkProfile:
     if spec in PROFILES:
         return PROFILES[spec]
     if "=" not in spec:
-        raise UserError(f"unknown network profile {spec!r} (named: {', '.join(PROFILES)}; "
+        raise HpcoptError(f"unknown network profile {spec!r} (named: {', '.join(PROFILES)}; "
                         "or give alpha=SECONDS,bandwidth=BYTES_PER_SECOND)")
     values: dict[str, float] = {}
     for item in spec.split(","):
@@ -103,10 +103,10 @@ def get_profile(spec: str) -> NetworkProfile:
         try:
             values[key.strip()] = float(value)
         except ValueError:
-            raise UserError(f"network profile value {item!r} is not a number") from None
+            raise HpcoptError(f"network profile value {item!r} is not a number") from None
     unknown = set(values) - {"alpha", "beta", "bandwidth"}
     if unknown or "alpha" not in values or ("beta" in values) == ("bandwidth" in values):
-        raise UserError("a custom network profile needs alpha and exactly one of beta, bandwidth")
+        raise HpcoptError("a custom network profile needs alpha and exactly one of beta, bandwidth")
     beta = values["beta"] if "beta" in values else 1 / values["bandwidth"]
     return NetworkProfile("custom", values["alpha"], beta)
 
@@ -131,7 +131,7 @@ def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
     n = np.asarray(list(sizes), dtype=float)
     t = np.asarray(list(seconds), dtype=float)
     if ranks < 2 or n.size != t.size or np.any(t <= 0) or np.count_nonzero(n >= bandwidth_from) < 2:
-        raise UserError("fitting needs >= 2 ranks and >= 2 positive (size, time) measurements"
+        raise HpcoptError("fitting needs >= 2 ranks and >= 2 positive (size, time) measurements"
                         + (f" from {bandwidth_from:g} bytes up" if bandwidth_from else ""))
     hops, share = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
     large = n >= bandwidth_from

@@ -1,14 +1,16 @@
-"""Errors that are the user's to fix: printed as one line, exit code 2, no traceback."""
+"""The one error type of the library: input it cannot use, for the caller to fix."""
 
 from __future__ import annotations
 
 
-class UserError(Exception):
-    """Bad configuration, bad input file or an impossible request.
+class HpcoptError(Exception):
+    """Bad configuration, a bad or damaged input file, or an impossible request.
 
-    ``everywhere`` is True once every rank is known to raise it (see ``hpcopt.comm.agreed``):
-    then each rank exits 2 by itself and only rank 0 prints. Otherwise the failing rank prints
-    the message with its rank and aborts the job, so the other ranks cannot hang.
+    Library code raises it like any exception (catch it in Python); the command line prints it
+    as one line and exits with ``exit_code`` (2; 3 for a diverged run), without a traceback.
+    ``everywhere`` is True once every rank is known to raise it (``hpcopt.comm.agreed``): then
+    each rank exits by itself and only rank 0 prints. Otherwise the failing rank prints the
+    message with its rank and aborts the job, so the other ranks cannot hang.
     """
 
     exit_code = 2

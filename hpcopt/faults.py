@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UserError
+from .errors import HpcoptError
 
 KINDS = ("raise", "kill", "hang", "nan", "checkpoint")
 
@@ -39,21 +39,21 @@ class FaultPlan:
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
-        """``RANK:STEP[:KIND]``; UserError for anything else."""
+        """``RANK:STEP[:KIND]``; HpcoptError for anything else."""
         parts = text.split(":")
         try:
             if len(parts) not in (2, 3):
                 raise ValueError
             rank, step = int(parts[0]), int(parts[1])
         except ValueError:
-            raise UserError(f"--debug-fail-at takes RANK:STEP[:KIND], got {text!r}") from None
+            raise HpcoptError(f"--debug-fail-at takes RANK:STEP[:KIND], got {text!r}") from None
         kind = parts[2] if len(parts) == 3 else "raise"
         if kind not in KINDS:
-            raise UserError(f"--debug-fail-at: unknown kind {kind!r} (choose from {', '.join(KINDS)})")
+            raise HpcoptError(f"--debug-fail-at: unknown kind {kind!r} (choose from {', '.join(KINDS)})")
         if rank < 0 or step < 1:
-            raise UserError(f"--debug-fail-at needs RANK >= 0 and STEP >= 1, got {text!r}")
+            raise HpcoptError(f"--debug-fail-at needs RANK >= 0 and STEP >= 1, got {text!r}")
         if kind == "checkpoint" and rank != 0:
-            raise UserError("--debug-fail-at R:K:checkpoint: only rank 0 writes checkpoints (R = 0)")
+            raise HpcoptError("--debug-fail-at R:K:checkpoint: only rank 0 writes checkpoints (R = 0)")
         return cls(rank, step, kind)
 
     def before_gradient(self, rank: int, step: int, grad: Any) -> bool:

@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
+from .errors import HpcoptError
 from .faults import FaultPlan
 
 Oracle = Callable[[Any, Any], Any]
 
 
-class NonFiniteError(UserError):
+class NonFiniteError(HpcoptError):
     """The loss or the parameters became NaN or Inf; raised on every rank at once (exit code 3)."""
 
     exit_code = 3

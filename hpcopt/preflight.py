@@ -11,7 +11,7 @@ with another length than the number of ranks, a corpus too small for the ranks' 
   file in the checkpoint directory, and the file system must have room for one more
   checkpoint (``estimate``).
 
-Every problem is one UserError line, exit code 2 on every rank.
+Every problem is one HpcoptError line, exit code 2 on every rank.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
+from .errors import HpcoptError
 from .io import checkpoint as ckpt_io
 
 #: Bytes of a checkpoint beyond its vectors: attributes, config, tables, HDF5 metadata.
@@ -31,11 +31,11 @@ CHECKPOINT_OVERHEAD = 1 << 20
 
 
 def agree_ticks(ticks: int, local_steps: int, comm: Any) -> None:
-    """UserError on every rank unless every rank runs ``ticks`` clock ticks (collective)."""
+    """HpcoptError on every rank unless every rank runs ``ticks`` clock ticks (collective)."""
     everyone = comm.allgather(np.array([ticks, local_steps], dtype=np.int64), "preflight")
     if len({t for t, _ in everyone}) > 1:
         shown = ", ".join(f"rank {r}: {t} ticks ({s} steps)" for r, (t, s) in enumerate(everyone))
-        raise UserError(f"the ranks disagree on the length of the run ({shown}); "
+        raise HpcoptError(f"the ranks disagree on the length of the run ({shown}); "
                         "is the data set the same on every node?", everywhere=True)
 
 
@@ -44,17 +44,19 @@ def estimate(parts: Any, size: int) -> int:
     averaged model twice (flat and per layer), and per rank its model (mid-round), momentum,
     batch-norm statistics and LSTM state."""
     itemsize = np.dtype(parts.config.run.dtype).itemsize
-    d = parts.model.layout.size
+    workload = parts.workload
+    d = workload.layout.size
     per_rank = d * (1 + (parts.config.algorithm.momentum > 0))
-    if parts.buffers is not None:
-        per_rank += int(parts.buffers.size)
-    if parts.carried is not None:
-        per_rank += int(parts.carried[0]().size)
+    if workload.buffers is not None:
+        per_rank += int(workload.buffers.size)
+    if workload.carried is not None:
+        per_rank += int(workload.carried[0]().size)
     return itemsize * (2 * d + size * per_rank) + CHECKPOINT_OVERHEAD
 
 
-def check_output(out: Path | None, parts: Any, comm: Any) -> None:
-    """Rank 0: the checkpoint directory is writable and has room for one checkpoint."""
+def check_output(out: Path | None, checkpoint_bytes: int, comm: Any) -> None:
+    """Rank 0: the checkpoint directory is writable and has room for one checkpoint of about
+    ``checkpoint_bytes``."""
     if out is None or comm.rank != 0:
         return
     directory = out / ckpt_io.SUBDIR
@@ -64,10 +66,10 @@ def check_output(out: Path | None, parts: Any, comm: Any) -> None:
             handle.write(b"hpcopt preflight\n")
         probe.unlink()
     except OSError as exc:
-        raise UserError(f"the checkpoint directory {directory} is not writable: "
+        raise HpcoptError(f"the checkpoint directory {directory} is not writable: "
                         f"{exc.strerror or exc}") from None
-    need = estimate(parts, comm.size)
+    need = checkpoint_bytes
     free = shutil.disk_usage(directory).free
     if free < need:
-        raise UserError(f"not enough free space for a checkpoint in {directory}: "
+        raise HpcoptError(f"not enough free space for a checkpoint in {directory}: "
                         f"{free / 1e6:,.1f} MB free, a checkpoint needs about {need / 1e6:,.1f} MB")

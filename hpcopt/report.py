@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UserError
+from .errors import HpcoptError
 from .io.trace import FILE_NAME, Trace, read_trace
 from .io.vet import vet_traces
 
@@ -111,10 +111,10 @@ def _metric(traces: Sequence[Trace]) -> tuple[str, str]:
 
 def is_pipeline(traces: Sequence[Trace]) -> bool:
     """True for pipeline runs (their traces carry the bubble), False for data-parallel ones;
-    UserError for a mix, whose panels would not share axes."""
+    HpcoptError for a mix, whose panels would not share axes."""
     kinds = {"bubble" in trace.columns for trace in traces}
     if len(kinds) > 1:
-        raise UserError("report compares runs of one kind: pipeline runs (pprs, pipelined_gd, "
+        raise HpcoptError("report compares runs of one kind: pipeline runs (pprs, pipelined_gd, "
                         "pipelined_agd) and data-parallel runs need separate reports")
     return kinds == {True}
 
@@ -124,7 +124,7 @@ def _figure_classes() -> tuple[Any, Any]:
         from matplotlib.figure import Figure
         from matplotlib.ticker import FormatStrFormatter
     except ImportError:
-        raise UserError("report needs matplotlib: pip install 'hpcopt[plot]'") from None
+        raise HpcoptError("report needs matplotlib: pip install 'hpcopt[plot]'") from None
     return Figure, FormatStrFormatter
 
 
@@ -277,5 +277,5 @@ def write_report(paths: Sequence[str | Path], out: str | Path) -> list[Path]:
         images = "\n".join(f"![{name}]({name}.png)" for name in figs)
         md.write_text(f"# hpcopt report\n\n{table(traces, labels)}\n{images}\n")
     except OSError as exc:
-        raise UserError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
+        raise HpcoptError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
     return [*written, md]

@@ -11,7 +11,7 @@ for device buffers is chosen once per process and backend (``transport_for``):
 
 With ``HPCOPT_GPU_SELFTEST=1`` a straight-through choice is first checked by
 ``hpcopt.gpu_selftest`` in a child process (a device-buffer ``Allreduce`` and ``Sendrecv``), so
-a wrong override ends the run with a ``UserError`` naming the cause instead of a segmentation
+a wrong override ends the run with a ``HpcoptError`` naming the cause instead of a segmentation
 fault in the middle of training.
 
 Staging (``DeviceTransport`` with ``staged``): a collective on a device buffer copies it into a
@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from .backend import Backend, get_backend
 from .child import run_module
-from .errors import UserError
+from .errors import HpcoptError
 from .mpi_support import cuda_aware_mpi
 
 if TYPE_CHECKING:  # comm.py imports this module
@@ -51,12 +51,12 @@ SelfTest = Callable[[int], "str | None"]
 
 
 def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool | None:
-    """The 0/1 variable ``name``: True, False, or None when unset or empty (UserError otherwise)."""
+    """The 0/1 variable ``name``: True, False, or None when unset or empty (HpcoptError otherwise)."""
     text = (os.environ if environ is None else environ).get(name, "").strip()
     if not text:
         return None
     if text not in ("0", "1"):
-        raise UserError(f"{name} must be 0 or 1, got {text!r}")
+        raise HpcoptError(f"{name} must be 0 or 1, got {text!r}")
     return text == "1"
 
 
@@ -184,7 +184,7 @@ HOST_PATH = PathChoice(False, "host memory")
 
 def transport_for(backend: Backend, environ: Mapping[str, str] | None = None,
                   selftest: SelfTest | None = None) -> DeviceTransport:
-    """Decide how ``backend``'s buffers reach MPI (the module docstring's rules); UserError for
+    """Decide how ``backend``'s buffers reach MPI (the module docstring's rules); HpcoptError for
     a malformed variable, or when the self-test refutes a straight-through choice."""
     if not backend.is_gpu:
         return DeviceTransport(backend, HOST_PATH)
@@ -194,7 +194,7 @@ def transport_for(backend: Backend, environ: Mapping[str, str] | None = None,
     if not choice.staged and env_flag(SELFTEST_VARIABLE, environ):
         failure = (selftest or run_selftest)(backend.device)
         if failure is not None:
-            raise UserError(
+            raise HpcoptError(
                 f"{choice.why} says MPI can read GPU memory, but the self-test "
                 f"({SELFTEST_VARIABLE}=1) refutes it: MPI on device buffers {failure}. "
                 f"This MPI is not CUDA-aware here: set {AWARE_VARIABLE}=0 to stage through host memory")
@@ -210,7 +210,7 @@ def gpu_report(local_rank: int, environ: Mapping[str, str] | None = None,
     choice = choose_path(query, query_why, env_flag(AWARE_VARIABLE, environ))
     try:
         backend = get_backend("gpu", local_rank)
-    except UserError as exc:
+    except HpcoptError as exc:
         return f"none: {exc}", choice.describe()
     count = backend.xp.cuda.runtime.getDeviceCount()
     gpu = f"device {backend.device} of {count} (node-local rank {local_rank})"

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .errors import UserError
+from .errors import HpcoptError
 
 EXIT_CODE = 4
 #: ``Comm`` methods that block until other ranks take part.
@@ -52,7 +52,7 @@ class Watchdog:
 
     def __init__(self, comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1) -> None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            raise UserError("--stall-timeout needs an MPI library with MPI_THREAD_MULTIPLE",
+            raise HpcoptError("--stall-timeout needs an MPI library with MPI_THREAD_MULTIPLE",
                             everywhere=True)
         self.mpi = comm.mpi.Dup()
         self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()

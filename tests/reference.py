@@ -39,7 +39,7 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
     algo = config.algorithm
     schedule = parts[0].algorithm.lr_at
     intervals = list(algo.local_steps) or [algo.interval] * workers
-    x = [p.x0.astype(np.float64).copy() for p in parts]
+    x = [p.workload.x0.astype(np.float64).copy() for p in parts]
     b = [np.zeros_like(x[0]) for _ in parts]
     steps = [p.local_steps for p in parts]
     done = [0] * workers
@@ -48,7 +48,7 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
     anchor, slow = x[0].copy(), np.zeros_like(x[0])
 
     def local_step(i):
-        parts[i].problem.oracle(x[i], g)
+        parts[i].workload.problem.oracle(x[i], g)
         if algo.momentum:
             b[i] = algo.momentum * b[i] + g
             d = g + algo.momentum * b[i] if algo.nesterov else b[i]
@@ -83,12 +83,12 @@ def minibatch_sgd_reference(config, workers: int) -> np.ndarray:
     """Parallel mini-batch SGD: x <- x - lr * mean_i g_i(x), one common model."""
     parts = worker_parts(config, workers)
     schedule = parts[0].algorithm.lr_at
-    x = parts[0].x0.astype(np.float64).copy()
+    x = parts[0].workload.x0.astype(np.float64).copy()
     g = np.zeros_like(x)
     for t in range(parts[0].total_steps):
         mean = np.zeros_like(x)
         for p in parts:
-            p.problem.oracle(x, g)
+            p.workload.problem.oracle(x, g)
             mean += g
         x = x - schedule(t) * mean / workers
     return x

@@ -8,7 +8,7 @@ from typing import Any
 from hpcopt.comm import Comm
 from hpcopt.config import Config
 from hpcopt.pipeline.run import train_pipeline
-from hpcopt.train import train
+from hpcopt import train
 
 #: Pipeline trace columns that are measured times, not results.
 PIPELINE_TIME_COLUMNS = ("wall", "tau", "modelled_time", "bubble")

@@ -28,7 +28,7 @@ from dataclasses import field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -51,18 +51,18 @@ def context(default: Any) -> Any:
 
 
 def positive_finite(name: str, value: float) -> None:
-    """UserError unless 0 < value < inf."""
+    """HpcoptError unless 0 < value < inf."""
     if not value > 0:
-        raise UserError(f"{name} must be > 0, got {value}")
+        raise HpcoptError(f"{name} must be > 0, got {value}")
     if not math.isfinite(value):
-        raise UserError(f"{name} must be finite, got {value}")
+        raise HpcoptError(f"{name} must be finite, got {value}")
 
 
 def check_momentum(momentum: float, nesterov: bool) -> None:
     if not 0 <= momentum < 1:
-        raise UserError(f"momentum must be in [0, 1), got {momentum}")
+        raise HpcoptError(f"momentum must be in [0, 1), got {momentum}")
     if nesterov and momentum == 0:
-        raise UserError("nesterov needs momentum > 0")
+        raise HpcoptError("nesterov needs momentum > 0")
 
 
 def option_fields(cls: type) -> tuple[dataclasses.Field, ...]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -29,9 +29,9 @@ BUFFERS_LABEL = "buffers"
 
 
 def check_buffer_policy(policy: str) -> str:
-    """``policy`` if it is one of ``BUFFER_POLICIES``, else a UserError naming them."""
+    """``policy`` if it is one of ``BUFFER_POLICIES``, else a HpcoptError naming them."""
     if policy not in BUFFER_POLICIES:
-        raise UserError(f"unknown buffer_policy {policy!r} "
+        raise HpcoptError(f"unknown buffer_policy {policy!r} "
                         f"(choose from {', '.join(BUFFER_POLICIES)})")
     return policy
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import UserError
+from ..errors import HpcoptError
 from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
 from .momentum import MOMENTUM_POLICIES, check_momentum_policy
@@ -50,7 +50,7 @@ def momentum_policy_option() -> Any:
 def check_rounds(interval: int, momentum_policy: str) -> None:
     """The checks of ``interval_option`` and ``momentum_policy_option``."""
     if interval < 1:
-        raise UserError(f"interval I must be >= 1, got {interval}")
+        raise HpcoptError(f"interval I must be >= 1, got {interval}")
     check_momentum_policy(momentum_policy)
 
 
@@ -79,7 +79,7 @@ class ScheduledSGD:
     def __post_init__(self) -> None:
         positive_finite("lr", self.lr)
         if self.schedule not in SCHEDULES:
-            raise UserError(f"unknown schedule {self.schedule!r} (choose from {', '.join(SCHEDULES)})")
+            raise HpcoptError(f"unknown schedule {self.schedule!r} (choose from {', '.join(SCHEDULES)})")
         check_momentum(self.momentum, self.nesterov)
         check_buffer_policy(self.buffer_policy)
         self.lr_schedule  # noqa: B018 - the schedule's own checks (decay, milestones)

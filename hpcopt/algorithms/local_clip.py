@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..backend import array_module
-from ..errors import UserError
+from ..errors import HpcoptError
 from ..rng import stream
 from .base import context, option
 from .buffers import sync_buffers
@@ -85,9 +85,9 @@ class _ClippedSGD(ScheduledSGD):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.gamma > 0:  # inf is allowed (no clipping), nan is not
-            raise UserError(f"clipping gamma must be > 0 (inf disables clipping), got {self.gamma}")
+            raise HpcoptError(f"clipping gamma must be > 0 (inf disables clipping), got {self.gamma}")
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
-            raise UserError(f"weight_decay must be >= 0, got {self.weight_decay}")
+            raise HpcoptError(f"weight_decay must be >= 0, got {self.weight_decay}")
 
     def step_size(self, t: int, norm: Any) -> Any:
         """min(eta_t, gamma_t / (norm + 1e-10)) with gamma_t = gamma * eta_t / eta_0.
@@ -143,12 +143,12 @@ class LocalClip(_ClippedSGD):
         super().__post_init__()
         check_rounds(self.interval, self.momentum_policy)
         if self.clip_norm not in CLIP_NORMS:
-            raise UserError(f"unknown clipping norm {self.clip_norm!r} "
+            raise HpcoptError(f"unknown clipping norm {self.clip_norm!r} "
                             f"(choose from {', '.join(CLIP_NORMS)})")
         if not 0 < self.participation <= 1:
-            raise UserError(f"participation fraction must be in (0, 1], got {self.participation}")
+            raise HpcoptError(f"participation fraction must be in (0, 1], got {self.participation}")
         if self.seed < 0:
-            raise UserError(f"seed must be >= 0, got {self.seed}")
+            raise HpcoptError(f"seed must be >= 0, got {self.seed}")
 
     def participants(self, round_index: int, size: int) -> np.ndarray:
         """The sorted ranks whose models form round ``round_index``'s average: all of them, or

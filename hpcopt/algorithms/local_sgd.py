@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import UserError
+from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
 from .data_parallel import (
@@ -62,7 +62,7 @@ class LocalSGD(ScheduledSGD):
         super().__post_init__()
         check_rounds(self.interval, self.momentum_policy)
         if any(k < 1 for k in self.local_steps):
-            raise UserError(f"local_steps must all be >= 1, got {self.local_steps}")
+            raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
 
     def interval_of(self, rank: int) -> int:
         """I_i: the local steps rank ``rank`` runs per round."""
@@ -74,7 +74,7 @@ class LocalSGD(ScheduledSGD):
         Homogeneous: T. Heterogeneous: floor(T/I) * I_i (a partial last round is dropped).
         """
         if self.local_steps and len(self.local_steps) != size:
-            raise UserError(f"local_steps has {len(self.local_steps)} entries for {size} ranks")
+            raise HpcoptError(f"local_steps has {len(self.local_steps)} entries for {size} ranks")
         rounds, rest = divmod(total_steps, self.interval)
         return rounds * self.interval_of(rank) + (0 if self.local_steps else rest)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 Array = Any
 
@@ -14,7 +14,7 @@ MOMENTUM_POLICIES = ("keep", "average", "reset")
 
 def check_momentum_policy(policy: str) -> None:
     if policy not in MOMENTUM_POLICIES:
-        raise UserError(f"unknown momentum_policy {policy!r} (choose from {', '.join(MOMENTUM_POLICIES)})")
+        raise HpcoptError(f"unknown momentum_policy {policy!r} (choose from {', '.join(MOMENTUM_POLICIES)})")
 
 
 def momentum_direction(grad: Array, buffer: Array | None, mu: float, nesterov: bool) -> Array:

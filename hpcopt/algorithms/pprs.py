@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import HpcoptError
 from ..rng import stream
 from .base import PIPELINE, check_momentum, context, option, positive_finite
 from .state import counter, scalar, scratch, vector
@@ -152,13 +152,17 @@ class _Pipelined:
     def __post_init__(self) -> None:
         positive_finite("lr", self.lr)
         if self.pipeline not in PIPELINE_SCHEDULES:
-            raise UserError(f"unknown pipeline schedule {self.pipeline!r} "
+            raise HpcoptError(f"unknown pipeline schedule {self.pipeline!r} "
                             f"(choose from {', '.join(PIPELINE_SCHEDULES)})")
 
     @property
     def samples_per_iteration(self) -> int:
         """K: the samples an iteration streams through the pipeline."""
         return 1
+
+    def step_size(self, state: PipelineState) -> float:
+        """The step size of the next iteration (the trace's lr column)."""
+        return self.lr
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,7 +192,7 @@ class PipelinedAGD(_Pipelined):
         super().__post_init__()
         check_momentum(self.momentum, False)
         if self.momentum == 0:
-            raise UserError("pipelined_agd needs --momentum in (0, 1), e.g. 0.9 "
+            raise HpcoptError("pipelined_agd needs --momentum in (0, 1), e.g. 0.9 "
                             "(with momentum 0 it is --algorithm pipelined_gd)")
 
     def init(self, x0: Array, comm: Comm, box: Box | None = None) -> PipelineState:
@@ -225,14 +229,14 @@ class PPRS(_Pipelined):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.samples < 1:
-            raise UserError(f"samples K must be >= 1, got {self.samples}")
+            raise HpcoptError(f"samples K must be >= 1, got {self.samples}")
         if self.outer not in OUTER_LOOPS:
-            raise UserError(f"unknown outer loop {self.outer!r} "
+            raise HpcoptError(f"unknown outer loop {self.outer!r} "
                             f"(choose from {', '.join(OUTER_LOOPS)})")
         if self.seed < 0:
-            raise UserError(f"seed must be >= 0, got {self.seed}")
+            raise HpcoptError(f"seed must be >= 0, got {self.seed}")
         if not (self.smoothing == AUTO or (self.smoothing >= 0 and math.isfinite(self.smoothing))):
-            raise UserError(f"smoothing (gamma) must be >= 0 (or -1: the outer loop's default), "
+            raise HpcoptError(f"smoothing (gamma) must be >= 0 (or -1: the outer loop's default), "
                             f"got {self.smoothing}")
         check_momentum(self.momentum, False)
 
@@ -245,7 +249,7 @@ class PPRS(_Pipelined):
         if self.outer == "accelerated" and not (
                 self.radius and self.radius > 0 and self.lipschitz and self.lipschitz > 0
                 and self.dimension and self.dimension >= 1):
-            raise UserError("the accelerated outer loop needs radius > 0, lipschitz > 0 and "
+            raise HpcoptError("the accelerated outer loop needs radius > 0, lipschitz > 0 and "
                             f"dimension >= 1, got R={self.radius}, L={self.lipschitz}, "
                             f"d={self.dimension}")
 
@@ -263,6 +267,10 @@ class PPRS(_Pipelined):
     def gamma_at(self, alpha: float) -> float:
         """gamma_t: fixed (nesterov) or smoothing * alpha_t (accelerated)."""
         return self.smoothing_scale * (1.0 if self.outer == "nesterov" else alpha)
+
+    def step_size(self, state: PipelineState) -> float:
+        """``lr`` (nesterov), or eta_t (accelerated)."""
+        return self.lr if self.outer == "nesterov" else self.eta(state.step, state.alpha)
 
     def eta(self, t: int, alpha: float) -> float:
         """eta_t = R alpha_t / (2 L (d^(1/4) + sqrt((t + 1) / K))) (accelerated loop)."""

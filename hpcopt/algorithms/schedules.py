@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 SCHEDULES = ("constant", "step", "sqrt_nt")
 
@@ -27,15 +27,15 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
-            raise UserError(f"unknown schedule {self.kind!r} (choose from {', '.join(SCHEDULES)})")
+            raise HpcoptError(f"unknown schedule {self.kind!r} (choose from {', '.join(SCHEDULES)})")
         if not self.lr > 0 or not math.isfinite(self.lr):
-            raise UserError(f"lr must be a positive number, got {self.lr}")
+            raise HpcoptError(f"lr must be a positive number, got {self.lr}")
         if not 0 < self.decay <= 1:
-            raise UserError(f"decay must be in (0, 1], got {self.decay}")
+            raise HpcoptError(f"decay must be in (0, 1], got {self.decay}")
         if any(m < 1 for m in self.milestones) or list(self.milestones) != sorted(self.milestones):
-            raise UserError(f"milestones must be increasing positive steps, got {self.milestones}")
+            raise HpcoptError(f"milestones must be increasing positive steps, got {self.milestones}")
         if self.workers < 1 or self.total_steps < 1:
-            raise UserError("a schedule needs at least one worker and one step")
+            raise HpcoptError("a schedule needs at least one worker and one step")
 
     def __call__(self, t: int) -> float:
         if self.kind == "constant":

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import UserError
+from ..errors import HpcoptError
 from .base import option
 from .data_parallel import DataParallelState
 from .local_sgd import LocalSGD
@@ -53,9 +53,9 @@ class SlowMo(LocalSGD):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 <= self.slow_momentum < 1:
-            raise UserError(f"slow_momentum must be in [0, 1), got {self.slow_momentum}")
+            raise HpcoptError(f"slow_momentum must be in [0, 1), got {self.slow_momentum}")
         if not (self.slow_lr > 0 and math.isfinite(self.slow_lr)):
-            raise UserError(f"slow_lr must be > 0, got {self.slow_lr}")
+            raise HpcoptError(f"slow_lr must be > 0, got {self.slow_lr}")
 
     def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> SlowMoState:
         state = self.new_state(x0, comm, buffers, SlowMoState)

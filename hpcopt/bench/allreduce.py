@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from ..comm import AVERAGING_MODES, Comm
 from ..costmodel import NetworkProfile, fit_allreduce
-from ..errors import UserError
+from ..errors import HpcoptError
 from .common import (
     KB,
     MB,
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     modes = [m for m in args.averaging.split(",") if m]
     if not modes or any(m not in AVERAGING_MODES for m in modes):
-        raise UserError(f"--averaging takes a comma list of {', '.join(AVERAGING_MODES)}")
+        raise HpcoptError(f"--averaging takes a comma list of {', '.join(AVERAGING_MODES)}")
     mpi = MPI.COMM_WORLD.Dup()
     try:
         n, rank = mpi.Get_size(), mpi.Get_rank()

@@ -13,16 +13,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 KB, MB = 1 << 10, 1 << 20
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that raises UserError (one line, exit code 2) instead of printing usage."""
+    """argparse that raises HpcoptError (one line, exit code 2) instead of printing usage."""
 
     def error(self, message: str) -> typing.NoReturn:
-        raise UserError(f"{self.prog}: {message}")
+        raise HpcoptError(f"{self.prog}: {message}")
 
 
 def parse_bytes(text: str) -> int:
@@ -32,7 +32,7 @@ def parse_bytes(text: str) -> int:
     try:
         return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
     except ValueError:
-        raise UserError(f"not a size: {text!r} (e.g. 4096, 64K, 16M)") from None
+        raise HpcoptError(f"not a size: {text!r} (e.g. 4096, 64K, 16M)") from None
 
 
 def fmt_bytes(n: int) -> str:
@@ -44,7 +44,7 @@ def fmt_bytes(n: int) -> str:
 
 def sizes_between(low: int, high: int, factor: int = 2) -> list[int]:
     if low < 1 or high < low or factor < 2:
-        raise UserError("sizes need 1 <= --min-bytes <= --max-bytes and --factor >= 2")
+        raise HpcoptError("sizes need 1 <= --min-bytes <= --max-bytes and --factor >= 2")
     sizes, size = [], low
     while size <= high:
         sizes.append(size)
@@ -77,7 +77,7 @@ def write_json(path: Path | None, data: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1))
     except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise HpcoptError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def mpi_library() -> str:

@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..costmodel import NetworkProfile
-from ..errors import UserError
+from ..errors import HpcoptError
 from .common import MB, Parser, fmt_bytes, mpi_library, parse_bytes, sizes_between, write_json
 
 TAG, ACK = 11, 12
@@ -96,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the results here (rank 0)")
     args = p.parse_args(argv)
     if args.reps < 1 or args.window < 1:
-        raise UserError("--reps and --window must be >= 1")
+        raise HpcoptError("--reps and --window must be >= 1")
     mpi = MPI.COMM_WORLD.Dup()
     try:
         if mpi.Get_size() < 2:
-            raise UserError("hpcopt bench p2p needs 2 ranks (mpiexec -n 2 python -m hpcopt bench p2p)")
+            raise HpcoptError("hpcopt bench p2p needs 2 ranks (mpiexec -n 2 python -m hpcopt bench p2p)")
         rows = measure(mpi, [0, *sizes_between(args.min_bytes, args.max_bytes, args.factor)],
                        args.reps, args.window)
         if mpi.Get_rank() != 0:

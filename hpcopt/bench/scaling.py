@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import HpcoptError
 from .common import Parser
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
@@ -37,7 +37,7 @@ def worker(algorithm: str, steps: int, batch: int, interval: int) -> None:
     """Run under mpiexec: train for ``steps`` and print rank 0's figures as JSON."""
     from ..comm import Comm
     from ..config import build_config
-    from ..train import train
+    from ..run import train
 
     comm = Comm()
     config = build_config(None, {"algorithm": algorithm, "steps": str(steps), "batch_size": str(batch),
@@ -65,7 +65,7 @@ def launch(algorithm: str, ranks: int, steps: int, batch: int, interval: int,
     try:
         out = subprocess.run(command, capture_output=True, text=True, env=env, check=True, timeout=1800)
     except subprocess.CalledProcessError as exc:
-        raise UserError(f"{' '.join(command[:3])} ... failed: {exc.stderr.strip()[-300:]}") from None
+        raise HpcoptError(f"{' '.join(command[:3])} ... failed: {exc.stderr.strip()[-300:]}") from None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = parser.parse_args(argv)
     if min(args.ranks) < 1 or args.repeats < 1 or args.steps < 1 or args.batch < 1:
-        raise UserError("--ranks, --repeats, --steps and --batch must be >= 1")
+        raise HpcoptError("--ranks, --repeats, --steps and --batch must be >= 1")
     lines, _ = run(sorted(set(args.ranks)), args.algorithms, args.repeats, args.steps, args.interval,
                    args.batch)
     text = "\n".join(lines) + "\n"
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(text)
         except OSError as exc:
-            raise UserError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+            raise HpcoptError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     return 0
 
 

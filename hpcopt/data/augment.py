@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hpcopt.backend import array_module
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.rng import stream
 
 Array = Any
@@ -49,7 +49,7 @@ class Augmentation:
 
     def __post_init__(self) -> None:
         if self.pad < 0:
-            raise UserError(f"augmentation padding must be >= 0, got {self.pad}")
+            raise HpcoptError(f"augmentation padding must be >= 0, got {self.pad}")
 
     def draws(self, n: int, epoch: int, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(top, left, flip) for the ``n`` images of batch ``batch`` of epoch ``epoch``."""

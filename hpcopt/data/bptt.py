@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hpcopt.data.partition import partition_indices
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 Array = Any
 
@@ -58,7 +58,7 @@ def corpus_shard(tokens: np.ndarray, documents: np.ndarray, kind: str, rank: int
     concatenated in corpus order. Every token lands on exactly one rank.
     """
     if size > len(tokens):
-        raise UserError(f"{size} ranks but only {len(tokens)} training tokens: "
+        raise HpcoptError(f"{size} ranks but only {len(tokens)} training tokens: "
                         "every rank needs at least one")
     if kind == "block":
         return _block(tokens, rank, size)
@@ -74,11 +74,11 @@ def streams_of(block: np.ndarray, batch_size: int, rank: int = 0, size: int = 1)
     """(L, B) int64 array of one rank's tokens ``block``, trimmed to a multiple of B, column b =
     the b-th contiguous piece; ``rank`` and ``size`` only name the rank in the error."""
     if batch_size < 1:
-        raise UserError(f"batch size must be at least 1, got {batch_size}")
+        raise HpcoptError(f"batch size must be at least 1, got {batch_size}")
     block = np.asarray(block, dtype=np.int64)
     length = block.size // batch_size
     if length < 2:
-        raise UserError(f"the corpus is too small for one batch: rank {rank} of {size} holds "
+        raise HpcoptError(f"the corpus is too small for one batch: rank {rank} of {size} holds "
                         f"{block.size} tokens, {batch_size} streams need at least "
                         f"{2 * batch_size} (one input and one target each)")
     return np.ascontiguousarray(block[: length * batch_size].reshape(batch_size, length).T)
@@ -94,9 +94,9 @@ class BpttSampler:
 
     def __init__(self, streams: Array, bptt: int, rank: int = 0) -> None:
         if bptt < 1:
-            raise UserError(f"sequence length bptt must be at least 1, got {bptt}")
+            raise HpcoptError(f"sequence length bptt must be at least 1, got {bptt}")
         if streams.ndim != 2 or streams.shape[0] < 2:
-            raise UserError(f"token streams must be (L >= 2, B), got shape {streams.shape}")
+            raise HpcoptError(f"token streams must be (L >= 2, B), got shape {streams.shape}")
         self.streams, self.bptt, self.rank = streams, bptt, rank
         self.windows_per_epoch = -(-(streams.shape[0] - 1) // bptt)
         self.epoch = 0
@@ -124,19 +124,19 @@ class BpttSampler:
                 "rank": self.rank}
 
     def restore(self, state: dict) -> None:
-        """Continue from ``state()``; UserError if it is malformed or from other settings."""
+        """Continue from ``state()``; HpcoptError if it is malformed or from other settings."""
         expected = self.state()
         if set(state) != set(expected):
-            raise UserError(f"BPTT sampler state has keys {sorted(state)}, "
+            raise HpcoptError(f"BPTT sampler state has keys {sorted(state)}, "
                             f"expected {sorted(expected)}")
         for key, value in state.items():
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise UserError(f"BPTT sampler state {key!r} must be an integer, got {value!r}")
+                raise HpcoptError(f"BPTT sampler state {key!r} must be an integer, got {value!r}")
         for key in ("bptt", "stream_length", "batch_size", "rank"):
             if state[key] != expected[key]:
-                raise UserError(f"BPTT sampler state was saved with {key} {state[key]}, "
+                raise HpcoptError(f"BPTT sampler state was saved with {key} {state[key]}, "
                                 f"but this run has {key} {expected[key]}")
         if state["epoch"] < 0 or not 0 <= state["position"] < self.windows_per_epoch:
-            raise UserError(f"BPTT sampler state (epoch {state['epoch']}, position "
+            raise HpcoptError(f"BPTT sampler state (epoch {state['epoch']}, position "
                             f"{state['position']}) is outside 0..{self.windows_per_epoch - 1}")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

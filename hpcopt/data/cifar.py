@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 IMAGE_SHAPE = (3, 32, 32)
 RECORD_BYTES = 1 + 3 * 32 * 32
@@ -25,17 +25,17 @@ def read_cifar10_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Images (n, 3, 32, 32) as uint8 and labels (n,) as int64 of one binary batch file.
 
     The file must hold a whole, non-zero number of 3,073-byte records and every label byte must
-    be 0..9; anything else is a UserError naming the file.
+    be 0..9; anything else is a HpcoptError naming the file.
     """
     path = Path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise UserError(f"CIFAR-10 file {path} does not exist") from None
+        raise HpcoptError(f"CIFAR-10 file {path} does not exist") from None
     except OSError as error:
-        raise UserError(f"CIFAR-10 file {path}: cannot read: {error.strerror}") from None
+        raise HpcoptError(f"CIFAR-10 file {path}: cannot read: {error.strerror}") from None
     if not raw or len(raw) % RECORD_BYTES:
-        raise UserError(
+        raise HpcoptError(
             f"CIFAR-10 file {path}: {len(raw)} bytes is not a whole, non-zero number of "
             f"{RECORD_BYTES}-byte records (1 label byte + 3072 pixel bytes); is it a batch of "
             "the CIFAR-10 binary version?"
@@ -44,7 +44,7 @@ def read_cifar10_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     labels = records[:, 0].astype(np.int64)
     bad = np.flatnonzero(labels >= NUM_CLASSES)
     if bad.size:
-        raise UserError(f"CIFAR-10 file {path}: record {bad[0]} has label {labels[bad[0]]}, "
+        raise HpcoptError(f"CIFAR-10 file {path}: record {bad[0]} has label {labels[bad[0]]}, "
                         f"outside 0..{NUM_CLASSES - 1}")
     return records[:, 1:].reshape(-1, *IMAGE_SHAPE), labels
 
@@ -53,18 +53,18 @@ def read_cifar10(path: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     """(train images, train labels, test images, test labels) from the directory ``path`` that
     holds ``data_batch_1.bin`` ... ``data_batch_5.bin`` and ``test_batch.bin``; images uint8."""
     if not path:
-        raise UserError("data set 'cifar10' needs a path: the directory of the binary batches "
+        raise HpcoptError("data set 'cifar10' needs a path: the directory of the binary batches "
                         "(cifar-10-batches-bin)")
     directory = Path(path)
     if not directory.is_dir():
-        raise UserError(f"CIFAR-10 directory {directory} does not exist")
+        raise HpcoptError(f"CIFAR-10 directory {directory} does not exist")
     missing = [name for name in (*TRAIN_FILES, TEST_FILE) if not (directory / name).is_file()]
     if missing and (directory / "data_batch_1").is_file():
-        raise UserError(f"{directory} holds the 'python version' of CIFAR-10 (pickle files), "
+        raise HpcoptError(f"{directory} holds the 'python version' of CIFAR-10 (pickle files), "
                         "which hpcopt never unpickles: use the binary version "
                         "(cifar-10-binary.tar.gz, directory cifar-10-batches-bin)")
     if missing:
-        raise UserError(f"CIFAR-10 directory {directory} lacks {', '.join(missing)}")
+        raise HpcoptError(f"CIFAR-10 directory {directory} lacks {', '.join(missing)}")
     train = [read_cifar10_batch(directory / name) for name in TRAIN_FILES]
     x_test, y_test = read_cifar10_batch(directory / TEST_FILE)
     x_train = np.concatenate([images for images, _ in train])

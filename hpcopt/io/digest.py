@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 ATTRIBUTE = "content_sha256"
 BLOCK_BYTES = 1 << 22  # datasets are hashed 4 MB at a time: memory stays flat in the file size
@@ -103,12 +103,12 @@ def seal(f: Any) -> None:
 
 
 def verify(f: Any, path: Path, what: str) -> None:
-    """Raise UserError (naming ``path``) unless ``f``'s stored digest matches its contents."""
+    """Raise HpcoptError (naming ``path``) unless ``f``'s stored digest matches its contents."""
     stored = f.attrs.get(ATTRIBUTE)
     if not isinstance(stored, str):
-        raise UserError(f"{path} is a damaged {what} (content digest missing)")
+        raise HpcoptError(f"{path} is a damaged {what} (content digest missing)")
     if content_digest(f) != stored:
-        raise UserError(f"{path} is a damaged {what} (content digest mismatch)")
+        raise HpcoptError(f"{path} is a damaged {what} (content digest mismatch)")
 
 
 def check_sealed(f: Any, path: Path, name: str, version: int | tuple[int, ...], kind: str) -> None:
@@ -127,7 +127,7 @@ def check_sealed(f: Any, path: Path, name: str, version: int | tuple[int, ...], 
 
 
 def refuse_damaged(f: Any, path: Path, name: str, version: int | tuple[int, ...], kind: str,
-                   error: UserError) -> UserError:
+                   error: HpcoptError) -> HpcoptError:
     """``error``, found by a reader that looked at part of ``f`` before verifying its digest,
     unless the file is damaged: then the digest's (or the format's) error instead."""
     from . import READ_ERRORS
@@ -135,7 +135,7 @@ def refuse_damaged(f: Any, path: Path, name: str, version: int | tuple[int, ...]
 
     try:
         check_sealed(f, path, name, version, kind)
-    except UserError as refused:
+    except HpcoptError as refused:
         return refused
     except READ_ERRORS as exc:
         return damaged(path, exc)

@@ -30,7 +30,7 @@ import numpy as np
 from ..backend import Backend
 from ..comm import Comm
 from ..config import Config
-from ..errors import UserError
+from ..errors import HpcoptError
 from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_reading, text_attr
 
 FORMAT = "hpcopt-trace"
@@ -246,8 +246,9 @@ class TraceWriter:
             _check_resumable(path, attrs["run_id"], resume_at[0])
             self.file = h5py.File(path, "a")
             if self.file["rows"].dtype != self.row_dtype:
-                raise UserError(f"{path}: its rows have columns {', '.join(self.file['rows'].dtype.names)}, "
-                                f"this run writes {', '.join(self.columns)}")
+                raise HpcoptError(f"{path}: its rows have columns "
+                                  f"{', '.join(self.file['rows'].dtype.names)}, "
+                                  f"this run writes {', '.join(self.columns)}")
             self.labels: list[str] = json.loads(self.file["comm"].attrs["labels"])
             self.ops = json.loads(self.file["comm"].attrs.get("ops", "{}"))
             self._truncate(resume_at[0])
@@ -255,7 +256,7 @@ class TraceWriter:
             self.file.attrs["config"] = attrs["config"]  # a resumed run may run longer
             return
         if path.exists():
-            raise UserError(f"{path} exists: it belongs to an earlier run "
+            raise HpcoptError(f"{path} exists: it belongs to an earlier run "
                             "(resume that run, or choose another --out)")
         self.file = h5py.File(path, "w")
         self.file.attrs.update({"format": FORMAT, "format_version": VERSION, **attrs,
@@ -286,7 +287,7 @@ class TraceWriter:
         try:
             self._write()
         except OSError as exc:  # a full disk, a lost mount: every earlier flushed row is intact
-            raise UserError(f"cannot write the trace {self.path}: {exc.strerror or exc}") from None
+            raise HpcoptError(f"cannot write the trace {self.path}: {exc.strerror or exc}") from None
 
     def _write(self) -> None:
         if self._rows:
@@ -334,13 +335,13 @@ class TraceWriter:
 
 
 def _check_resumable(path: Path, run_id: str, keep_rows: int) -> None:
-    """UserError unless ``path`` is this run's trace with at least ``keep_rows`` rows."""
+    """HpcoptError unless ``path`` is this run's trace with at least ``keep_rows`` rows."""
     trace = read_trace(path)
     if trace.attrs.get("run_id") != run_id:
-        raise UserError(f"{path} is the trace of another run (run_id {trace.attrs.get('run_id')!r}, "
+        raise HpcoptError(f"{path} is the trace of another run (run_id {trace.attrs.get('run_id')!r}, "
                         f"the checkpoint has {run_id!r}); pass --out DIR for a new run directory")
     if trace.rows < keep_rows:
-        raise UserError(f"{path} holds {trace.rows} rows but the checkpoint was taken after "
+        raise HpcoptError(f"{path} holds {trace.rows} rows but the checkpoint was taken after "
                         f"{keep_rows}; pass --out DIR to start a new trace")
 
 
@@ -369,7 +370,7 @@ class Trace:
 
 
 def read_trace(path: str | Path) -> Trace:
-    """Read and check a trace file; UserError (one line, naming the file) when it is unusable.
+    """Read and check a trace file; HpcoptError (one line, naming the file) when it is unusable.
 
     Rows are cut to the number every dataset holds (a run killed between the writes of one
     chunk leaves some datasets a chunk ahead).
@@ -383,17 +384,17 @@ def read_trace(path: str | Path) -> Trace:
             table = _dataset(f, "rows", path, 1)
             fields = table.dtype.fields or {}
             if any(name not in fields or fields[name][0].kind not in "if" for name in COLUMNS):
-                raise UserError(f"{path}: /rows lacks numeric fields {', '.join(COLUMNS)}")
+                raise HpcoptError(f"{path}: /rows lacks numeric fields {', '.join(COLUMNS)}")
             data = table[()]
             labels = json_attr(f["comm"].attrs, "labels", path) if "comm" in f else None
             if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
-                raise UserError(f"{path}: /comm attribute 'labels' is missing or malformed")
+                raise HpcoptError(f"{path}: /comm attribute 'labels' is missing or malformed")
             names = [*COMM_COLUMNS, *([MODELLED] if MODELLED in f["comm"] else [])]
             counters = {name: _dataset(f, f"comm/{name}", path, 2)[()] for name in names}
             summary = {k: _plain(v) for k, v in f["summary"].attrs.items()} if "summary" in f else None
             ops = json_attr(f["comm"].attrs, "ops", path) if "ops" in f["comm"].attrs else None
         except READ_ERRORS as exc:
-            raise UserError(f"{path} is a damaged trace ({type(exc).__name__}: {exc})") from None
+            raise HpcoptError(f"{path} is a damaged trace ({type(exc).__name__}: {exc})") from None
     rows = min(data.shape[0], *(c.shape[0] for c in counters.values()))
     width = min(len(labels), *(c.shape[1] for c in counters.values()))
     present = [*COLUMNS, *(name for name in (data.dtype.names or ())
@@ -407,9 +408,9 @@ def read_trace(path: str | Path) -> Trace:
 def _dataset(f: Any, name: str, path: Path, ndim: int) -> Any:
     dataset = f.get(name)
     if dataset is None or not hasattr(dataset, "dtype"):
-        raise UserError(f"{path}: dataset /{name} is missing")
+        raise HpcoptError(f"{path}: dataset /{name} is missing")
     if dataset.ndim != ndim or (dataset.dtype.names is None and dataset.dtype.kind not in "if"):
-        raise UserError(f"{path}: /{name} must be a {ndim}-D numeric dataset")
+        raise HpcoptError(f"{path}: /{name} must be a {ndim}-D numeric dataset")
     return dataset
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 if TYPE_CHECKING:
     from ..child import ChildResult
@@ -34,7 +34,7 @@ _vetted: set[tuple[str, int, int]] = set()
 
 def vet_checkpoint(path: str | Path) -> Path:
     """The checkpoint file ``path`` names, once a child process has read it whole and found its
-    digest and format right; UserError (one line naming the file) otherwise."""
+    digest and format right; HpcoptError (one line naming the file) otherwise."""
     from ..child import run_module
     from .checkpoint import find_checkpoint
 
@@ -56,7 +56,7 @@ def vet_checkpoint(path: str | Path) -> Path:
 
 
 def vet_traces(paths: Sequence[Path]) -> None:
-    """UserError (one line naming the file) unless a child process reads every trace cleanly."""
+    """HpcoptError (one line naming the file) unless a child process reads every trace cleanly."""
     from ..child import run_module
 
     if not paths:
@@ -71,12 +71,12 @@ def vet_traces(paths: Sequence[Path]) -> None:
     raise _refusal(result, culprit, "trace")
 
 
-def _refusal(result: ChildResult, path: str | Path, kind: str) -> UserError:
+def _refusal(result: ChildResult, path: str | Path, kind: str) -> HpcoptError:
     """The child's own error (exit 2, already naming the file), or what happened to it."""
     if result.returncode == 2:
-        return UserError(result.message.removeprefix("hpcopt: error: "))
+        return HpcoptError(result.message.removeprefix("hpcopt: error: "))
     happened = f"crashed reading it ({result.signal})" if result.signal else result.message
-    return UserError(f"{path} is a damaged {kind}: the process that checked it {happened}")
+    return HpcoptError(f"{path} is a damaged {kind}: the process that checked it {happened}")
 
 
 def check(path: Path) -> None:
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
                 read_trace(path)
         else:
             check(Path(argv[0]))
-    except UserError as exc:
+    except HpcoptError as exc:
         print(f"hpcopt: error: {exc}", file=sys.stderr)
         return 2
     print("ok")

@@ -35,7 +35,7 @@ from ..algorithms import state as fields
 from ..algorithms.pprs import PipelineState
 from ..comm import Comm
 from ..config import Config
-from ..errors import UserError
+from ..errors import HpcoptError
 from ..flat import ParamLayout
 from ..io import checkpoint as ckpt_io
 from ..io import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
@@ -124,7 +124,7 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any
     try:
         _write(path, ckpt, layout, comm.stats.as_rows(), before_commit)
     except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
-        raise UserError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+        raise HpcoptError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
 
 
 def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows: list,
@@ -167,12 +167,12 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
     with ckpt_io.opened(found) as (found, f):
         try:
             return found, config_from_toml(text_attr(f.attrs, "config", found), found)
-        except UserError as exc:
+        except HpcoptError as exc:
             raise refuse_damaged(f, found, FORMAT, VERSION, "pipeline checkpoint", exc) from None
 
 
 def read(path: str | Path, world_size: int) -> PipelineCheckpoint:
-    """Read and validate a pipeline checkpoint written on ``world_size`` ranks (UserError,
+    """Read and validate a pipeline checkpoint written on ``world_size`` ranks (HpcoptError,
     one line naming the file, for anything wrong)."""
     with ckpt_io.opened(path) as (path, f):
         return _read(f, path, world_size)
@@ -184,32 +184,32 @@ def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
     config = config_from_toml(text_attr(attrs, "config", path), path)
     size = int_attr(attrs, "world_size", path, minimum=1)
     if size != world_size:
-        raise UserError(f"{path} was written by a pipeline of {size} stage(s); this run has "
+        raise HpcoptError(f"{path} was written by a pipeline of {size} stage(s); this run has "
                         f"{world_size} rank(s): resume it with mpiexec -n {size}")
     wall = float(attrs.get("wall_seconds", -1.0))
     if not np.isfinite(wall) or wall < 0:
-        raise UserError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")
+        raise HpcoptError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")
     dtype = np.dtype(config.run.dtype)
     model = f["model/flat"][()]
     if model.dtype != dtype or model.ndim != 1 or not np.isfinite(model).all():
-        raise UserError(f"{path}: /model/flat is not a finite {dtype} vector")
+        raise HpcoptError(f"{path}: /model/flat is not a finite {dtype} vector")
     stages = []
     for s in range(size):
         group = f[f"stages/{s}"]
         start, stop = json_attr(group.attrs, "block", path)
         vectors = {name: group[name][()] for name in VECTORS if name in group}
         if any(v.dtype != dtype or not np.isfinite(v).all() for v in vectors.values()):
-            raise UserError(f"{path}: /stages/{s} holds non-finite or non-{dtype} values")
+            raise HpcoptError(f"{path}: /stages/{s} holds non-finite or non-{dtype} values")
         numbers = {}
         for name, cast in NUMBER_TYPES.items():
             value = group.attrs.get(name)
             if not isinstance(value, (int, float, np.integer, np.floating)) or not np.isfinite(value):
-                raise UserError(f"{path}: /stages/{s} attribute {name!r} is missing or not a number")
+                raise HpcoptError(f"{path}: /stages/{s} attribute {name!r} is missing or not a number")
             numbers[name] = cast(value)
         stages.append(StageRecord((int(start), int(stop)), vectors, numbers))
     window = f["ranks/window"][()]
     if window.shape != (size, len(WINDOW_COLUMNS)):
-        raise UserError(f"{path}: /ranks/window has shape {window.shape}")
+        raise HpcoptError(f"{path}: /ranks/window has shape {window.shape}")
     comm = ckpt_io.comm_rows(f, path)
     return PipelineCheckpoint(config, size, int_attr(attrs, "tick", path),
                               text_attr(attrs, "run_id", path),
@@ -220,19 +220,19 @@ def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
 def restore(ckpt: PipelineCheckpoint, rank: int, block: Any, block_slice: slice,
             state: PipelineState, backend: Any) -> np.ndarray:
     """Put stage ``rank``'s part of ``ckpt`` into a fresh run (its whole parameter block and
-    its optimizer state); returns this rank's trace window row. UserError when it does not fit."""
+    its optimizer state); returns this rank's trace window row. HpcoptError when it does not fit."""
     record = ckpt.stages[rank]
     if record.block != (block_slice.start, block_slice.stop):
-        raise UserError(f"{ckpt.path}: stage {rank} holds parameters {list(record.block)}, this "
+        raise HpcoptError(f"{ckpt.path}: stage {rank} holds parameters {list(record.block)}, this "
                         f"run's stage {rank} holds [{block_slice.start}, {block_slice.stop}]")
     names = fields.present(state, fields.VECTOR)
     if sorted(record.vectors) != sorted(names):
-        raise UserError(f"{ckpt.path}: stage {rank} holds {sorted(record.vectors)}, this "
+        raise HpcoptError(f"{ckpt.path}: stage {rank} holds {sorted(record.vectors)}, this "
                         f"algorithm needs {sorted(names)}")
     for name in names:
         target = getattr(state, name)
         if record.vectors[name].shape != target.shape:
-            raise UserError(f"{ckpt.path}: stage {rank}'s {name} has shape "
+            raise HpcoptError(f"{ckpt.path}: stage {rank}'s {name} has shape "
                             f"{record.vectors[name].shape}, expected {target.shape}")
     block[...] = backend.asarray(ckpt.model[block_slice])
     for name in names:

@@ -33,7 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comm import Comm
-from ..errors import UserError
+from ..errors import HpcoptError
 from ..nn import Layer, Sequential
 from .schedules import FORWARD, KINDS, Op, max_in_flight, schedule
 from .split import StagePlan
@@ -130,7 +130,7 @@ class Pipeline:
                  label: str = "pipeline") -> None:
         plan.check_world_size(comm.size)
         if kind not in KINDS:
-            raise UserError(f"unknown pipeline schedule {kind!r} (choose from {', '.join(KINDS)})")
+            raise HpcoptError(f"unknown pipeline schedule {kind!r} (choose from {', '.join(KINDS)})")
         self.comm, self.kind, self.label = comm, kind, label
         self.stage, self.num_stages = comm.rank, plan.num_stages
         self.first, self.last = self.stage == 0, self.stage == plan.num_stages - 1
@@ -141,7 +141,7 @@ class Pipeline:
         # communication
         stateful = [layer.name for layer in model.layers if layer.buffer_shapes()]
         if stateful:
-            raise UserError(f"layers with running statistics ({stateful}) are not supported in "
+            raise HpcoptError(f"layers with running statistics ({stateful}) are not supported in "
                             "pipeline stages yet")
         self.trainable = plan.trainable_slices(model, frozen)[self.stage]
         self.layers = plan.layers(model, self.stage)
@@ -224,7 +224,7 @@ class Pipeline:
         key = (samples, backward)
         if key not in self._schedules:
             if samples < 1 or samples + 1 > self._tag_limit:
-                raise UserError(f"samples per iteration must be in 1..{self._tag_limit - 1}, "
+                raise HpcoptError(f"samples per iteration must be in 1..{self._tag_limit - 1}, "
                                 f"got {samples}")
             if backward:
                 ops = schedule(self.kind, self.stage, self.num_stages, samples)

@@ -16,7 +16,7 @@ from ..algorithms.base import create
 from ..algorithms.pprs import PPRS, PipelinedAGD, PipelinedGD
 from ..config import Config
 from ..data.datasets import load_dataset
-from ..errors import UserError
+from ..errors import HpcoptError
 from ..nn import Sequential
 from ..problems.attack import adversarial_attack, scaled_features, train_classifier
 from ..problems.few_shot import few_shot
@@ -43,7 +43,7 @@ def build_problem(config: Config, architecture_only: bool = False,
     dataset = load_dataset(data.dataset, data.path or None, data.test_fraction, seed)
     if data.problem == "few_shot":
         if data.shots > int(np.bincount(dataset.y_train).min()):
-            raise UserError(f"shots {data.shots} is more than the smallest class of "
+            raise HpcoptError(f"shots {data.shots} is more than the smallest class of "
                             f"{data.dataset} holds")
         return few_shot(dataset, data.shots, config.model.hidden, seed=seed, dtype=dtype, xp=xp)
     _, x_test = scaled_features(dataset)
@@ -58,7 +58,7 @@ def build_problem(config: Config, architecture_only: bool = False,
                                          seed=seed)
         images, labels = _correctly_classified(model, params, x_test, dataset.y_test, data.images)
     if images.shape[0] < data.images:
-        raise UserError(f"the test set has only {images.shape[0]} images, asked for {data.images}")
+        raise HpcoptError(f"the test set has only {images.shape[0]} images, asked for {data.images}")
     return adversarial_attack(model, params, images, labels, data.eps, dtype=dtype, xp=xp)
 
 
@@ -72,7 +72,7 @@ def _correctly_classified(model: Sequential, params: np.ndarray, x: np.ndarray, 
 
 def plan_for(config: Config, model: Sequential, world_size: int) -> StagePlan:
     """The stage plan (explicit ``stages`` or balanced by parameters) for ``world_size`` ranks:
-    UserError unless it has exactly one stage per rank."""
+    HpcoptError unless it has exactly one stage per rank."""
     if config.model.stages:
         plan = StagePlan.explicit(model, config.model.stages)
     else:
@@ -86,7 +86,7 @@ def build_algorithm(config: Config, problem: StagedProblem, trainable: int) -> A
     algo = config.algorithm
     if (algo.algorithm == "pprs" and algo.outer == "accelerated"
             and (problem.radius is None or problem.lipschitz is None)):
-        raise UserError(f"the accelerated outer loop needs a known radius and Lipschitz constant: "
+        raise HpcoptError(f"the accelerated outer loop needs a known radius and Lipschitz constant: "
                         f"use --problem l1_chain, or --outer nesterov for {problem.name}")
     return create(algo.algorithm, dataclasses.asdict(algo),
                   {"radius": problem.radius, "lipschitz": problem.lipschitz,

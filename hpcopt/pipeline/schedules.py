@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import UserError
+from ..errors import HpcoptError
 
 FORWARD, BACKWARD = "F", "B"
 KINDS = ("gpipe", "1f1b")
@@ -29,7 +29,7 @@ Op = tuple[str, int]
 def schedule(kind: str, stage: int, num_stages: int, samples: int) -> list[Op]:
     """The ops stage ``stage`` of ``num_stages`` runs, in order, for ``samples`` samples."""
     if kind not in KINDS:
-        raise UserError(f"unknown pipeline schedule {kind!r} (choose from {', '.join(KINDS)})")
+        raise HpcoptError(f"unknown pipeline schedule {kind!r} (choose from {', '.join(KINDS)})")
     if num_stages < 1 or samples < 1 or not 0 <= stage < num_stages:
         raise ValueError(f"need 0 <= stage < num_stages and samples >= 1, got stage {stage}, "
                          f"{num_stages} stages, {samples} samples")

@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from math import prod
 
-from ..errors import UserError
+from ..errors import HpcoptError
 from ..nn import Layer, Sequential
 
 
@@ -30,7 +30,7 @@ class StagePlan:
     def __post_init__(self) -> None:
         b = self.bounds
         if len(b) < 2 or b[0] != 0 or any(lo >= hi for lo, hi in zip(b[:-1], b[1:])):
-            raise UserError(f"stage bounds must rise strictly from 0 (every stage needs a "
+            raise HpcoptError(f"stage bounds must rise strictly from 0 (every stage needs a "
                             f"layer), got {list(b)}")
 
     @property
@@ -38,9 +38,9 @@ class StagePlan:
         return len(self.bounds) - 1
 
     def check_world_size(self, size: int) -> None:
-        """UserError unless the job has exactly one rank per stage (call it before any work)."""
+        """HpcoptError unless the job has exactly one rank per stage (call it before any work)."""
         if size != self.num_stages:
-            raise UserError(f"the pipeline has {self.num_stages} stage(s) but runs on {size} "
+            raise HpcoptError(f"the pipeline has {self.num_stages} stage(s) but runs on {size} "
                             f"rank(s): launch with mpiexec -n {self.num_stages}")
 
     @classmethod
@@ -48,7 +48,7 @@ class StagePlan:
         """Cut before each layer index in ``boundaries`` (Delta - 1 increasing indices)."""
         n = len(model.layers)
         if any(not 0 < b < n for b in boundaries):
-            raise UserError(f"stage boundaries must be layer indices in 1..{n - 1}, "
+            raise HpcoptError(f"stage boundaries must be layer indices in 1..{n - 1}, "
                             f"got {list(boundaries)}")
         return cls((0, *boundaries, n))
 
@@ -62,7 +62,7 @@ class StagePlan:
         layers = model.layers
         cuts = [i for i, layer in enumerate(layers) if i > 0 and _param_count(layer) > 0]
         if num_stages < 1 or num_stages - 1 > len(cuts):
-            raise UserError(f"cannot cut a model with {len(cuts) + 1} parameter block(s) into "
+            raise HpcoptError(f"cannot cut a model with {len(cuts) + 1} parameter block(s) into "
                             f"{num_stages} stages: give explicit stage boundaries")
         points = [0, *cuts, len(layers)]
         counts = [_param_count(layer) for layer in layers]
@@ -107,12 +107,12 @@ class StagePlan:
     def trainable_slice(self, model: Sequential, stage: int, frozen: Collection[str]) -> slice:
         """The trainable part of stage ``stage``'s block, relative to the block's start.
 
-        Empty (``slice(0, 0)``) for a frozen stage. UserError when the stage's trainable layers
+        Empty (``slice(0, 0)``) for a frozen stage. HpcoptError when the stage's trainable layers
         are not contiguous (a frozen layer with parameters between two trainable ones).
         """
         unknown = set(frozen) - {layer.name for layer in model.layers}
         if unknown:
-            raise UserError(f"frozen names no layer of the model: {sorted(unknown)}")
+            raise HpcoptError(f"frozen names no layer of the model: {sorted(unknown)}")
         offset, spans = 0, []
         for layer in self.layers(model, stage):
             n = _param_count(layer)
@@ -122,6 +122,6 @@ class StagePlan:
         if not spans:
             return slice(0, 0)
         if any(a[1] != b[0] for a, b in zip(spans[:-1], spans[1:])):
-            raise UserError(f"stage {stage}: trainable layers {[s[2] for s in spans]} are not "
+            raise HpcoptError(f"stage {stage}: trainable layers {[s[2] for s in spans]} are not "
                             "contiguous; freeze fewer layers or cut the stages differently")
         return slice(spans[0][0], spans[-1][1])

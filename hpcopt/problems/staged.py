@@ -85,7 +85,7 @@ class StageSetup:
 def setup_stage(problem: StagedProblem, comm: Comm, plan: StagePlan | None = None,
                 kind: str = "1f1b", label: str = "pipeline", dtype: Any = np.float64) -> StageSetup:
     """Cut ``problem`` into comm.size stages (balanced by parameter count unless ``plan``) and
-    build this rank's stage on ``comm.backend`` (the problem's ``xp``). UserError before any
+    build this rank's stage on ``comm.backend`` (the problem's ``xp``). HpcoptError before any
     communication when the sizes disagree."""
     plan = plan or StagePlan.balanced(problem.model, comm.size)
     backend = comm.backend

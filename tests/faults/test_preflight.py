@@ -8,7 +8,7 @@ import re
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from tests.faults.jobs import SMALL, run_job
 from tests.unit.test_cli import assert_one_line_error
 
@@ -33,8 +33,8 @@ def test_uneven_shards_run_the_same_number_of_steps_on_every_rank(tmp_path):
 def test_ranks_that_disagree_on_the_length_of_the_run_stop_before_the_first_step(tmp_path):
     code = ("import sys; from mpi4py import MPI; import hpcopt.build as b\n"
             "if MPI.COMM_WORLD.rank == 1:  # e.g. another copy of the data set on its node\n"
-            "    steps = b._steps_for_epochs\n"
-            "    b._steps_for_epochs = lambda *a: steps(*a) + 1\n"
+            "    steps = b._steps_per_epoch\n"
+            "    b._steps_per_epoch = lambda *a: steps(*a) + 1\n"
             "from hpcopt.cli import main\n"
             f"sys.exit(main(['train', *{SMALL!r}, '--epochs', '1', '--out', {str(tmp_path / 'run')!r}]))")
     job = run_job([], python_code=code)
@@ -58,7 +58,7 @@ def test_a_rank_count_the_algorithm_cannot_use_is_one_line_and_exit_2(tmp_path):
 
 def _train(tmp_path, **options):
     from hpcopt.comm import Comm
-    from hpcopt.train import train
+    from hpcopt import train
 
     values = {"dataset": "digits", "hidden": "12", "steps": "6", "interval": "4", "momentum": "0.9",
               "progress": "false", "out": str(tmp_path / "run"), **options}
@@ -87,7 +87,7 @@ def test_an_unwritable_checkpoint_directory_is_refused(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr("hpcopt.preflight.open", refuse, raising=False)
-    with pytest.raises(UserError, match="checkpoints is not writable: Permission denied"):
+    with pytest.raises(HpcoptError, match="checkpoints is not writable: Permission denied"):
         _train(tmp_path)
 
 

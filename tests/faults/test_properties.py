@@ -1,5 +1,5 @@
 """Property-based tests of the two readers of user input: random mutations of a valid config
-or of a valid checkpoint give the documented error (UserError: one line, exit 2) or a valid
+or of a valid checkpoint give the documented error (HpcoptError: one line, exit 2) or a valid
 result, and never any other exception; a checkpoint damaged on disk never loads with values
 that differ from the ones written (the content digest)."""
 
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcopt.config import Config, build_config, option_index
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.io.checkpoint import Checkpoint, read_checkpoint
 from hpcopt.io.digest import seal
 from tests.checkpoints import differences, small_checkpoint
@@ -50,7 +50,7 @@ def test_any_value_for_a_key_gives_a_config_or_a_user_error(key, value):
     tables[option_index()[key][0]][key] = value
     try:
         config = build_config(tables)
-    except UserError as exc:
+    except HpcoptError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
     assert isinstance(config, Config)
@@ -61,7 +61,7 @@ def test_any_value_for_a_key_gives_a_config_or_a_user_error(key, value):
 def test_any_flag_text_gives_a_config_or_a_user_error(key, text):
     try:
         config = build_config(None, {key: text})
-    except UserError as exc:
+    except HpcoptError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
     assert isinstance(config, Config)
@@ -87,7 +87,7 @@ def test_unknown_keys_and_sections_are_always_user_errors(section, name, value, 
             return
         tables[section] = value
         fragment = f"config section [{section}] must be a table"
-    with pytest.raises(UserError, match="^" + __import__("re").escape(fragment)):
+    with pytest.raises(HpcoptError, match="^" + __import__("re").escape(fragment)):
         build_config(tables)
 
 
@@ -102,7 +102,7 @@ def checkpoint(tmp_path_factory) -> Path:
 def _load_or_user_error(path: Path) -> Checkpoint | None:
     try:
         loaded = read_checkpoint(path)
-    except UserError as exc:
+    except HpcoptError as exc:
         assert str(path) in str(exc) and "\n" not in str(exc)
         return None
     assert np.isfinite(loaded.model).all()

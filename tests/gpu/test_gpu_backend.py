@@ -51,8 +51,8 @@ def test_oracle_on_gpu_matches_numpy(cupy, tmp_path, name):
     write_tiny_ptb(tmp_path / "ptb")
     write_tiny_mnist(tmp_path / "images")
     stand_in = SimpleNamespace(rank=0, size=1)
-    cpu = build_run(config("cpu", tmp_path, **MODELS[name]), stand_in)
-    gpu = build_run(config("gpu", tmp_path, **MODELS[name]), stand_in)
+    cpu = build_run(config("cpu", tmp_path, **MODELS[name]), stand_in).workload
+    gpu = build_run(config("gpu", tmp_path, **MODELS[name]), stand_in).workload
     assert isinstance(gpu.x0, cupy.ndarray) and gpu.x0.dtype == cupy.float64
     np.testing.assert_array_equal(cupy.asnumpy(gpu.x0), cpu.x0)
     grad_cpu, grad_gpu = np.zeros_like(cpu.x0), cupy.zeros_like(gpu.x0)

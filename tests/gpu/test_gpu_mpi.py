@@ -12,7 +12,7 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.mpi_support import cuda_aware_mpi
 from hpcopt.staging import DeviceTransport, PathChoice, choose_path, env_flag
-from hpcopt.train import train
+from hpcopt import train
 from tests.reference import celgc_reference, prsgd_reference, worker_parts
 from tests.runs import fresh_train
 
@@ -109,7 +109,7 @@ def test_celgc_lstm_on_gpu_matches_the_serial_reference(comm, cupy, staged, shar
     _, state = train(config, comm, verbose=False)
     parts = worker_parts(on_cpu(config), comm.size)
     schedule, algo = parts[0].algorithm.lr_at, config.algorithm
-    models, counts = celgc_reference(parts[0].x0, [p.problem.oracle for p in parts],
+    models, counts = celgc_reference(parts[0].workload.x0, [p.workload.problem.oracle for p in parts],
                                      config.run.steps, algo.interval, lr=schedule, gamma=algo.gamma,
                                      base_lr=algo.lr, momentum=algo.momentum)
     np.testing.assert_allclose(cupy.asnumpy(state.x), sum(models) / comm.size, rtol=1e-8, atol=1e-10)

@@ -9,9 +9,9 @@ from hpcopt.bench import run_bench
 from hpcopt.bench.allreduce import measure
 from hpcopt.config import build_config
 from hpcopt.costmodel import SETUP_LABELS, comm_modelled, get_profile, trace_comm_seconds, trace_modelled
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
-from hpcopt.train import train
+from hpcopt import train
 
 pytestmark = pytest.mark.mpi
 
@@ -36,7 +36,7 @@ def test_bench_allreduce_tiny(comm, tmp_path_factory, capsys):
 
 def test_bench_p2p_tiny(comm, capsys):
     if comm.size == 1:
-        with pytest.raises(UserError, match="needs 2 ranks"):
+        with pytest.raises(HpcoptError, match="needs 2 ranks"):
             run_bench("p2p", [])
         return
     assert run_bench("p2p", ["--max-bytes", "4K", "--reps", "5", "--window", "2"]) == 0
@@ -84,5 +84,5 @@ def test_delay_mode_sleeps_the_modelled_time(comm):
         assert average.calls == 2 and average.seconds >= 2 * 0.004
         assert summary.comm_seconds >= summary.modelled_seconds * 0.99
     assert comm.stats.delay is None
-    with pytest.raises(UserError, match="needs a profile"):
+    with pytest.raises(HpcoptError, match="needs a profile"):
         build_config(None, {"network_delay": "true"})

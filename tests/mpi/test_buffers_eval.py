@@ -15,10 +15,10 @@ import pytest
 
 from hpcopt.build import build_run
 from hpcopt.config import build_config
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.io.checkpoint import read_checkpoint
 from hpcopt.io.trace import read_trace
-from hpcopt.train import evaluate_average
+from hpcopt.run.data_parallel import evaluate_average
 from tests.conftest import host, use_device
 from tests.runs import fresh_train
 
@@ -46,9 +46,9 @@ def what_the_policy_leaves(buffers: np.ndarray, policy: str, comm) -> np.ndarray
 @pytest.mark.parametrize("policy", POLICIES)
 def test_mid_round_evaluation_uses_the_policys_statistics(comm, policy, device):
     parts = build_run(bn_config(policy, device=device), use_device(comm, device))
-    state = parts.algorithm.init(parts.x0, comm, buffers=parts.buffers)
+    state = parts.algorithm.init(parts.workload.x0, comm, buffers=parts.workload.buffers)
     for _ in range(2):  # half a round: the ranks' parameters and statistics differ
-        parts.algorithm.step(state, parts.problem.oracle, comm)
+        parts.algorithm.step(state, parts.workload.problem.oracle, comm)
     assert state.steps_in_round == 2
     x, buffers = state.x.copy(), state.buffers.copy()
     xp = parts.backend.xp
@@ -57,13 +57,13 @@ def test_mid_round_evaluation_uses_the_policys_statistics(comm, policy, device):
 
     np.testing.assert_array_equal(host(state.x), host(x))  # training state untouched
     np.testing.assert_array_equal(host(state.buffers), host(buffers))
-    assert parts.model.buffers is state.buffers
+    assert parts.workload.problem.model.buffers is state.buffers
     average = xp.asarray(np.stack(comm.mpi.allgather(host(x))).mean(axis=0))
-    expected = parts.evaluate(average, xp.empty_like(x), comm,
+    expected = parts.workload.evaluate(average, xp.empty_like(x), comm,
                               buffers=xp.asarray(what_the_policy_leaves(buffers, policy, comm)))
     assert got.accuracy == expected.accuracy
     assert got.loss == pytest.approx(expected.loss, rel=1e-12)
-    own = parts.evaluate(average, xp.empty_like(x), comm, buffers=buffers.copy())
+    own = parts.workload.evaluate(average, xp.empty_like(x), comm, buffers=buffers.copy())
     if policy != "local" and comm.size > 1:  # the ranks' own statistics would give another loss
         assert own.loss != pytest.approx(got.loss, rel=1e-12)
 
@@ -80,5 +80,5 @@ def test_policy_is_recorded_in_trace_and_checkpoint(comm, shared_dir, device):
         assert ckpt.config.algorithm.buffer_policy == "rank0"
         assert ckpt.rows["buffers"].shape == (comm.size, state.buffers.size)
     comm.mpi.Barrier()
-    with pytest.raises(UserError, match="cannot change buffer_policy"):
+    with pytest.raises(HpcoptError, match="cannot change buffer_policy"):
         fresh_train(bn_config("average", steps="8", out=str(out), device=device), resume=out)

@@ -15,7 +15,7 @@ import pytest
 from hpcopt.algorithms.buffers import BUFFERS_LABEL, check_buffer_policy, sync_buffers
 from hpcopt.algorithms.local_sgd import LocalSGD
 from hpcopt.data.sampler import MinibatchSampler
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.nn import plain_cnn
 from hpcopt.problems.classification import ClassificationProblem
 from hpcopt.rng import stream
@@ -108,6 +108,6 @@ def test_a_model_without_buffers_moves_nothing(comm, policy):
 
 
 def test_unknown_policy_is_a_user_error(comm):
-    with pytest.raises(UserError, match="local, average, rank0"):
+    with pytest.raises(HpcoptError, match="local, average, rank0"):
         sync_buffers(np.zeros(3), "mean", comm)
     assert check_buffer_policy("rank0") == "rank0"

@@ -7,7 +7,7 @@ import pytest
 from hpcopt.algorithms.pprs import PPRS, PipelinedAGD, pprs_noise
 from hpcopt.backend import get_backend
 from hpcopt.comm import node_layout
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.nn import Sequential, mlp, softmax_cross_entropy
 from hpcopt.nn.perturbation import AdditivePerturbation
 from hpcopt.pipeline import KINDS, Pipeline, StagePlan, ideal_bubble
@@ -219,6 +219,6 @@ def test_frozen_stages_stay_fixed_and_the_box_holds(comm):
 def test_world_size_must_equal_the_number_of_stages(comm):
     model = mlp(3, [3] * 5, 2)
     plan = StagePlan.explicit(model, list(range(2, 2 * comm.size + 1, 2)))  # size + 1 stages
-    with pytest.raises(UserError, match=f"{comm.size + 1} stage\\(s\\) but runs on {comm.size}"):
+    with pytest.raises(HpcoptError, match=f"{comm.size + 1} stage\\(s\\) but runs on {comm.size}"):
         Pipeline(model, plan, np.zeros(1), comm, (1, 3), source=lambda k: 0, sink=lambda k, o: 0)
     assert comm.stats.as_rows() == []

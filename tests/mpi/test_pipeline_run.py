@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
 from hpcopt.pipeline.run import train_pipeline
 from tests.runs import PIPELINE_TIME_COLUMNS, fresh_pipeline
@@ -72,7 +72,7 @@ def test_each_iteration_sends_k_activations_and_k_gradients_per_boundary(comm):
 
 def test_rank_count_must_fit_the_stage_plan_before_any_work(comm):
     cfg = config("", stages=",".join(str(i) for i in range(1, comm.size + 1)), steps=2)
-    with pytest.raises(UserError, match=f"{comm.size + 1} stage\\(s\\) but runs on {comm.size}"):
+    with pytest.raises(HpcoptError, match=f"{comm.size + 1} stage\\(s\\) but runs on {comm.size}"):
         train_pipeline(cfg, comm, verbose=False)
     assert {label for _, label, *_ in comm.stats.as_rows()} == {"preflight"}
 

@@ -6,7 +6,7 @@ import pytest
 
 from hpcopt.build import build_run
 from hpcopt.config import build_config
-from hpcopt.train import train
+from hpcopt import train
 from tests.conftest import data_pointer, host, on_devices, use_device
 from tests.reference import minibatch_sgd_reference, prsgd_reference
 
@@ -76,11 +76,11 @@ def test_averaging_traffic_is_exactly_floor_t_over_i_rounds_of_d_values(comm, de
 def test_parameter_buffer_is_never_reallocated(comm, device):
     config = small_config(momentum=0.9, momentum_policy="average", device=device)
     parts = build_run(config, use_device(comm, device))
-    state = parts.algorithm.init(parts.x0, comm)
+    state = parts.algorithm.init(parts.workload.x0, comm)
     pointers = [data_pointer(a) for a in (state.x, state.grad, state.momentum)]
     for _ in range(parts.local_steps):
-        parts.algorithm.step(state, parts.problem.oracle, comm)
-    assert state.x is parts.x0
+        parts.algorithm.step(state, parts.workload.problem.oracle, comm)
+    assert state.x is parts.workload.x0
     assert [data_pointer(a) for a in (state.x, state.grad, state.momentum)] == pointers
 
 

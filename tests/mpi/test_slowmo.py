@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from tests.reference import prsgd_reference
 from tests.runs import fresh_train
 
@@ -51,5 +51,5 @@ def test_no_slow_momentum_and_unit_slow_step_is_prsgd(comm):
     ({"algorithm": "prsgd", "slow_lr": 2}, "slow_lr applies only to --algorithm slowmo, not prsgd"),
 ])
 def test_bad_options_are_user_errors(overrides, message):
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         small_config(**overrides)

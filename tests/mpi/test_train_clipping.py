@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.train import train
+from hpcopt import train
 from tests.conftest import host, on_devices
 from tests.reference import celgc_reference, naive_clip_reference, worker_parts
 
@@ -26,7 +26,7 @@ def small_config(**overrides):
 def reference_inputs(config, size):
     parts = worker_parts(config, size)
     schedule = parts[0].algorithm.lr_at
-    return parts[0].x0, [p.problem.oracle for p in parts], schedule
+    return parts[0].workload.x0, [p.workload.problem.oracle for p in parts], schedule
 
 
 CASES = [

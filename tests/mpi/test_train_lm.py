@@ -11,7 +11,7 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.io.trace import read_trace
 from hpcopt.problems.language_model import LMEvaluation
-from hpcopt.train import train
+from hpcopt import train
 from tests.conftest import host
 from tests.mpi.lm_corpus import write_tiny_ptb
 from tests.reference import celgc_reference, worker_parts
@@ -42,7 +42,7 @@ def test_celgc_on_the_lstm_matches_the_serial_reference(comm, shared_dir, device
     algo = config.algorithm
     parts = worker_parts(config, comm.size)
     schedule = parts[0].algorithm.lr_at
-    models, counts = celgc_reference(parts[0].x0, [p.problem.oracle for p in parts],
+    models, counts = celgc_reference(parts[0].workload.x0, [p.workload.problem.oracle for p in parts],
                                      config.run.steps, algo.interval, lr=schedule, gamma=algo.gamma,
                                      base_lr=algo.lr, momentum=algo.momentum)
     np.testing.assert_allclose(host(state.x), sum(models) / comm.size, rtol=1e-9, atol=1e-12)

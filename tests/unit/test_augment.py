@@ -7,7 +7,7 @@ import pytest
 from hpcopt.backend import get_backend
 from hpcopt.data.augment import Augmentation, crop_flip
 from hpcopt.data.sampler import MinibatchSampler
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.nn import plain_cnn
 from hpcopt.problems.classification import ClassificationProblem
 from tests.conftest import host
@@ -54,7 +54,7 @@ def test_no_padding_and_no_flip_is_the_identity(xp):
     flipped = host(Augmentation(0, 0, pad=0)(x, 0, 0))
     assert all(np.array_equal(f, i) or np.array_equal(f, i[:, :, ::-1])
                for f, i in zip(flipped, x_host))
-    with pytest.raises(UserError, match="padding"):
+    with pytest.raises(HpcoptError, match="padding"):
         Augmentation(0, 0, pad=-1)
     with pytest.raises(ValueError, match="NCHW"):
         Augmentation(0, 0)(x[0], 0, 0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcopt.bench.common import parse_bytes, sizes_between
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,9 +24,9 @@ def hpcopt(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_sizes():
     assert parse_bytes("64K") == 65536 and parse_bytes("2M") == 2 << 20 and parse_bytes("100") == 100
     assert sizes_between(1, 16, 4) == [1, 4, 16]
-    with pytest.raises(UserError):
+    with pytest.raises(HpcoptError):
         parse_bytes("lots")
-    with pytest.raises(UserError):
+    with pytest.raises(HpcoptError):
         sizes_between(8, 4)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.flat import ParamLayout
 from hpcopt.io.checkpoint import (Checkpoint, find_checkpoint, prune, read_checkpoint, restore,
                                   write_checkpoint)
@@ -70,7 +70,7 @@ def test_newest_complete_checkpoint_is_found_and_old_ones_pruned(tmp_path):
     prune(directory, keep=2)
     assert sorted(p.name for p in directory.iterdir()) == ["step-000000008.h5", "step-000000012.h5"]
     (tmp_path / "empty").mkdir()
-    with pytest.raises(UserError, match="no checkpoint"):
+    with pytest.raises(HpcoptError, match="no checkpoint"):
         find_checkpoint(tmp_path / "empty")
 
 
@@ -83,7 +83,7 @@ def test_a_failed_restore_changes_nothing(tmp_path):
     ckpt = synthetic()
     state = DataParallelState(x=np.zeros(6), momentum=np.zeros(6))
     sampler = MinibatchSampler(np.arange(700), 8, seed=1, rank=0)  # the checkpoint has seed 0
-    with pytest.raises(UserError, match="seed"):
+    with pytest.raises(HpcoptError, match="seed"):
         restore(ckpt, 0, state, sampler, CPU)
     assert not state.x.any() and not state.momentum.any() and state.step == 0
     assert (sampler.epoch, sampler.position) == (0, 0)
@@ -129,7 +129,7 @@ def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_p
     assert find_checkpoint(tmp_path) == tmp_path / "step-000000001.h5"
     previous = read_checkpoint(tmp_path)
     np.testing.assert_array_equal(previous.rows["x"][0], np.full(6, 7.0))
-    with pytest.raises(UserError, match="incomplete checkpoint"):
+    with pytest.raises(HpcoptError, match="incomplete checkpoint"):
         read_checkpoint(tmp)
     prune(tmp_path, keep=1)  # the next successful write removes the leftover
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000001.h5"]
@@ -176,7 +176,7 @@ def test_trace_survives_kill_9_with_every_flushed_row(tmp_path):
 def good_checkpoint(tmp_path_factory):
     """A real checkpoint of a 1-rank run that ended mid-round, with momentum."""
     from hpcopt.comm import Comm
-    from hpcopt.train import train
+    from hpcopt import train
 
     out = tmp_path_factory.mktemp("good")
     config = build_config(None, {"dataset": "digits", "hidden": "12", "steps": "6", "interval": "4",
@@ -324,7 +324,7 @@ def test_only_safe_options_may_change_on_resume(option, value, allowed):
     if allowed:
         check_resume(stored, changed)
     else:
-        with pytest.raises(UserError, match=f"cannot change {option} when resuming"):
+        with pytest.raises(HpcoptError, match=f"cannot change {option} when resuming"):
             check_resume(stored, changed)
 
 
@@ -332,7 +332,7 @@ def test_the_run_length_is_fixed_with_the_sqrt_nt_schedule():
     from hpcopt.config import check_resume
 
     stored = build_config(None, {"steps": "20", "schedule": "sqrt_nt"})
-    with pytest.raises(UserError, match="sqrt_nt step size depends on the number of steps"):
+    with pytest.raises(HpcoptError, match="sqrt_nt step size depends on the number of steps"):
         check_resume(stored, build_config(None, {"steps": "40", "schedule": "sqrt_nt"}))
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcopt.child import ChildResult
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.io import digest
 from hpcopt.io.checkpoint import read_checkpoint, stored_config, write_checkpoint
 from hpcopt.io.digest import ATTRIBUTE, BLOCK_BYTES, content_digest
@@ -94,17 +94,17 @@ def test_edits_that_pass_every_other_check_are_refused(written, tmp_path, change
             f["comm"].attrs["counters"] = '[["allreduce", "average", 2, 48, 0.01]]'
         else:
             f["ranks"].attrs["note"] = "x"
-    with pytest.raises(UserError, match="content digest mismatch") as error:
+    with pytest.raises(HpcoptError, match="content digest mismatch") as error:
         read_checkpoint(bad, 0, 3)
     assert str(bad) in str(error.value) and MISMATCH in str(error.value)
-    with pytest.raises(UserError, match="content digest mismatch"):
+    with pytest.raises(HpcoptError, match="content digest mismatch"):
         read_checkpoint(bad)
 
 
 def test_a_damaged_config_is_reported_as_damage_when_merging_flags(written):
     with h5py.File(written, "a") as f:
         f.attrs["config"] = "[[["
-    with pytest.raises(UserError, match="content digest mismatch"):
+    with pytest.raises(HpcoptError, match="content digest mismatch"):
         stored_config(written)
 
 
@@ -132,7 +132,7 @@ def test_the_pipeline_format_is_sealed_and_verified_the_same_way(tmp_path):
     assert pipe.read(path, 2).stages[1].vectors["x"].tolist() == model[4:].tolist()
     with h5py.File(path, "a") as f:
         f["stages/1"].attrs["alpha"] = 0.2  # not covered by Fletcher-32
-    with pytest.raises(UserError, match=f"{path} {MISMATCH.replace('(', '.').replace(')', '.')}"):
+    with pytest.raises(HpcoptError, match=f"{path} {MISMATCH.replace('(', '.').replace(')', '.')}"):
         pipe.read(path, 2)
 
 
@@ -151,7 +151,7 @@ def test_a_child_reads_either_kind_whole_and_each_file_once(written, tmp_path, m
     assert started == [[str(written)], [str(pipeline)]]  # the second look at `written` is free
     with h5py.File(pipeline, "a") as f:  # a changed file (size, time) is vetted again
         f["stages/0"].attrs["alpha"] = 0.3
-    with pytest.raises(UserError, match=f"^{pipeline} .*content digest mismatch"):
+    with pytest.raises(HpcoptError, match=f"^{pipeline} .*content digest mismatch"):
         vet_checkpoint(pipeline)
     assert len(started) == 3
 
@@ -169,7 +169,7 @@ def test_the_childs_refusal_is_the_readers_message(written, damage):
                 del f.attrs[ATTRIBUTE]
     expected = {"digest": "content digest mismatch", "version": "format version 1; this hpcopt reads",
                 "not-hdf5": "is not an HDF5 file"}[damage]
-    with pytest.raises(UserError, match=expected) as error:
+    with pytest.raises(HpcoptError, match=expected) as error:
         vet_checkpoint(written)
     assert str(written) in str(error.value) and "hpcopt: error" not in str(error.value)
 
@@ -183,6 +183,6 @@ def test_a_crash_or_hang_while_reading_becomes_one_line(written, monkeypatch, en
     from hpcopt import child
 
     monkeypatch.setattr(child, "run_module", lambda *a: ended)
-    with pytest.raises(UserError) as error:
+    with pytest.raises(HpcoptError) as error:
         vet_checkpoint(written)
     assert str(error.value) == f"{written} is a damaged checkpoint: {message}"

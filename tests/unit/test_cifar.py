@@ -5,7 +5,7 @@ import pytest
 
 from hpcopt.data.cifar import RECORD_BYTES, TEST_FILE, TRAIN_FILES, read_cifar10_batch
 from hpcopt.data.datasets import as_images, load_dataset
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 
 def records(n, seed):
@@ -71,7 +71,7 @@ def test_as_images_adds_the_channel_axis_of_grey_images():
 def test_truncated_or_padded_files_are_user_errors(tmp_path, size, message):
     path = tmp_path / "bad.bin"
     path.write_bytes(bytes(size))
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         read_cifar10_batch(path)
 
 
@@ -80,23 +80,23 @@ def test_label_outside_0_to_9_is_a_user_error(tmp_path):
     raw[2 * RECORD_BYTES] = 10
     path = tmp_path / "bad.bin"
     path.write_bytes(bytes(raw))
-    with pytest.raises(UserError, match="record 2 has label 10"):
+    with pytest.raises(HpcoptError, match="record 2 has label 10"):
         read_cifar10_batch(path)
 
 
 def test_missing_files_path_and_python_version_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match="needs a path"):
+    with pytest.raises(HpcoptError, match="needs a path"):
         load_dataset("cifar10")
-    with pytest.raises(UserError, match="does not exist"):
+    with pytest.raises(HpcoptError, match="does not exist"):
         load_dataset("cifar10", path=str(tmp_path / "nowhere"))
     write_cifar(tmp_path)
     (tmp_path / "data_batch_3.bin").unlink()
-    with pytest.raises(UserError, match="lacks data_batch_3.bin"):
+    with pytest.raises(HpcoptError, match="lacks data_batch_3.bin"):
         load_dataset("cifar10", path=str(tmp_path))
     pickled = tmp_path / "python"
     pickled.mkdir()
     (pickled / "data_batch_1").write_bytes(b"\x80\x04 not to be unpickled")
-    with pytest.raises(UserError, match="never unpickles"):
+    with pytest.raises(HpcoptError, match="never unpickles"):
         load_dataset("cifar10", path=str(pickled))
-    with pytest.raises(UserError, match="does not exist"):
+    with pytest.raises(HpcoptError, match="does not exist"):
         read_cifar10_batch(tmp_path / "data_batch_3.bin")

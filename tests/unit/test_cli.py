@@ -110,7 +110,7 @@ def test_error_on_one_rank_only_ends_every_rank_with_its_rank_named():
 
 
 def test_a_crash_on_one_rank_aborts_the_job_with_its_traceback():
-    code = ("import sys; from mpi4py import MPI; import hpcopt.train as t\n"
+    code = ("import sys; from mpi4py import MPI; import hpcopt.run.runner as t\n"
             "if MPI.COMM_WORLD.rank == 1:\n"
             "    def boom(*a, **k): raise RuntimeError('injected failure')\n"
             "    t.Progress.due = boom\n"

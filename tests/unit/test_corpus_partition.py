@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from hpcopt.data.bptt import chunk_length, corpus_shard, rank_streams, streams_of
 from hpcopt.data.text import Corpus, shrink_train
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 KINDS = [("iid", {}), ("block", {}), ("dirichlet", {"alpha": 1e-3}), ("dirichlet", {"alpha": 0.1}),
          ("dirichlet", {"alpha": 10.0}), ("similarity", {"similarity": 0.0}),
@@ -29,7 +29,7 @@ def test_every_token_lands_on_exactly_one_rank_and_no_shard_is_empty(n, size, do
     starts = np.unique(np.linspace(0, n, documents, endpoint=False).astype(np.int64))
     name, options = kind
     if size > n:
-        with pytest.raises(UserError, match="every rank needs at least one"):
+        with pytest.raises(HpcoptError, match="every rank needs at least one"):
             positions(n, starts, name, size, seed, options)
         return
     shards = positions(n, starts, name, size, seed, options)
@@ -69,5 +69,5 @@ def test_shrink_train_keeps_the_head_of_every_document():
 
 
 def test_a_corpus_smaller_than_one_batch_is_a_user_error():
-    with pytest.raises(UserError, match="too small for one batch: rank 2 of 3 holds 5 tokens"):
+    with pytest.raises(HpcoptError, match="too small for one batch: rank 2 of 3 holds 5 tokens"):
         streams_of(np.arange(5), 3, 2, 3)

@@ -7,7 +7,7 @@ import pytest
 
 from hpcopt.costmodel import (NetworkProfile, fit_allreduce, get_profile,
                               predict_allreduce_seconds)
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 
 def test_formulas():
@@ -27,9 +27,9 @@ def test_named_and_custom_profiles():
     assert (custom.alpha, custom.beta) == (2e-6, pytest.approx(2e-10))
     assert get_profile("alpha=1e-6,beta=1e-9").beta == 1e-9
     for bad in ("nonet", "alpha=x,beta=1", "alpha=1", "alpha=1,beta=1,bandwidth=2", "gamma=1,alpha=1,beta=1"):
-        with pytest.raises(UserError):
+        with pytest.raises(HpcoptError):
             get_profile(bad)
-    with pytest.raises(UserError):
+    with pytest.raises(HpcoptError):
         NetworkProfile("neg", -1.0, 1.0)
 
 
@@ -41,7 +41,7 @@ def test_fit_recovers_the_parameters_of_synthetic_measurements():
     fitted = fit_allreduce(sizes, times, ranks=2)
     assert fitted.alpha == pytest.approx(true.alpha, rel=0.1)
     assert fitted.beta == pytest.approx(true.beta, rel=0.05)
-    with pytest.raises(UserError):
+    with pytest.raises(HpcoptError):
         fit_allreduce([1], [1e-6], ranks=2)
 
 
@@ -57,7 +57,7 @@ def test_fitting_bandwidth_on_large_sizes_takes_the_latency_from_the_small_ones(
     fitted = fit_allreduce(sizes, times, ranks, bandwidth_from=256 << 10)
     assert fitted.beta == pytest.approx(beta, rel=1e-9)
     assert fitted.alpha == pytest.approx(alpha, rel=1e-9)
-    with pytest.raises(UserError, match="from 1.67772e\\+07 bytes up"):
+    with pytest.raises(HpcoptError, match="from 1.67772e\\+07 bytes up"):
         fit_allreduce(sizes, times, ranks, bandwidth_from=16 << 20)
 
 
@@ -100,7 +100,7 @@ def test_the_network_option_is_checked():
 
     assert build_config(None, {"network": "ib100"}).run.network == "ib100"
     assert build_config(None, {"network": "alpha=1e-6,bandwidth=1e9"}).run.network
-    with pytest.raises(UserError, match="unknown network profile"):
+    with pytest.raises(HpcoptError, match="unknown network profile"):
         build_config(None, {"network": "token-ring"})
-    with pytest.raises(UserError, match="data-parallel"):
+    with pytest.raises(HpcoptError, match="data-parallel"):
         build_config(None, {"network": "eth10", "algorithm": "pprs"})

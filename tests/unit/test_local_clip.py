@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hpcopt.algorithms.local_clip import LocalClip, NaiveParallelClip
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 LR = {"lr": 0.5}
 STEP = {"lr": 2.0, "schedule": "step", "decay": 0.1, "milestones": (10,)}
@@ -28,14 +28,14 @@ STEP = {"lr": 2.0, "schedule": "step", "decay": 0.1, "milestones": (10,)}
 ])
 def test_bad_hyper_parameters_are_user_errors(kwargs, message):
     kwargs = {"gamma": 1.0, **kwargs}
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         LocalClip(**LR, **kwargs)
 
 
 def test_bad_step_size_is_a_user_error_and_the_baseline_validates_too():
-    with pytest.raises(UserError, match="lr must be > 0"):
+    with pytest.raises(HpcoptError, match="lr must be > 0"):
         LocalClip(lr=0.0, gamma=1.0)
-    with pytest.raises(UserError, match="gamma must be > 0"):
+    with pytest.raises(HpcoptError, match="gamma must be > 0"):
         NaiveParallelClip(**LR, gamma=0.0)
     assert LocalClip(**LR, gamma=math.inf).gamma == math.inf
 

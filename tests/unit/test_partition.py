@@ -13,7 +13,7 @@ from hpcopt.data.partition import (
     partition_indices,
     similarity_partition,
 )
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 
 BALANCED_KINDS = ("block", "iid")
@@ -28,7 +28,7 @@ def all_shards(kind, n, size, seed=0, **options):
 def test_shards_are_disjoint_cover_everything_and_balanced(n, size, seed):
     for kind in BALANCED_KINDS:
         if size > n:
-            with pytest.raises(UserError, match="every rank needs at least one"):
+            with pytest.raises(HpcoptError, match="every rank needs at least one"):
                 partition_indices(kind, n, 0, size, seed)
             continue
         shards = all_shards(kind, n, size, seed)
@@ -76,13 +76,13 @@ def test_iid_is_deterministic_per_seed_sorted_and_not_blocks():
 def test_unknown_kind_lists_the_valid_ones():
     assert PARTITION_KINDS == ("block", "iid", "dirichlet", "similarity")
     valid = ", ".join(PARTITION_KINDS)
-    with pytest.raises(UserError, match=f"unknown partition 'pathological'.*{valid}"):
+    with pytest.raises(HpcoptError, match=f"unknown partition 'pathological'.*{valid}"):
         partition_indices("pathological", 10, 0, 2, 0)
 
 
 def test_more_ranks_than_samples_is_a_user_error():
     message = "^5 ranks but only 3 samples: every rank needs at least one"
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         partition_indices("block", 3, 0, 5, 0)
 
 
@@ -110,7 +110,7 @@ def assert_exact_cover_non_empty(shards, n):
        alpha=st.sampled_from([1e-4, 0.01, 0.1, 0.5, 1.0, 100.0]))
 def test_dirichlet_shards_cover_everything_once_and_none_is_empty(labels, size, seed, alpha):
     if size > labels.size:
-        with pytest.raises(UserError, match="every rank needs at least one"):
+        with pytest.raises(HpcoptError, match="every rank needs at least one"):
             partition_indices("dirichlet", labels.size, 0, size, seed, labels=labels, alpha=alpha)
         return
     shards = all_shards("dirichlet", labels.size, size, seed, labels=labels, alpha=alpha)
@@ -183,7 +183,7 @@ def test_bad_label_partition_arguments_are_user_errors(options, message):
     options = dict(options)
     kind = options.pop("kind")
     options.setdefault("labels", np.arange(10) % 3)
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         partition_indices(kind, 10, 0, 2, 0, **options)
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 
 def test_pipeline_defaults_need_no_files_or_extra_flags():
@@ -31,7 +31,7 @@ def test_pipeline_defaults_need_no_files_or_extra_flags():
     ({"model": "plain_cnn"}, "pipeline algorithms train an mlp"),
 ])
 def test_bad_pprs_options_are_user_errors(overrides, match):
-    with pytest.raises(UserError, match=match):
+    with pytest.raises(HpcoptError, match=match):
         build_config(None, {"algorithm": "pprs", **overrides})
 
 
@@ -44,5 +44,5 @@ def test_bad_pprs_options_are_user_errors(overrides, match):
     ({"algorithm": "celgc", "stages": "2"}, "stages applies only to"),
 ])
 def test_pipeline_options_are_refused_where_they_do_not_apply(overrides, match):
-    with pytest.raises(UserError, match=match):
+    with pytest.raises(HpcoptError, match=match):
         build_config(None, overrides)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.pipeline import (BACKWARD, FORWARD, KINDS, ideal_bubble, max_in_flight, schedule,
                              schedules, simulate)
 
@@ -83,7 +83,7 @@ def test_simulation_detects_deadlock_and_malformed_schedules():
 def test_ideal_bubble_and_bad_arguments():
     assert ideal_bubble(1, 5) == 0
     assert ideal_bubble(2, 16) == pytest.approx(1 / 17)
-    with pytest.raises(UserError, match="unknown pipeline schedule"):
+    with pytest.raises(HpcoptError, match="unknown pipeline schedule"):
         schedule("zigzag", 0, 2, 4)
     with pytest.raises(ValueError):
         schedule("gpipe", 2, 2, 4)

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.nn import Linear, ReLU, Sequential, mlp
 from hpcopt.nn.perturbation import AdditivePerturbation
 from hpcopt.pipeline import StagePlan
@@ -41,11 +41,11 @@ def test_param_slices_tile_the_flat_vector_in_layer_order():
 
 def test_bad_splits_are_user_errors():
     model = mlp(6, [5], 3)
-    with pytest.raises(UserError, match="explicit stage boundaries"):
+    with pytest.raises(HpcoptError, match="explicit stage boundaries"):
         StagePlan.balanced(model, 3)
-    with pytest.raises(UserError, match="layer indices in 1..2"):
+    with pytest.raises(HpcoptError, match="layer indices in 1..2"):
         StagePlan.explicit(model, [3])
-    with pytest.raises(UserError, match="rise strictly"):
+    with pytest.raises(HpcoptError, match="rise strictly"):
         StagePlan.explicit(model, [2, 2])
 
 
@@ -58,9 +58,9 @@ def test_trainable_slice_with_frozen_layers():
     assert plan.trainable_slice(model, 1, frozen) == slice(0, 0)
     assert plan.trainable_slice(model, 0, ()) == slice(0, 12 + 35)
     assert plan.trainable_slice(model, 0, {"delta"}) == slice(12, 47)
-    with pytest.raises(UserError, match="not contiguous"):
+    with pytest.raises(HpcoptError, match="not contiguous"):
         StagePlan((0, 4)).trainable_slice(model, 0, {"fc1"})
-    with pytest.raises(UserError, match="no layer"):
+    with pytest.raises(HpcoptError, match="no layer"):
         plan.trainable_slice(model, 0, {"fc9"})
 
 
@@ -78,5 +78,5 @@ def test_additive_perturbation_gradient_sums_over_broadcast_axes():
 def test_world_size_check_names_the_launch_command():
     plan = StagePlan.explicit(mlp(6, [5, 4], 3), [2, 4])
     plan.check_world_size(3)
-    with pytest.raises(UserError, match="runs on 2 rank\\(s\\): launch with mpiexec -n 3"):
+    with pytest.raises(HpcoptError, match="runs on 2 rank\\(s\\): launch with mpiexec -n 3"):
         plan.check_world_size(2)

@@ -9,7 +9,7 @@ import pytest
 
 from hpcopt.algorithms.pprs import PPRS, Box, PipelinedAGD, PipelinedGD, pprs_noise, theory_horizon
 from hpcopt.backend import CPU, array_module, get_backend
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from tests.conftest import host
 
 
@@ -156,12 +156,12 @@ def test_theory_horizon():
      "smoothing"),
 ])
 def test_bad_hyper_parameters_are_user_errors(kwargs, match):
-    with pytest.raises(UserError, match=match):
+    with pytest.raises(HpcoptError, match=match):
         PPRS(**kwargs)
 
 
 def test_the_accelerated_loop_needs_its_context_when_it_starts(xp):
-    with pytest.raises(UserError, match="needs radius"):
+    with pytest.raises(HpcoptError, match="needs radius"):
         PPRS(outer="accelerated").init(xp.zeros(3), fake_comm(xp))
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
 from hpcopt.report import AXES, PIPELINE_AXES, figures, load_traces, run_labels, write_report
 from tests.unit.test_cli import assert_one_line_error, launch
@@ -19,7 +19,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def two_runs(tmp_path_factory):
     """Two finished 1-rank runs that differ in the averaging interval, with evaluations."""
     from hpcopt.comm import Comm
-    from hpcopt.train import train
+    from hpcopt import train
 
     root = tmp_path_factory.mktemp("runs")
     paths = []
@@ -82,7 +82,7 @@ def test_identical_settings_are_told_apart_by_directory(two_runs, tmp_path):
 
 def test_missing_matplotlib_is_a_clear_error(two_runs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(UserError, match=r"pip install 'hpcopt\[plot\]'"):
+    with pytest.raises(HpcoptError, match=r"pip install 'hpcopt\[plot\]'"):
         write_report(two_runs, tmp_path / "report")
 
 
@@ -97,7 +97,7 @@ def test_report_command_line(two_runs, tmp_path):
 
 def test_language_model_runs_are_reported_by_perplexity(tmp_path):
     from hpcopt.comm import Comm
-    from hpcopt.train import train
+    from hpcopt import train
 
     out = tmp_path / "lm"
     config = build_config(None, {"dataset": "shakespeare", "model": "lstm", "hidden": "8",
@@ -140,7 +140,7 @@ def test_pipeline_runs_get_loss_and_bubble_panels_and_their_own_table(two_runs, 
     table = (tmp_path / "report" / "report.md").read_text()
     assert "| bubble measured | bubble ideal | messages |" in table
     assert table.count("`" + str(tmp_path)) == 2
-    with pytest.raises(UserError, match="one kind"):
+    with pytest.raises(HpcoptError, match="one kind"):
         write_report([paths[0], two_runs[0]], tmp_path / "mixed")
 
 
@@ -150,12 +150,12 @@ def test_traces_are_read_in_a_child_first_and_damage_names_the_file(two_runs, tm
 
     broken = tmp_path / "broken.h5"
     broken.write_bytes(two_runs[1].read_bytes()[:3000])  # a run killed while writing its trace
-    with pytest.raises(UserError, match=f"^{broken} is a damaged"):
+    with pytest.raises(HpcoptError, match=f"^{broken} is a damaged"):
         load_traces([two_runs[0], broken])
     # where HDF5 itself crashes, the child's last "reading" line names the trace
     monkeypatch.setattr(child, "run_module",
                         lambda *a: ChildResult(-11, "SIGSEGV", f"reading {two_runs[1]}"))
-    with pytest.raises(UserError) as error:
+    with pytest.raises(HpcoptError) as error:
         load_traces(two_runs)
     assert str(error.value) == (f"{two_runs[1]} is a damaged trace: the process that checked it "
                                 "crashed reading it (SIGSEGV)")

@@ -5,7 +5,7 @@ import pytest
 
 from hpcopt.data.partition import iid_partition
 from hpcopt.data.sampler import MinibatchSampler
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from tests.conftest import host
 
 
@@ -76,7 +76,7 @@ def test_restore_continues_exactly(shard, stop_after):
     (35, r"batch size 35 is larger than the shard of rank 1 \(34 samples\)"),
 ])
 def test_bad_batch_sizes_are_user_errors(shard, batch_size, message):
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         MinibatchSampler(shard, batch_size, seed=0, rank=1)
 
 
@@ -94,14 +94,14 @@ def test_bad_batch_sizes_are_user_errors(shard, batch_size, message):
 ])
 def test_restore_rejects_bad_states(shard, change, message):
     sampler = MinibatchSampler(shard, 10, seed=0, rank=1)
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         sampler.restore({**sampler.state(), **change})
     assert (sampler.epoch, sampler.position) == (0, 0)
 
 
 def test_restore_rejects_missing_keys(shard):
     sampler = MinibatchSampler(shard, 10, seed=0, rank=1)
-    with pytest.raises(UserError, match="keys"):
+    with pytest.raises(HpcoptError, match="keys"):
         sampler.restore({"epoch": 0})
 
 

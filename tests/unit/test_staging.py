@@ -9,7 +9,7 @@ import pytest
 from hpcopt import staging
 from hpcopt.backend import CPU, Backend, get_backend, gpu_for_local_rank
 from hpcopt.config import build_config, check_resume
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 from hpcopt.mpi_support import singleton_environment
 from hpcopt.staging import (HOST_PATH, PathChoice, choose_path, env_flag, gpu_report,
                             run_selftest, transport_for)
@@ -27,7 +27,7 @@ def test_env_flag_reads_0_1_or_unset(text, value):
 
 @pytest.mark.parametrize("text", ["yes", "true", "2", "-1", "on"])
 def test_env_flag_rejects_anything_else_in_one_line(text):
-    with pytest.raises(UserError, match=f"{AWARE} must be 0 or 1, got '{text}'"):
+    with pytest.raises(HpcoptError, match=f"{AWARE} must be 0 or 1, got '{text}'"):
         env_flag(AWARE, {AWARE: text})
 
 
@@ -74,7 +74,7 @@ def test_selftest_checks_a_straight_choice_and_passes():
 
 
 def test_selftest_turns_a_wrong_override_into_a_clear_error():
-    with pytest.raises(UserError) as error:
+    with pytest.raises(HpcoptError) as error:
         transport_for(FakeDeviceBackend(), {AWARE: "1", SELFTEST: "1"},
                       selftest=lambda device: "crashed the test process (SIGSEGV)")
     message = str(error.value)
@@ -95,7 +95,7 @@ def test_selftest_child_reports_a_crash_instead_of_dying():
 
 
 def test_wrong_override_is_caught_end_to_end_with_the_real_child():
-    with pytest.raises(UserError, match="SIGSEGV"):
+    with pytest.raises(HpcoptError, match="SIGSEGV"):
         transport_for(FakeDeviceBackend(), {AWARE: "1", SELFTEST: "1"},
                       selftest=lambda device: run_selftest(device, memory="invalid", timeout=60))
 
@@ -147,20 +147,20 @@ def test_get_backend_selects_the_device_of_the_local_rank(monkeypatch):
 
 def test_get_backend_without_cupy_or_gpu_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
-    with pytest.raises(UserError, match="needs CuPy"):
+    with pytest.raises(HpcoptError, match="needs CuPy"):
         get_backend("gpu", 0)
     monkeypatch.setitem(sys.modules, "cupy", stub_cupy(count=0, available=False))
-    with pytest.raises(UserError, match="finds no CUDA device"):
+    with pytest.raises(HpcoptError, match="finds no CUDA device"):
         get_backend("gpu", 0)
-    with pytest.raises(UserError, match="unknown device 'tpu'"):
+    with pytest.raises(HpcoptError, match="unknown device 'tpu'"):
         get_backend("tpu")
 
 
 def test_device_option_is_checked_and_may_change_on_resume():
-    with pytest.raises(UserError, match="device must be one of cpu, gpu, got 'tpu'"):
+    with pytest.raises(HpcoptError, match="device must be one of cpu, gpu, got 'tpu'"):
         build_config(None, {"device": "tpu"})
     check_resume(build_config(None, {"device": "gpu"}), build_config(None, {"device": "cpu"}))
-    with pytest.raises(UserError, match="cannot change lr"):
+    with pytest.raises(HpcoptError, match="cannot change lr"):
         check_resume(build_config(None, {"device": "gpu"}), build_config(None, {"lr": "0.5"}))
 
 
@@ -192,10 +192,10 @@ def test_info_report_with_a_gpu_runs_the_selftest(monkeypatch):
 
 
 def test_train_on_gpu_without_cupy_stops_before_building_anything(monkeypatch):
-    from hpcopt.train import train
+    from hpcopt import train
 
     monkeypatch.setitem(sys.modules, "cupy", None)
     config = build_config(None, {"device": "gpu", "steps": "2", "progress": "false"})
-    with pytest.raises(UserError, match="needs CuPy") as error:
+    with pytest.raises(HpcoptError, match="needs CuPy") as error:
         train(config, verbose=False)
     assert error.value.everywhere  # agreed by all ranks: each exits 2, rank 0 prints one line

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hpcopt.data.synthetic import SyntheticProblem, least_squares, logistic_regression
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 PROBLEMS = {
     "least_squares": lambda: least_squares(n=60, d=5, noise=0.3, seed=1),
@@ -75,5 +75,5 @@ def test_problems_are_deterministic_per_seed():
     (lambda: least_squares(0, 2, 0.1, 0), "n >= 1 and d >= 1"),
 ])
 def test_bad_parameters_are_user_errors(make, message):
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         make()

@@ -5,7 +5,7 @@ import pytest
 
 from hpcopt.data.bptt import BpttSampler, rank_streams
 from hpcopt.data.text import CORPORA, EOS, UNK, load_corpus, shakespeare_plays, spoken_text
-from hpcopt.errors import UserError
+from hpcopt.errors import HpcoptError
 
 PLAY = """# A Play
 
@@ -70,9 +70,9 @@ def test_shakespeare_split_takes_fractions_per_play(shakespeare):
     # the default split's test part (the last 5% of every play) holds the new one's (last 2%)
     assert shakespeare.decode(shakespeare.test[-1000:]) == other.decode(other.test[-1000:])
     for fractions in ((0.0, 0.1), (0.5, 0.5), (0.1, -0.1)):
-        with pytest.raises(UserError, match="fractions"):
+        with pytest.raises(HpcoptError, match="fractions"):
             load_corpus("shakespeare", None, *fractions)
-    with pytest.raises(UserError, match="takes no path"):
+    with pytest.raises(HpcoptError, match="takes no path"):
         load_corpus("shakespeare", "/tmp")
 
 
@@ -103,17 +103,17 @@ def test_word_corpus_adds_unk_when_training_text_has_none(tmp_path):
 
 
 def test_word_corpus_errors(tmp_path):
-    with pytest.raises(UserError, match="needs a path"):
+    with pytest.raises(HpcoptError, match="needs a path"):
         load_corpus("ptb")
-    with pytest.raises(UserError, match="does not exist"):
+    with pytest.raises(HpcoptError, match="does not exist"):
         load_corpus("ptb", str(tmp_path / "missing"))
     write(tmp_path, "ptb.train.txt", "a b\n")
-    with pytest.raises(UserError, match="ptb.valid.txt does not exist"):
+    with pytest.raises(HpcoptError, match="ptb.valid.txt does not exist"):
         load_corpus("ptb", str(tmp_path))
     write(tmp_path, "ptb.train.txt", "")
-    with pytest.raises(UserError, match="is empty"):
+    with pytest.raises(HpcoptError, match="is empty"):
         load_corpus("ptb", str(tmp_path))
-    with pytest.raises(UserError, match="unknown corpus 'enwik8'.*" + ", ".join(CORPORA)):
+    with pytest.raises(HpcoptError, match="unknown corpus 'enwik8'.*" + ", ".join(CORPORA)):
         load_corpus("enwik8")
 
 
@@ -128,9 +128,9 @@ def test_rank_streams_are_contiguous_blocks_cut_into_columns():
 
 
 def test_rank_streams_errors():
-    with pytest.raises(UserError, match="too small for one batch"):
+    with pytest.raises(HpcoptError, match="too small for one batch"):
         rank_streams(np.arange(10), 3, rank=1, size=2)  # 5 tokens, 3 streams of 1
-    with pytest.raises(UserError, match="batch size"):
+    with pytest.raises(HpcoptError, match="batch size"):
         rank_streams(np.arange(10), 0)
 
 
@@ -168,12 +168,12 @@ def test_bptt_sampler_state_restores_the_same_windows():
 def test_bptt_sampler_rejects_bad_states(change, message):
     sampler = BpttSampler(np.arange(40).reshape(20, 2), bptt=3)
     state = {**sampler.state(), **change}
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(HpcoptError, match=message):
         sampler.restore(state)
 
 
 def test_bptt_sampler_errors():
-    with pytest.raises(UserError, match="bptt must be at least 1"):
+    with pytest.raises(HpcoptError, match="bptt must be at least 1"):
         BpttSampler(np.zeros((5, 2), dtype=np.int64), bptt=0)
-    with pytest.raises(UserError, match="L >= 2"):
+    with pytest.raises(HpcoptError, match="L >= 2"):
         BpttSampler(np.zeros((1, 2), dtype=np.int64), bptt=3)

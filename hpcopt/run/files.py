@@ -1,5 +1,5 @@
-"""What both training loops (data-parallel and pipeline) share: the run directory and id, the
-trace file, and SIGTERM turned into a flag the loop checks at its ticks."""
+"""A run's files and signals: the run directory and id, the trace file, the header's last
+lines, and SIGTERM turned into a flag the runner checks at its ticks."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .comm import Comm
-from .config import Config, to_toml
-from .errors import UserError
-from .io import checkpoint as ckpt_io
-from .io import trace as trace_io
-from .io import versions
+from ..comm import Comm
+from ..config import Config, to_toml
+from ..errors import HpcoptError
+from ..io import checkpoint as ckpt_io
+from ..io import trace as trace_io
+from ..io import versions
 
 
 class StopSignal:
@@ -81,17 +81,17 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
                resume_at: tuple[int, int] | None, extra_columns: Sequence[str] = (),
                network: dict[str, Any] | None = None) -> trace_io.TraceWriter | None:
     """Rank 0 makes the run directory and, when tracing, opens the trace with ``extra_columns``
-    (and modelled communication columns when ``network`` describes a profile); UserError if a
+    (and modelled communication columns when ``network`` describes a profile); HpcoptError if a
     new run would overwrite another run's files. None on the other ranks."""
     if comm.rank != 0 or out is None:
         return None
     try:
         (out / ckpt_io.SUBDIR).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"cannot create the run directory {out}: {exc.strerror}") from None
+        raise HpcoptError(f"cannot create the run directory {out}: {exc.strerror}") from None
     path = out / trace_io.FILE_NAME
     if resume_at is None and (path.exists() or ckpt_io.has_checkpoints(out)):
-        raise UserError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
+        raise HpcoptError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
                         "or choose another --out")
     if not config.run.trace:
         return None
@@ -104,7 +104,7 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
 
 
 def header_end(out: Path | None, resumed_at: str, comm: Comm) -> str:
-    """The last lines of a run's header, the same for both loops: the run directory, where a
+    """The last lines of a run's header, the same for every workload: the run directory, where a
     resumed run continues (``resumed_at``, e.g. "RUN/checkpoints/step-000000008.h5 at step
     8"; "" when new), and on the GPU the device and how MPI reaches it."""
     lines = [f"run directory {out or 'none'}"]

@@ -1,0 +1,56 @@
+"""Running a workload on every rank: ``train`` picks the data-parallel or the pipeline session
+(by the algorithm's workload) and hands it to the runner (``hpcopt.run.runner``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..build import Workload
+    from ..comm import Comm
+    from ..config import Config
+    from ..faults import FaultPlan
+    from ..problems.staged import StagedProblem
+
+
+def train(config: Config | None = None, comm: Comm | None = None, verbose: bool = True,
+          resume: str | Path | None = None, faults: FaultPlan | None = None,
+          workload: Workload | StagedProblem | None = None) -> tuple[Any, Any]:
+    """Train with ``config`` (default: ``Config()``, PR-SGD on MNIST-5k); the summary and this
+    rank's final algorithm state.
+
+    ``workload``: a data-parallel ``hpcopt.build.Workload`` (e.g. from ``hpcopt.torch``) or,
+    for the pipeline algorithms, a ``StagedProblem``, in place of the one the config's [data]
+    and [model] sections describe. ``resume``: a checkpoint to continue from bit for bit.
+    Files go to ``config.run.out`` (empty, the default here: none; the command line defaults
+    to ``runs/{time}``). ``faults``: a debug fault to inject (hpcopt.faults).
+
+    Data-parallel algorithms (PR-SGD, CELGC, the naive clipping baseline, SlowMo or any other
+    registered one) return (``data_parallel.Summary``, the state); pipeline algorithms (PPRS,
+    pipelined GD and AGD: one rank per stage) return (``PipelineSummary``, the stage's state).
+    At the end of a data-parallel run every rank holds the averaged model. Failure handling
+    (docs/failures.md): checks before the first step (hpcopt.preflight), the stall watchdog
+    (``stall_timeout``), NaN/Inf (``on_nonfinite``), SIGTERM (a checkpoint, then
+    ``summary.stopped``).
+    """
+    from ..build import Workload
+    from ..comm import Comm
+    from ..config import PIPELINE_ALGORITHMS, Config
+    from ..errors import HpcoptError
+    from ..problems.staged import StagedProblem
+
+    config = config or Config()
+    comm = comm or Comm()
+    pipeline = config.algorithm.algorithm in PIPELINE_ALGORITHMS
+    if pipeline and (workload is None or isinstance(workload, StagedProblem)):
+        from ..pipeline.run import train_pipeline
+
+        return train_pipeline(config, comm, verbose, resume, problem=workload, faults=faults)
+    if not pipeline and (workload is None or isinstance(workload, Workload)):
+        from .data_parallel import train_data_parallel
+
+        return train_data_parallel(config, comm, verbose, resume, faults, workload)
+    wanted = "a StagedProblem" if pipeline else "an hpcopt.Workload"
+    raise HpcoptError(f"--algorithm {config.algorithm.algorithm} trains {wanted}, "
+                    f"not a {type(workload).__name__}")

@@ -1,0 +1,398 @@
+"""Data-parallel training: every rank holds a model, the algorithm averages them.
+
+The workload (``hpcopt.build.Workload``: from the config's [data] and [model] sections, or
+from user code) plugs into the runner (``hpcopt.run.runner``) through this module's session.
+Ticks are those of ``algorithm.clock``; at a tick the runner asks, in order:
+
+1. evaluation of the averaged model (a copy is averaged mid-round, label "eval");
+2. a trace row: the window's reduction (one small non-blocking collective, label "trace")
+   starts, and the previous row's finishes, so no rank waits for it on the step path;
+3. a checkpoint of the averaged model and every rank's state.
+
+After the last tick: a row for a partial last window, the "final" average when the run ended
+mid-round (with the batch-norm buffer policy on the same label), the final evaluation. On the
+same number of ranks a resumed run's losses, parameters and trace are bitwise the uninterrupted
+run's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..algorithms.buffers import sync_buffers
+from ..algorithms.data_parallel import DataParallelState
+from ..algorithms.local_sgd import AVERAGE_LABEL
+from ..build import RunParts, Workload, build_run
+from ..comm import Comm
+from ..config import Config, check_resume
+from ..costmodel import (
+    SETUP_LABELS,
+    comm_modelled,
+    get_profile,
+    main_ops,
+    network_delay,
+    profile_attrs,
+)
+from ..errors import HpcoptError
+from ..faults import FaultPlan
+from ..io import checkpoint as ckpt_io
+from ..io import trace as trace_io
+from ..nonfinite import StepGuard
+from ..preflight import agree_ticks, estimate
+from ..problems.classification import Evaluation
+from ..problems.language_model import LMEvaluation
+from ..threads import ThreadChoice
+from .runner import RunFiles, Ticks, run
+
+State = DataParallelState
+
+
+@dataclass
+class Summary:
+    """What a run reports (identical on every rank). ``final`` is None when it was stopped."""
+
+    steps: int
+    rounds: int
+    final: Evaluation | LMEvaluation | None
+    train_loss: float
+    wall_seconds: float
+    comm_seconds: float            # mean over ranks, while the wall clock runs (no set-up labels)
+    bytes_per_rank: float          # mean over ranks, all labels
+    average_bytes_per_rank: float  # the algorithm's own label
+    parameters: int
+    workers: int
+    samples_per_second: float      # all ranks together (tokens for a language model)
+    threads: ThreadChoice
+    out: str = ""
+    checkpoint: str = ""           # the newest checkpoint written
+    stopped: bool = False          # stopped early by SIGTERM (a checkpoint was written)
+    history: list[tuple[int, Evaluation | LMEvaluation]] = field(default_factory=list)
+    unit: str = "samples"          # what samples_per_second counts: samples or tokens
+    clip_fraction: float | None = None  # clipping algorithms: clipped steps / steps, all ranks
+    network: str = ""              # --network: the cost-model profile, and the communication
+    modelled_seconds: float = 0.0  # seconds it models for this run's calls (mean over ranks)
+
+    def lines(self) -> list[str]:
+        comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
+        final = self.final
+        if isinstance(final, LMEvaluation):
+            first = (f"test perplexity   {final.perplexity:.3f} (loss {final.loss:.4f}, "
+                     f"{final.tokens} tokens)")
+        elif final is not None and math.isnan(final.accuracy):  # e.g. a regression workload
+            first = f"test loss         {final.loss:.6g} ({final.samples} samples)"
+        elif final is not None:
+            first = (f"test accuracy     {final.accuracy:.4f} (loss {final.loss:.4f}, "
+                     f"{final.samples} samples)")
+        else:
+            first = "stopped           by SIGTERM before the end; resume from the checkpoint below"
+        clipped = ([f"clipped           {100 * self.clip_fraction:.1f}% of the steps (all ranks)"]
+                   if self.clip_fraction is not None else [])
+        modelled = ([f"network model     {self.network}: {self.modelled_seconds:.3f} s of communication "
+                     f"(measured {self.comm_seconds:.3f} s)"] if self.network else [])
+        return [
+            first,
+            f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",
+            f"steps             {self.steps} per rank, {self.rounds} averaging rounds",
+            *clipped,
+            f"communicated      {_megabytes(self.bytes_per_rank)} per rank "
+            f"({_megabytes(self.average_bytes_per_rank)} averaging the {self.parameters:,} parameters)",
+            f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
+            *modelled,
+            f"throughput        {self.samples_per_second:,.0f} {self.unit}/s over {self.workers} rank(s)",
+            f"threads           {self.threads.describe()}",
+            f"files             {self.out or 'none'} (checkpoint {self.checkpoint or 'none'})",
+        ]
+
+
+def _megabytes(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.2f} MB"
+
+
+def evaluate_average(parts: RunParts, state: State, scratch: Any,
+                     comm: Comm) -> Evaluation | LMEvaluation:
+    """Evaluate the averaged model without disturbing training (a copy is averaged, label eval).
+
+    Batch-norm statistics: at a round boundary the ones the policy left; mid-round a copy of
+    them with the policy applied (label eval)."""
+    evaluate = parts.workload.evaluate
+    if parts.algorithm.synchronized(state):
+        return evaluate(state.x, state.grad, comm)  # every rank holds the average already
+    scratch[...] = state.x
+    model = comm.average_(scratch, label="eval")
+    buffers = state.buffers
+    if buffers is None:
+        return evaluate(model, state.grad, comm)
+    copy = buffers.copy()
+    sync_buffers(copy, parts.algorithm.buffer_policy, comm, label="eval")
+    return evaluate(model, state.grad, comm, buffers=copy)
+
+
+def _evaluation_fields(evaluation: Evaluation | LMEvaluation | None, lm: bool) -> dict[str, float]:
+    """The trace's evaluation columns: eval_loss, and eval_accuracy or (LMs) eval_perplexity."""
+    fields = {"eval_loss": evaluation.loss if evaluation else np.nan,
+              "eval_accuracy": getattr(evaluation, "accuracy", np.nan)}
+    if lm:
+        fields["eval_perplexity"] = getattr(evaluation, "perplexity", np.nan)
+    return fields
+
+
+class DataParallelWorkload:
+    """The runner's view of a data-parallel run: ``workload`` (None: the config's) trained by
+    the configured algorithm, with ``faults`` (hpcopt.faults) injected for tests."""
+
+    noun = "step"
+
+    def __init__(self, workload: Workload | None = None, faults: FaultPlan | None = None) -> None:
+        self.workload, self.faults = workload, faults
+
+    def read_checkpoint(self, path: str | Path, comm: Comm) -> ckpt_io.Checkpoint:
+        return ckpt_io.read_checkpoint(path, comm.rank, comm.size, verify=False)
+
+    def build(self, config: Config, comm: Comm, ckpt: Any) -> DataParallelSession:
+        return DataParallelSession(config, comm, build_run(config, comm, self.workload), self.faults)
+
+
+class DataParallelSession:
+    """A data-parallel run in progress on this rank (the runner's ``Session``)."""
+
+    state: State  # from start()
+    scratch: Any  # a vector like state.x, for averages that must not touch it
+
+    def __init__(self, config: Config, comm: Comm, parts: RunParts,
+                 faults: FaultPlan | None) -> None:
+        self.config, self.comm, self.parts = config, comm, parts
+        comm.backend = parts.backend
+        self.algorithm, self.workload = parts.algorithm, parts.workload
+        workload = parts.workload
+        self.window = trace_io.Window(parts.backend, clipping=parts.clipping)
+        run = config.run
+        self.ticks = Ticks(self.algorithm.clock_ticks(parts.total_steps), run.trace_every,
+                           run.eval_every, run.checkpoint_every)
+        self.network = get_profile(run.network) if run.network else None
+        self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
+        self.oracle = self.window.traced(self.guard.wrap(workload.problem.oracle,
+                                                         lambda: self.state.step))
+        self.history: list[tuple[int, Evaluation | LMEvaluation]] = []
+        self.checkpoint = ""
+        self.resumed_from = ""  # the checkpoint this run continues (for a NaN/Inf message)
+        self.files: RunFiles | None = None
+        self.tracing = False
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def progress(self) -> int:
+        return self.state.step
+
+    def start(self, comm: Comm) -> None:
+        """The algorithm's initial state (it broadcasts x0), then every rank must run as many
+        ticks."""
+        workload, algorithm = self.workload, self.algorithm
+        self.state = (algorithm.init(workload.x0, comm) if workload.buffers is None
+                      else algorithm.init(workload.x0, comm, buffers=workload.buffers))
+        self.scratch = self.parts.backend.xp.empty_like(self.state.x)
+        agree_ticks(self.ticks.total, self.parts.local_steps, comm)
+
+    def restore(self, ckpt: ckpt_io.Checkpoint) -> None:
+        """Check that ``ckpt`` fits this run, then load this rank's part."""
+        path, layout = ckpt.path, self.workload.layout
+        check_resume(ckpt.config, self.config)
+        if ckpt.layout != layout:
+            raise HpcoptError(f"{path}: its model ({_describe(ckpt.layout)}) does not match the "
+                            f"model its config describes ({_describe(layout)})")
+        if ckpt.tick >= self.ticks.total:
+            raise HpcoptError(f"{path} is at step {ckpt.tick} of {self.ticks.total}: the run is "
+                            "complete (pass --steps N with N larger to train further)")
+        carried = self.workload.carried
+        self.window.restore(ckpt_io.restore(ckpt, self.comm.rank, self.state,
+                                            self.workload.problem.sampler, self.comm.backend,
+                                            carried[1] if carried else None))
+        if self.algorithm.clock(self.state) != ckpt.tick:
+            raise HpcoptError(f"{path}: its counters do not match its tick {ckpt.tick}")
+        self.resumed_from = str(path)
+
+    def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
+        extra = (("clip_fraction",) if self.parts.clipping else ()) + \
+            (("eval_perplexity",) if self.workload.language_model else ())
+        return extra, profile_attrs(self.network) if self.network else {}
+
+    def parameters(self) -> int:
+        return self.workload.layout.size
+
+    def checkpoint_bytes(self) -> int:
+        return estimate(self.parts, self.comm.size)
+
+    def header(self, threads: ThreadChoice) -> str:
+        cfg, parts = self.config, self.parts
+        settings = self.algorithm.describe()
+        if self.workload.buffers is not None:
+            settings += f", buffer_policy {self.algorithm.buffer_policy}"
+        return (f"hpcopt train: {cfg.algorithm.algorithm} on {self.workload.description} "
+                f"({self.parameters():,} parameters, {cfg.run.dtype}), {self.comm.size} rank(s), "
+                f"{settings}, {parts.total_steps} steps, {threads.describe()}")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def begin(self, files: RunFiles, ckpt: ckpt_io.Checkpoint | None) -> None:
+        self.files, self.config = files, files.config
+        self.tracing = files.config.run.trace and files.out is not None
+        if ckpt is not None:
+            ckpt_io.restore_counters(ckpt.comm, self.comm)
+        self.window.armed = self._arm((ckpt.tick if ckpt else 0) + 1)
+
+    def _arm(self, tick: int) -> bool:
+        """Take ||g|| on the steps up to ``tick`` when it ends a traced row."""
+        return self.tracing and (self.ticks.row_due(tick) or tick == self.ticks.total)
+
+    def steps_left(self) -> int:
+        return self.parts.local_steps - self.state.step
+
+    def step(self) -> int | None:
+        loss = self.algorithm.step(self.state, self.oracle, self.comm)
+        if self.guard.kept():
+            self.window.add(loss, getattr(self.state, "clipped", False))  # clipping algorithms' flag
+        tick = self.algorithm.clock(self.state)
+        if tick is not None:
+            self.window.armed = self._arm(tick + 1)
+        return tick
+
+    def evaluate(self, tick: int) -> Evaluation | LMEvaluation:
+        evaluation = evaluate_average(self.parts, self.state, self.scratch, self.comm)
+        self.history.append((tick, evaluation))
+        return evaluation
+
+    def row(self, tick: int, evaluation: Evaluation | LMEvaluation | None,
+            stop: bool) -> list[trace_io.Row]:
+        """Finish the previous row's reduction and start this tick's."""
+        finished = self.window.complete(self.comm)
+        state = self.state
+        fields = {"step": state.step, "rounds": state.rounds, "wall": self._files().wall(),
+                  "lr": self.algorithm.lr_at(max(state.step - 1, 0)),
+                  **_evaluation_fields(evaluation, self.workload.language_model)}
+        row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm, self.network))
+        self.window.post(self.comm, stop, row)
+        self.guard.window_skips = 0
+        return self._publish(finished)
+
+    def finish_rows(self) -> list[trace_io.Row]:
+        return self._publish(self.window.complete(self.comm))
+
+    def _publish(self, rows: list[trace_io.Row]) -> list[trace_io.Row]:
+        writer = self._files().writer
+        if writer is not None:
+            if self.network is not None:
+                writer.ops.update(main_ops(self.comm.stats.counters))
+            for row in rows:
+                assert row.stats is not None
+                stats = {"loss_mean": row.stats.loss_mean, "loss_max": row.stats.loss_max,
+                         "grad_norm": row.stats.grad_norm, "grad_norm_max": row.stats.grad_norm_max}
+                if self.parts.clipping:
+                    stats["clip_fraction"] = row.stats.clip_fraction
+                writer.append({**row.fields, **stats}, row.comm)
+        return rows
+
+    def check_rows(self, rows: list[trace_io.Row], tick: int) -> None:
+        self.guard.check_rows(rows, tick, self.checkpoint or self.resumed_from, self.finish_rows)
+
+    def note(self, row: trace_io.Row) -> str:
+        assert row.stats is not None
+        return f"loss {row.stats.loss_mean:.4f} | rounds {row.fields['rounds']}"
+
+    def save(self, tick: int) -> None:
+        """Write the checkpoint of this tick (rank 0 writes, then prunes old ones)."""
+        files, state, comm = self._files(), self.state, self.comm
+        if files.writer is not None:
+            files.writer.flush()  # the checkpoint counts only rows that are on disk
+        model = state.x
+        synchronized = self.algorithm.synchronized(state)
+        if not synchronized:
+            self.scratch[...] = state.x
+            model = comm.average_(self.scratch, label=ckpt_io.LABEL)
+        assert files.out is not None
+        self.guard.check_model(model, tick, self.checkpoint or self.resumed_from)
+        path = ckpt_io.checkpoint_path(files.out, tick)
+        at = ckpt_io.Position(files.config, self.workload.layout, tick, files.run_id,
+                              files.writer.rows if files.writer else 0, files.wall())
+        carried = self.workload.carried
+        ckpt_io.save(path, comm, at, state, synchronized=synchronized, model=model,
+                     sampler=self.workload.problem.sampler, window=self.window.fold(),
+                     hidden=carried[0]() if carried else None,
+                     before_commit=self.guard.commit_hook(tick))
+        if comm.rank == 0:
+            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints)
+        self.checkpoint = str(path)
+
+    def last_rows(self, tick: int) -> list[trace_io.Row]:
+        window = self.window
+        rows = self.row(tick, None, False) if window.steps or window.losses or self.guard.window_skips else []
+        return rows + self.finish_rows()
+
+    def final(self) -> Evaluation | LMEvaluation:
+        if not self.algorithm.synchronized(self.state):
+            self.algorithm.finish(self.state, self.comm, label="final")
+        self.parts.backend.synchronize()
+        return evaluate_average(self.parts, self.state, self.scratch, self.comm)
+
+    def summarize(self, final: Evaluation | LMEvaluation | None, train_loss: float,
+                  threads: ThreadChoice, stopped: bool, show: bool) -> Summary:
+        self.guard.report(self.comm, show)
+        comm, state, parts, files = self.comm, self.state, self.parts, self._files()
+        totals = comm.stats.totals()
+        modelled = (sum(seconds for label, seconds in
+                        comm_modelled(comm.stats.counters, comm.size, self.network).items()
+                        if label not in SETUP_LABELS) if self.network else 0.0)
+        timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
+        local = np.array([timed_seconds, totals.bytes, comm.stats.totals(AVERAGE_LABEL).bytes,
+                          self.workload.processed(state.step), int(getattr(state, "clip_count", 0)),
+                          state.step, modelled])
+        comm.allreduce_host_(local, label="summary")
+        wall = float(comm.allreduce_host_(np.array([files.wall()]), op=MPI.MAX, label="summary")[0])
+        size = comm.size
+        return Summary(steps=state.step, rounds=state.rounds, final=final, train_loss=train_loss,
+                       wall_seconds=wall, comm_seconds=local[0] / size, bytes_per_rank=local[1] / size,
+                       average_bytes_per_rank=local[2] / size, parameters=self.parameters(),
+                       workers=size, samples_per_second=local[3] / wall if wall else 0.0,
+                       threads=threads, out=str(files.out or ""), checkpoint=self.checkpoint,
+                       stopped=stopped, history=self.history, unit=self.workload.unit,
+                       network=self.network.name if self.network else "",
+                       modelled_seconds=local[6] / size,
+                       clip_fraction=((float(local[4] / local[5]) if local[5] else 0.0)
+                                      if parts.clipping else None))
+
+    def trace_summary(self, final: Evaluation | LMEvaluation, summary: Summary) -> dict[str, Any]:
+        state = self.state
+        return {"step": state.step, "rounds": state.rounds, "wall": self._files().wall(),
+                "bytes": sum(c[1] for c in trace_io.comm_totals(self.comm).values()),
+                **_final_fields(final), "checkpoint": self.checkpoint}
+
+    def _files(self) -> RunFiles:
+        assert self.files is not None, "begin() comes first"
+        return self.files
+
+
+def _describe(layout: Any) -> str:
+    return ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in layout.entries)
+
+
+def _final_fields(final: Evaluation | LMEvaluation) -> dict[str, Any]:
+    """The trace summary's attributes of the final evaluation."""
+    if isinstance(final, LMEvaluation):
+        return {"eval_loss": final.loss, "eval_perplexity": final.perplexity,
+                "eval_tokens": final.tokens}
+    return {"eval_loss": final.loss, "eval_accuracy": final.accuracy, "eval_samples": final.samples}
+
+
+def train_data_parallel(config: Config, comm: Comm, verbose: bool = True,
+                        resume: str | Path | None = None, faults: FaultPlan | None = None,
+                        workload: Workload | None = None) -> tuple[Summary, State]:
+    """``hpcopt.train`` for the data-parallel algorithms (see there)."""
+    comm.averaging = config.run.averaging
+    if config.run.network_delay:  # sleep what the modelled network would take, after every call
+        comm.stats.delay = network_delay(get_profile(config.run.network), comm.size)
+    summary, session = run(DataParallelWorkload(workload, faults), config, comm, verbose, resume)
+    return summary, session.state

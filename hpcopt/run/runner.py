@@ -1,0 +1,259 @@
+"""The runner: one loop for every workload (data-parallel, pipeline, or a user's own).
+
+It owns what every run shares: threads and the GPU, reading the checkpoint to resume from,
+agreement across ranks on each set-up step (``hpcopt.comm.agreed``: a problem found on one
+rank ends every rank with the same message), the run directory and trace file, SIGTERM, the
+stall watchdog, progress lines and the summary. A workload builds a :class:`Session` on each
+rank; the runner drives it through the ticks of the run (the points every rank passes in the
+same order), and at a tick t:
+
+1. ``session.evaluate`` when ``eval_every`` divides t;
+2. ``session.row`` when ``trace_every`` or ``eval_every`` divides t: a trace row carrying
+   the SIGTERM flag, so the ranks agree to stop at the first finished row that shows it,
+   without an extra collective;
+3. ``session.save`` when ``checkpoint_every`` divides t, at the last tick, or when stopping
+   (the rows in flight are finished first, so a checkpoint counts every row before it).
+
+After the last tick, ``session.last_rows`` and ``session.final`` (the partial last window,
+the end of a partial round, the final evaluation), then ``session.summarize``. A resumed run
+restores the session at a checkpoint's tick and then performs exactly the operations the
+uninterrupted run performs after it, so its results are bitwise the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..backend import CPU
+from ..comm import Comm, agreed, node_layout
+from ..config import Config
+from ..io import trace as trace_io
+from ..io.vet import vet_checkpoint
+from ..preflight import check_output
+from ..progress import Progress
+from ..staging import prepare_gpu
+from ..threads import ThreadChoice, configure_threads
+from ..watchdog import watching
+from .files import StopSignal, header_end, open_trace, run_directory
+
+
+@dataclass(frozen=True)
+class Ticks:
+    """When things happen: the run's length in ticks and the ``[run]`` intervals."""
+
+    total: int
+    trace_every: int
+    eval_every: int = 0
+    checkpoint_every: int = 0
+
+    def evaluation_due(self, tick: int) -> bool:
+        return bool(self.eval_every and tick % self.eval_every == 0)
+
+    def row_due(self, tick: int) -> bool:
+        return tick % self.trace_every == 0 or self.evaluation_due(tick)
+
+    def checkpoint_due(self, tick: int) -> bool:
+        return tick == self.total or bool(self.checkpoint_every and tick % self.checkpoint_every == 0)
+
+
+@dataclass
+class RunFiles:
+    """What the runner sets up for a session: the run directory, the trace, the wall clock."""
+
+    config: Config                       # with ``run.out`` the run directory chosen
+    out: Path | None                     # None: no files (no trace, no checkpoints)
+    run_id: str
+    writer: trace_io.TraceWriter | None  # rank 0 only, when tracing
+    wall_before: float                   # seconds of earlier segments (a resumed run)
+    started: float = 0.0
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
+
+
+class Session(Protocol):
+    """One rank's side of a run, as the runner drives it. Methods marked collective are
+    called on every rank in the same order."""
+
+    ticks: Ticks
+    state: Any       # the algorithm's state on this rank, from start() (``hpcopt.train`` returns it)
+    checkpoint: str  # the newest checkpoint written ("" for none)
+
+    def progress(self) -> int:
+        """Steps this rank has taken (the stall watchdog's measure of progress)."""
+
+    def start(self, comm: Comm) -> None:
+        """Collective: the algorithm's initial state, and checks that need every rank's numbers
+        (e.g. the same number of ticks)."""
+
+    def restore(self, ckpt: Any) -> None:
+        """Continue from checkpoint ``ckpt`` (no communication)."""
+
+    def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """The trace's extra columns and attributes."""
+
+    def parameters(self) -> int:
+        """The model's size, for the trace's attributes."""
+
+    def checkpoint_bytes(self) -> int:
+        """An upper bound of one checkpoint's size, checked against the free space."""
+
+    def header(self, threads: ThreadChoice) -> str:
+        """The first line of the run's header."""
+
+    def begin(self, files: RunFiles, ckpt: Any) -> None:
+        """Collective: the clocks start (after the start barrier); ``files`` are the run's."""
+
+    def steps_left(self) -> int:
+        """The steps this rank still takes."""
+
+    def step(self) -> int | None:
+        """One step; the tick it ends, or None when it ends none."""
+
+    def evaluate(self, tick: int) -> Any:
+        """Collective: evaluate the model at ``tick``."""
+
+    def row(self, tick: int, evaluation: Any, stop: bool) -> list[trace_io.Row]:
+        """Collective: start the trace row of ``tick``; the rows finished by now."""
+
+    def finish_rows(self) -> list[trace_io.Row]:
+        """Collective: finish the rows in flight; they are returned."""
+
+    def check_rows(self, rows: list[trace_io.Row], tick: int) -> None:
+        """Raise (on every rank alike) if a finished row shows divergence."""
+
+    def note(self, row: trace_io.Row) -> str:
+        """What a progress line says about a finished row (its loss first)."""
+
+    def save(self, tick: int) -> None:
+        """Collective: write the checkpoint of ``tick``."""
+
+    def last_rows(self, tick: int) -> list[trace_io.Row]:
+        """Collective: the row of a partial last window, and the rows in flight."""
+
+    def final(self) -> Any:
+        """Collective: end the run (e.g. a partial round's average) and evaluate its model."""
+
+    def summarize(self, final: Any, train_loss: float, threads: ThreadChoice,
+                  stopped: bool, show: bool) -> Any:
+        """Collective: the summary, the same on every rank."""
+
+    def trace_summary(self, final: Any, summary: Any) -> dict[str, Any]:
+        """The trace's attributes at the end of a finished run."""
+
+
+class Workload(Protocol):
+    """Something to train: reads its checkpoints and builds a session on each rank."""
+
+    noun: str  # what a tick is called in messages: "step" or "iteration"
+
+    def read_checkpoint(self, path: str | Path, comm: Comm) -> Any:
+        """This rank's part of checkpoint ``path`` (no communication)."""
+
+    def build(self, config: Config, comm: Comm, ckpt: Any) -> Session:
+        """This rank's session (no communication)."""
+
+
+def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
+        resume: str | Path | None = None) -> tuple[Any, Session]:
+    """Run ``workload`` on every rank of ``comm``, continuing from checkpoint ``resume`` when
+    given; the summary and this rank's session. Files go to ``config.run.out`` (``{time}`` in
+    it becomes the start time; empty: no files). With a run directory, SIGTERM makes the ranks
+    agree at the next trace row, write a checkpoint and stop (``summary.stopped``)."""
+    _, local_size = node_layout(comm.mpi)
+    threads = configure_threads(local_size)
+    if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
+        agreed(lambda: prepare_gpu(comm, node_layout(comm.mpi)[0]), comm)
+    else:
+        comm.backend = CPU
+    ckpt = None
+    if resume:  # rank 0 has a child process read the whole file (hpcopt.io.vet) and check its
+        # digest; then each rank reads its own part
+        agreed(lambda: vet_checkpoint(resume) if comm.rank == 0 else None, comm)
+        ckpt = agreed(lambda: workload.read_checkpoint(resume, comm), comm)
+    session = agreed(lambda: workload.build(config, comm, ckpt), comm)
+    session.start(comm)
+    if ckpt is not None:
+        agreed(lambda: session.restore(ckpt), comm)
+    out, run_id = run_directory(config, ckpt, comm)
+    config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out or "")))
+    columns, attrs = session.trace_columns()
+    writer = agreed(lambda: open_trace(config, out, run_id, comm, session.parameters(),
+                                       (ckpt.trace_rows, ckpt.tick) if ckpt else None,
+                                       columns, attrs), comm)
+    agreed(lambda: check_output(out, session.checkpoint_bytes(), comm), comm)
+    files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0)
+    show = verbose and config.run.progress and comm.rank == 0
+    if show:
+        resumed = f"{ckpt.path} at {workload.noun} {ckpt.tick}" if ckpt else ""
+        print(f"{session.header(threads)}\n{header_end(out, resumed, comm)}", flush=True)
+    try:
+        with StopSignal(out is not None) as stop_signal, \
+                watching(comm, config.run.stall_timeout, session.progress):
+            summary = _loop(session, files, comm, ckpt, stop_signal, threads, show)
+    finally:
+        comm.stats.delay = None  # the network delay mode ends with the run
+        if writer is not None:
+            writer.close()
+    if show:
+        print("summary\n  " + "\n  ".join(summary.lines()), flush=True)
+    if summary.stopped and verbose and comm.rank == 0:
+        print(f"hpcopt: SIGTERM: stopped at {workload.noun} {session.progress()} after writing "
+              f"{summary.checkpoint}; continue with: mpiexec -n {comm.size} python -m hpcopt "
+              f"resume {summary.checkpoint}", flush=True)
+    return summary, session
+
+
+def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal: StopSignal,
+          threads: ThreadChoice, show: bool) -> Any:
+    ticks = session.ticks
+    progress = Progress(ticks.total, show)
+    train_loss, report_due, stopped = math.nan, False, False
+    tick = ckpt.tick if ckpt else 0
+    comm.barrier(label="start")
+    session.begin(files, ckpt)
+    files.started = time.perf_counter()
+    progress.start -= files.wall_before
+    for _ in range(session.steps_left()):
+        ended = session.step()
+        if ended is None:
+            continue
+        tick = ended
+        report_due = progress.due(tick) or report_due
+        evaluation = session.evaluate(tick) if ticks.evaluation_due(tick) else None
+        rows = session.row(tick, evaluation, stop_signal.raised) if ticks.row_due(tick) else []
+        stopped = tick < ticks.total and any(_stats(row).stop for row in rows)
+        save = files.out is not None and (stopped or ticks.checkpoint_due(tick))
+        if save or stopped:
+            rows += session.finish_rows()
+        session.check_rows(rows, tick)
+        for row in rows:
+            train_loss = _stats(row).loss_mean
+            if report_due:
+                progress.report(row.tick, session.note(row))
+                report_due = False
+        if save:
+            session.save(tick)
+        if stopped:
+            break
+    final = None
+    if not stopped:
+        rows = session.last_rows(tick)
+        session.check_rows(rows, tick)
+        for row in rows:
+            train_loss = _stats(row).loss_mean
+        final = session.final()
+    summary = session.summarize(final, train_loss, threads, stopped, show)
+    if files.writer is not None and final is not None:
+        files.writer.finish(session.trace_summary(final, summary))
+    return summary
+
+
+def _stats(row: trace_io.Row) -> trace_io.WindowStats:
+    assert row.stats is not None, "a finished row has its statistics"
+    return row.stats
