@@ -13,7 +13,7 @@ import sys
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, cast
 
 from .algorithms.base import PIPELINE, create, option, option_fields, registry
 from .algorithms.base import names as algorithm_names
@@ -153,7 +153,40 @@ class ModelConfig:
         return self.model == "resnet" or (self.model == "plain_cnn" and self.batch_norm)
 
 
-def _algorithm_section() -> Any:
+class AlgorithmSection(Protocol):
+    """The ``[algorithm]`` section as a type checker sees it. ``AlgorithmConfig`` is a frozen
+    dataclass made at import from the registry (``_algorithm_section``), so no checker can read
+    its fields; they are declared here, with the types their classes give them
+    (tests/unit/test_config_types.py checks each declaration against the made class). An
+    option left undeclared still works: only reading it as an attribute of ``config.algorithm``
+    does not type-check until it is added here."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    algorithm: str
+    lr: float
+    schedule: str
+    decay: float
+    milestones: tuple[int, ...]
+    momentum: float
+    nesterov: bool
+    buffer_policy: str
+    interval: int
+    momentum_policy: str
+    local_steps: tuple[int, ...]
+    gamma: float
+    weight_decay: float
+    clip_norm: str
+    participation: float
+    pipeline: str
+    samples: int
+    smoothing: float
+    outer: str
+    slow_momentum: float
+    slow_lr: float
+
+
+def _algorithm_section() -> type[AlgorithmSection]:
     """The ``[algorithm]`` section: the algorithm's name and the options of every registered
     algorithm (``hpcopt.algorithms``; the first class to define a shared name, such as lr, gives
     its default and help). A run takes the options of its algorithm's class; another one's
@@ -165,9 +198,12 @@ def _algorithm_section() -> Any:
         for f in option_fields(cls):
             if all(f.name != entry[0] for entry in entries):
                 entries.append((f.name, hints[f.name], field(default=f.default, metadata=f.metadata)))
-    return dataclasses.make_dataclass("AlgorithmConfig", entries, frozen=True,
+    made = dataclasses.make_dataclass("AlgorithmConfig", entries, frozen=True,
                                       namespace={"__post_init__": _check_algorithm,
                                                  "__module__": __name__})
+    # make_dataclass returns a plain ``type``: its fields are the registry's, declared for the
+    # checker by AlgorithmSection
+    return cast("type[AlgorithmSection]", made)
 
 
 def _check_algorithm(section: Any) -> None:
@@ -252,7 +288,7 @@ class RunConfig:
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: Any = field(default_factory=AlgorithmConfig)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
@@ -288,8 +324,7 @@ class Config:
         if not pipeline:
             for section, name in (("data", "problem"), ("data", "images"), ("data", "eps"),
                                   ("data", "shots"), ("model", "stages")):
-                cls = SECTIONS[section]
-                if getattr(getattr(self, section), name) != cls.__dataclass_fields__[name].default:
+                if getattr(getattr(self, section), name) != _default(SECTIONS[section], name):
                     raise UserError(f"{name} applies only to --algorithm "
                                     f"{' or '.join(PIPELINE_ALGORITHMS)}")
             return
@@ -305,6 +340,11 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {section.name: dataclasses.asdict(getattr(self, section.name)) for section in fields(self)}
+
+
+def _default(cls: type, name: str) -> Any:
+    """The default of the field ``name`` of the dataclass ``cls``."""
+    return next(f.default for f in fields(cls) if f.name == name)
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]

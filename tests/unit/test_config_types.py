@@ -1,0 +1,24 @@
+"""The declarations a type checker reads for what is made at import: AlgorithmSection for the
+generated AlgorithmConfig, AlgorithmClass for the registry's classes."""
+
+import dataclasses
+import typing
+
+from hpcopt.algorithms.base import AlgorithmClass, registry
+from hpcopt.config import AlgorithmConfig, AlgorithmSection
+
+
+def test_algorithm_section_declares_generated_fields_with_their_types():
+    declared = {name: hint for name, hint in typing.get_type_hints(AlgorithmSection).items()
+                if name != "__dataclass_fields__"}
+    generated = {f.name: f.type for f in dataclasses.fields(AlgorithmConfig)}
+    assert {name: generated.get(name) for name in declared} == declared
+
+
+def test_every_registered_class_declares_the_class_attributes_of_algorithm_class():
+    wanted = list(typing.get_type_hints(AlgorithmClass))
+    assert set(wanted) == {"name", "workload", "clips", "implied"}
+    for name, cls in registry().items():
+        assert cls.name == name
+        for attribute in wanted:
+            assert hasattr(cls, attribute), f"{cls.__qualname__} has no {attribute}"
