@@ -13,7 +13,7 @@ import sys
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, cast
 
 from .algorithms.base import PIPELINE, create, option, option_fields, registry
 from .algorithms.base import names as algorithm_names
@@ -154,7 +154,21 @@ class ModelConfig:
         return self.model == "resnet" or (self.model == "plain_cnn" and self.batch_norm)
 
 
-def _algorithm_section() -> Any:
+class AlgorithmSection(Protocol):
+    """The ``[algorithm]`` section as a type checker sees it. ``AlgorithmConfig`` is a frozen
+    dataclass made at import from the registry (``_algorithm_section``): its fields are the
+    registered algorithms' options, declared once, in their classes. A checker knows
+    ``algorithm`` and reads any other option as ``Any``; the algorithm object built from the
+    section (``hpcopt.algorithms.base.create``) is the typed view of its options."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    algorithm: str
+
+    def __getattr__(self, name: str) -> Any: ...
+
+
+def _algorithm_section() -> type[AlgorithmSection]:
     """The ``[algorithm]`` section: the algorithm's name and the options of every registered
     algorithm (``hpcopt.algorithms``; the first class to define a shared name, such as lr, gives
     its default and help). A run takes the options of its algorithm's class; another one's
@@ -166,9 +180,11 @@ def _algorithm_section() -> Any:
         for f in option_fields(cls):
             if all(f.name != entry[0] for entry in entries):
                 entries.append((f.name, hints[f.name], field(default=f.default, metadata=f.metadata)))
-    return dataclasses.make_dataclass("AlgorithmConfig", entries, frozen=True,
+    made = dataclasses.make_dataclass("AlgorithmConfig", entries, frozen=True,
                                       namespace={"__post_init__": _check_algorithm,
                                                  "__module__": __name__})
+    # make_dataclass returns a plain ``type``; AlgorithmSection is how a checker reads it
+    return cast("type[AlgorithmSection]", made)
 
 
 def _check_algorithm(section: Any) -> None:
@@ -253,7 +269,7 @@ class RunConfig:
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: Any = field(default_factory=AlgorithmConfig)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
@@ -290,8 +306,7 @@ class Config:
         if not pipeline:
             for section, name in (("data", "problem"), ("data", "images"), ("data", "eps"),
                                   ("data", "shots"), ("model", "stages")):
-                cls = SECTIONS[section]
-                if getattr(getattr(self, section), name) != cls.__dataclass_fields__[name].default:
+                if getattr(getattr(self, section), name) != _default(SECTIONS[section], name):
                     raise HpcoptError(f"{name} applies only to --algorithm "
                                     f"{' or '.join(PIPELINE_ALGORITHMS)}")
             return
@@ -307,6 +322,11 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {section.name: dataclasses.asdict(getattr(self, section.name)) for section in fields(self)}
+
+
+def _default(cls: type, name: str) -> Any:
+    """The default of the field ``name`` of the dataclass ``cls``."""
+    return next(f.default for f in fields(cls) if f.name == name)
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]

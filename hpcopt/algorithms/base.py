@@ -26,7 +26,7 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from ..errors import HpcoptError
 
@@ -74,6 +74,17 @@ def context_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if _CONTEXT in f.metadata)
 
 
+class AlgorithmClass(Protocol):
+    """What every registered algorithm class declares (the registry's values are these
+    classes, constructed by ``create`` from their option and context fields)."""
+
+    name: ClassVar[str]
+    workload: ClassVar[str]
+    clips: ClassVar[bool]      # whether its state counts clipped steps (trace column clip_fraction)
+    #: Options of other algorithms it accepts at the value it embodies (naive_clip: interval 1).
+    implied: ClassVar[dict[str, Any]]
+
+
 class DataParallelAlgorithm(Protocol):
     """What the data-parallel runner (``hpcopt.train``) calls.
 
@@ -100,11 +111,11 @@ class DataParallelAlgorithm(Protocol):
 
 
 @lru_cache(maxsize=1)
-def registry() -> dict[str, type]:
+def registry() -> dict[str, type[AlgorithmClass]]:
     """Algorithm name -> class, from every module of ``hpcopt.algorithms`` (in module order)."""
     from .. import algorithms
 
-    found: dict[str, type] = {}
+    found: dict[str, type[AlgorithmClass]] = {}
     for module_info in sorted(pkgutil.iter_modules(algorithms.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{algorithms.__name__}.{module_info.name}")
         for value in vars(module).values():
@@ -114,7 +125,10 @@ def registry() -> dict[str, type]:
                 if name in found and found[name] is not value:
                     raise TypeError(f"two algorithms are called {name!r}: "
                                     f"{found[name].__qualname__} and {value.__qualname__}")
-                found[name] = value
+                # a dataclass with a ``name``: by convention (ScheduledSGD, _Pipelined) it also
+                # declares AlgorithmClass's other class attributes, which no check here can see
+                # (tests/unit/test_config_types.py checks every registered class)
+                found[name] = cast("type[AlgorithmClass]", value)
     return dict(sorted(found.items(), key=lambda item: _ORDER.get(item[0], len(_ORDER))))
 
 

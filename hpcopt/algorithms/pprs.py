@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ..comm import Comm
 
 Array = Any
+T = TypeVar("T")
 Perturb = Callable[[int, Array], None]
 OUTER_LOOPS = ("nesterov", "accelerated")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")  # hpcopt.pipeline.schedules.KINDS
@@ -94,6 +95,15 @@ class PipelineState:
     alpha: float = scalar(1.0)
 
 
+def _held(value: T | None, name: str) -> T:
+    """The PipelineState field ``name``, one that only some loops hold (None in the others):
+    a state made by the algorithm's ``init`` holds it wherever the step reads it."""
+    if value is None:
+        raise RuntimeError(f"PipelineState.{name} is None: the state was not made by this "
+                           "algorithm's init (or for another outer loop or momentum)")
+    return value
+
+
 def pprs_noise(seed: int, step: int, sample: int, stage: int, size: int) -> np.ndarray:
     """X_k's block on stage s at iteration t: float64 N(0, I) from stream(seed, "pprs", t, k, s)."""
     return stream(seed, NOISE_PURPOSE, step, sample, stage).standard_normal(size)
@@ -125,12 +135,12 @@ def _nesterov_step(state: PipelineState, oracle: StagedOracle, lr: float, moment
     x, y = state.x, state.y
     y[...] = x
     if momentum:
-        y -= state.prev
+        y -= _held(state.prev, "prev")
         y *= momentum
         y += x
     loss = oracle(y, state.grad, samples, perturb)
     if momentum:
-        state.prev[...] = x
+        _held(state.prev, "prev")[...] = x
     x[...] = y
     x -= lr * state.grad
     if state.box is not None:
@@ -144,6 +154,7 @@ class _Pipelined:
     """Options every pipeline algorithm has: the step size and the pipeline schedule."""
 
     workload: ClassVar[str] = PIPELINE
+    clips: ClassVar[bool] = False  # pipeline algorithms never clip
     implied: ClassVar[dict[str, Any]] = {}
 
     lr: float = option(1e-3, "learning rate eta")
@@ -304,7 +315,7 @@ class PPRS(_Pipelined):
         Either way the noise stays float64 until it is added and is drawn inside the pipeline's
         forward passes (the stage's busy time).
         """
-        step, host = state.step, state.noise_host
+        step, host = state.step, _held(state.noise_host, "noise_host")
 
         def draw(k: int, out: np.ndarray) -> None:
             stream(self.seed, NOISE_PURPOSE, step, k, stage).standard_normal(out=out)
@@ -315,7 +326,7 @@ class PPRS(_Pipelined):
                 out += np.multiply(host, gamma, out=host)
 
             return perturb
-        blocks = host.reshape(self.samples, -1)
+        blocks, noise = host.reshape(self.samples, -1), _held(state.noise, "noise")
         drawn = False
 
         def perturb_on_device(k: int, out: Array) -> None:
@@ -324,9 +335,9 @@ class PPRS(_Pipelined):
                 for j in range(self.samples):
                     draw(j, blocks[j])
                 np.multiply(blocks, gamma, out=blocks)
-                comm.backend.copy_from_host_(state.noise, host)
+                comm.backend.copy_from_host_(noise, host)
                 drawn = True
-            out += state.noise[k]
+            out += noise[k]
 
         return perturb_on_device
 
@@ -336,15 +347,17 @@ class PPRS(_Pipelined):
         perturb = self.perturbation(state, comm.rank, gamma, comm)
         if self.outer == "nesterov":
             return _nesterov_step(state, oracle, self.lr, self.momentum, self.samples, perturb)
-        a, x, y, z = state.alpha, state.x, state.y, state.z
+        a, x, y = state.alpha, state.x, state.y
+        z, anchor = _held(state.z, "z"), _held(state.anchor, "anchor")
+        grad_sum = _held(state.grad_sum, "grad_sum")
         y[...] = x
         y *= 1 - a
         y += a * z
         loss = oracle(y, state.grad, self.samples, perturb)
-        state.grad_sum += state.grad / a
+        grad_sum += state.grad / a  # in place: state.grad_sum
         a_next = 2 / (1 + math.sqrt(1 + 4 / a ** 2))
-        z[...] = state.anchor
-        z -= self.eta(state.step + 1, a_next) * state.grad_sum
+        z[...] = anchor
+        z -= self.eta(state.step + 1, a_next) * grad_sum
         if state.box is not None:
             state.box.project_(z)
         x *= 1 - a

@@ -421,11 +421,10 @@ def _layout(f: Any, path: Path) -> ParamLayout:
 def comm_rows(f: Any, path: Path) -> list[CommRow]:
     """``/comm``'s stored communication counters, checked (HpcoptError naming the file)."""
     rows = json_attr(f["comm"].attrs, "counters", path) if "comm" in f else None
-    ok = isinstance(rows, list) and all(
-        isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], str)
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r[2:4])
-        and isinstance(r[4], (int, float)) for r in rows)
-    if not ok:
+    if not isinstance(rows, list) or not all(
+            isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], str)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r[2:4])
+            and isinstance(r[4], (int, float)) for r in rows):
         raise HpcoptError(f"{path}: /comm attribute 'counters' is missing or malformed")
     return [(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
 
@@ -473,6 +472,8 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
         copies = [to_host(vectors[n]) for n in names]
         comm.waitall([comm.isend(c, 0, _TAG + i, LABEL) for i, c in enumerate(copies)], LABEL)
         return
+    if all_ints is None or all_window is None:  # gathered to rank 0, where this runs
+        raise RuntimeError("Comm.gather returned no rows on its root, rank 0")
     ckpt = Checkpoint(config=at.config, world_size=comm.size, tick=at.tick, run_id=at.run_id,
                       trace_rows=at.trace_rows, wall_seconds=at.wall_seconds, layout=at.layout,
                       model=to_host(model),
@@ -512,7 +513,7 @@ def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Back
     for name in sorted(set(shared) ^ set(ckpt.shared)):
         raise HpcoptError(f"{path}: shared/{name} is {'missing' if name in shared else 'unexpected'}")
     for name, values in [*stored.items(), *((n, v[None]) for n, v in ckpt.shared.items())]:
-        target = wanted.get(name, shared.get(name))
+        target = wanted[name] if name in wanted else shared[name]  # one holds it: checked above
         if values.shape[1] != target.size:
             raise HpcoptError(f"{path}: its {name} has {values.shape[1]} values, "
                               f"this run needs {target.size}")

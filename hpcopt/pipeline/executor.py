@@ -27,7 +27,7 @@ import copy
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -39,6 +39,7 @@ from .schedules import FORWARD, KINDS, Op, max_in_flight, schedule
 from .split import StagePlan
 
 Array = Any
+T = TypeVar("T")
 Shape = tuple[int, ...]
 Perturb = Callable[[int, Array], None]
 Source = Callable[[int], Array]
@@ -68,6 +69,14 @@ class StageTiming:
 
 
 Views = list[tuple[dict[str, Array], dict[str, Array]]]
+
+
+def _given(value: T | None, what: str) -> T:
+    """``value``, which is set wherever the schedule uses it: the source on stage 0, the sink on
+    the last stage (both checked at construction), a slot's receives once ``_post`` posted them."""
+    if value is None:
+        raise RuntimeError(f"pipeline stage: {what} is not set where the schedule needs it")
+    return value
 
 
 def _clone(layer: Layer) -> Layer:
@@ -158,7 +167,10 @@ class Pipeline:
         self.timing = StageTiming()
         self._slots: list[_Slot] = []
         self._schedules: dict[tuple[int, bool], tuple[list[Op], int]] = {}
-        self._tag_limit = int(comm.mpi.Get_attr(MPI.TAG_UB))
+        tag_ub = comm.mpi.Get_attr(MPI.TAG_UB)
+        if tag_ub is None:  # MPI defines TAG_UB on every communicator
+            raise RuntimeError("the MPI library gives no TAG_UB attribute for this communicator")
+        self._tag_limit = int(tag_ub)
         self.in_shape, self.out_shape = self._exchange_shapes(tuple(input_shape))
 
     @property
@@ -192,8 +204,10 @@ class Pipeline:
             for name, _ in layer.param_shapes():
                 key = f"{layer.name}.{name}"
                 s, shape = slices[key], shapes[key]
-                inside = noisy is not None and t0 <= s.start and s.stop <= t1 and t0 < t1
-                source = noisy[s.start - t0:s.stop - t0] if inside else self.params[s]
+                if noisy is not None and t0 <= s.start and s.stop <= t1 and t0 < t1:
+                    source = noisy[s.start - t0:s.stop - t0]
+                else:
+                    source = self.params[s]
                 params[name] = source.reshape(shape)
                 grads[name] = self.scratch[s].reshape(shape)
             views.append((params, grads))
@@ -253,12 +267,13 @@ class Pipeline:
         if perturb is None or self.trainable_size == 0:
             slot.bind(self._plain)
             return
-        if slot.noisy is None:
-            slot.noisy = self.comm.backend.xp.empty_like(point)
-            slot.noisy_views = self._views(slot.noisy)
-        slot.noisy[...] = point
-        perturb(k, slot.noisy)
-        slot.bind(slot.noisy_views)
+        noisy, views = slot.noisy, slot.noisy_views
+        if noisy is None or views is None:  # both made at the slot's first perturbed sample
+            noisy = slot.noisy = self.comm.backend.xp.empty_like(point)
+            views = slot.noisy_views = self._views(noisy)
+        noisy[...] = point
+        perturb(k, noisy)
+        slot.bind(views)
 
     def _send(self, array: Array, slot: _Slot, dest: int, k: int, label: str,
               pending: list[tuple[MPI.Request, Array]]) -> None:
@@ -286,7 +301,7 @@ class Pipeline:
         idle = 0.0
         if self.trainable_size:
             self.params[tr] = point
-        if backward:
+        if grad_out is not None:
             grad_out[...] = 0
         acts: list[tuple[MPI.Request, Array]] = []
         grads: list[tuple[MPI.Request, Array]] = []
@@ -297,16 +312,16 @@ class Pipeline:
             slot = self._slots[k % n]
             if op == FORWARD:
                 if self.first:
-                    x = self.source(k)
+                    x = _given(self.source, "the source (stage 0)")(k)
                 else:
                     t = time.perf_counter()
-                    comm.waitall([slot.act_req], act_label)
+                    comm.waitall([_given(slot.act_req, "the slot's activation receive")], act_label)
                     idle += time.perf_counter() - t
                     x = slot.act_in
                 self._bind(slot, k, point, perturb)
                 out = slot.forward(x, train=backward)
                 if self.last:
-                    loss, dout = self.sink(k, out)
+                    loss, dout = _given(self.sink, "the sink (last stage)")(k, out)
                     losses.append(loss)
                     slot.dout = dout if backward else None
                 else:
@@ -316,7 +331,7 @@ class Pipeline:
                     dy, slot.dout = slot.dout, None
                 else:
                     t = time.perf_counter()
-                    comm.waitall([slot.grad_req], grad_label)
+                    comm.waitall([_given(slot.grad_req, "the slot's gradient receive")], grad_label)
                     idle += time.perf_counter() - t
                     dy = slot.grad_in
                 dx = slot.backward(dy, need_input_grad=not self.first)
@@ -331,7 +346,7 @@ class Pipeline:
             if sent:
                 comm.waitall([request for request, _ in sent], label)
         idle += time.perf_counter() - t
-        if backward and samples > 1:
+        if grad_out is not None and samples > 1:
             grad_out /= samples
         elapsed = time.perf_counter() - start
         self.timing.idle += idle
