@@ -16,7 +16,7 @@ median over repetitions after warm-up, the max over ranks of each rank's time, f
   slX     the same issued in slices of X bytes (``--main-slices``; only where X < size)
   mpi     ``Comm(averaging="mpi").average_(buf)`` (slices of ``ALLREDUCE_SLICE_BYTES``)
   shm     ``Comm(averaging="shm").average_(buf)``: node-local shared-memory averaging
-          (hpcopt/shm_average.py)
+          (hpcopt/comm/shm.py)
   auto    ``Comm(averaging="auto").average_(buf)``: what hpcopt does by default
   ownK    with ``--fake-node-size K``: the shm path on fake nodes of K ranks, the node sums
   leadK   allreduced across nodes by every slice owner (own) or by node leaders only (lead)
@@ -33,7 +33,7 @@ code, so it shows the noise; raw also lacks Comm's counters, worth ~0.5 us per c
 shared-memory path are checked at the end (at 32 and 64 MB: shm >= 2x raw, >= 1.3x the best
 sliced Allreduce, >= 0.5x copy1; at every size: auto >= 0.95x the best plain), and the crossover
 size (smallest size from which shm beats the best plain at every larger size) is printed: that is
-what ``hpcopt.shm_average.SHM_AVERAGE_MIN_BYTES`` should be.
+what ``hpcopt.comm.shm.SHM_AVERAGE_MIN_BYTES`` should be.
 
 Repetitions per size: as many rounds as ``--budget`` seconds allow (between ``--min-reps`` and
 ``--max-reps``), estimated from the slowest rank's warm-up round; ``--reps`` fixes the number.
@@ -45,7 +45,7 @@ cancel):
 - the slice size of a raw sliced Allreduce (no scaling), to measure the best value of
   ``hpcopt.comm.ALLREDUCE_SLICE_BYTES``;
 - the chunk size of the shared-memory path (``--chunks``), to measure the best value of
-  ``hpcopt.shm_average.SHM_CHUNK_BYTES``.
+  ``hpcopt.comm.shm.SHM_CHUNK_BYTES``.
 The load average is printed at start and end; on a shared machine, rerun when it exceeds the
 rank count. So is the bandwidth of a hand-off through a shared window (node rank 0 writes, then
 rank 0 itself or rank 1 reads): averaging over 2 ranks moves about one buffer per rank between
@@ -75,7 +75,7 @@ from mpi4py import MPI  # noqa: E402
 
 from hpcopt.bench.common import KB, MB, fmt_bytes, parse_bytes  # noqa: E402
 from hpcopt.comm import ALLREDUCE_SLICE_BYTES, Comm  # noqa: E402
-from hpcopt.shm_average import SHM_AVERAGE_MIN_BYTES, SHM_CHUNK_BYTES, ShmAverager  # noqa: E402
+from hpcopt.comm.shm import SHM_AVERAGE_MIN_BYTES, SHM_CHUNK_BYTES, ShmAverager  # noqa: E402
 
 DEFAULT_SLICES = (256 * KB, 1 * MB, 2 * MB, 4 * MB, 8 * MB, 16 * MB, 0)  # 0 = unsliced
 DEFAULT_SWEEP_SIZES = (16 * MB, 32 * MB, 64 * MB)

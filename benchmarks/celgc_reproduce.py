@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from hpcopt.data.bptt import corpus_shard, streams_of  # noqa: E402
 from hpcopt.data.text import load_corpus  # noqa: E402
 from hpcopt.io.trace import Trace, read_trace  # noqa: E402
-from hpcopt.report import write_report  # noqa: E402
+from hpcopt.io.report import write_report  # noqa: E402
 from launch import run_hpcopt  # noqa: E402  (benchmarks/launch.py)
 
 #: Shared by every row: the paper's step size and threshold, a small one-layer LSTM.

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from celgc_reproduce import clip_fraction
 from hpcopt.io.trace import read_trace
-from hpcopt.report import write_report
+from hpcopt.io.report import write_report
 from launch import ROOT, run_hpcopt
 from resnet_mnist import BATCH, MNIST_TRAIN, RANKS, figures_of, mean_sd
 from sections import replace_section

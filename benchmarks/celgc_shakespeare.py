@@ -28,7 +28,7 @@ from hpcopt.data.text import load_corpus
 from hpcopt.nn.language_model import LSTMLanguageModel
 from hpcopt.problems.language_model import LanguageModelProblem
 from hpcopt.rng import stream
-from hpcopt.threads import configure_threads
+from hpcopt.run.threads import configure_threads
 
 
 def run(name: str, algorithm, args: argparse.Namespace, corpus, comm: Comm) -> str:

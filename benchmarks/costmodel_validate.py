@@ -4,7 +4,7 @@
 
 1. Fit: ``mpiexec -n R python -m hpcopt bench allreduce`` (Comm.average_, the averaging path
    training uses) from 4 KB to 8 MB; beta fitted in the ring form to the sizes from --fit-from
-   up, alpha to the smaller ones (hpcopt.costmodel.fit_allreduce).
+   up, alpha to the smaller ones (hpcopt.comm.costmodel.fit_allreduce).
 2. Validate: one PR-SGD run of the default model (MLP on MNIST-5k) with I=1 (an average every
    step) and a small batch (``--validate-batch``), so that the step is communication-bound and
    the measured time is mostly transfer rather than waiting for the slower rank, with
@@ -13,7 +13,7 @@
    averaging label.
 3. Project: PR-SGD and CELGC runs for several averaging intervals I, each traced once; for
    every named profile the wall clock is recomputed row by row as measured computation plus
-   modelled communication (hpcopt.costmodel.project_wall), and the time to reach the target
+   modelled communication (hpcopt.comm.costmodel.project_wall), and the time to reach the target
    test accuracy is read off the evaluation rows; the best I per profile is marked.
 
 Every run is its own ``mpiexec`` launch; the tables are printed (markdown) and, with --out,
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from launch import run_hpcopt  # noqa: E402  (benchmarks/launch.py)
-from hpcopt.costmodel import (PROFILES, NetworkProfile, fit_allreduce, project_wall,  # noqa: E402
+from hpcopt.comm.costmodel import (PROFILES, NetworkProfile, fit_allreduce, project_wall,  # noqa: E402
                               trace_comm_seconds, trace_modelled)
 from hpcopt.io.trace import read_trace  # noqa: E402
 
@@ -44,7 +44,7 @@ CELGC = ["--gamma", "5.0"]
 
 def fit(ranks: int, tmp: Path, low: int, high: str, budget: float) -> tuple[NetworkProfile, list[dict]]:
     """Benchmark 4 KB .. ``high``; fit beta to the sizes from ``low`` up and alpha to the smaller
-    ones (hpcopt.costmodel.fit_allreduce's two-stage fit)."""
+    ones (hpcopt.comm.costmodel.fit_allreduce's two-stage fit)."""
     path = tmp / "allreduce.json"
     run_hpcopt(ranks, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
                "--budget", str(budget), "--json", str(path), timeout=1800)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hpcopt.comm import Comm  # noqa: E402
 from hpcopt.config import build_config  # noqa: E402
 from hpcopt import train  # noqa: E402
-from hpcopt.watchdog import Watchdog  # noqa: E402
+from hpcopt.run.watchdog import Watchdog  # noqa: E402
 
 MODES = {"base": {}, "watchdog": {"stall_timeout": "10"}, "skip": {"on_nonfinite": "skip"}}
 WAKE_UPS: list[float] = []

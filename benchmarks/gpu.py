@@ -47,13 +47,13 @@ from hpcopt.backend import CPU, Backend, get_backend  # noqa: E402
 from hpcopt.comm import Comm, node_layout  # noqa: E402
 from hpcopt.data.sampler import MinibatchSampler  # noqa: E402
 from hpcopt.errors import HpcoptError  # noqa: E402
-from hpcopt.mpi_support import cuda_aware_mpi  # noqa: E402
+from hpcopt.comm.mpi_support import cuda_aware_mpi  # noqa: E402
 from hpcopt.nn import mlp  # noqa: E402
 from hpcopt.problems.classification import ClassificationProblem  # noqa: E402
 from hpcopt.rng import stream  # noqa: E402
-from hpcopt.staging import (AWARE_VARIABLE, DeviceTransport, PathChoice, choose_path,  # noqa: E402
+from hpcopt.comm.staging import (AWARE_VARIABLE, DeviceTransport, PathChoice, choose_path,  # noqa: E402
                             env_flag)
-from hpcopt.threads import configure_threads  # noqa: E402
+from hpcopt.run.threads import configure_threads  # noqa: E402
 
 MB = 1 << 20
 INPUTS, HIDDEN, CLASSES = 784, (512, 256), 10

@@ -126,7 +126,7 @@ stage install 60 install
 stage info 40 env HPCOPT_GPU_SELFTEST=1 "$MPIEXEC" -n 2 "$PYTHON" -m hpcopt info
 # informational: exit 0 = device buffers reach this MPI safely; a signal (e.g. 139) = not CUDA-aware
 counted=0
-stage selftest 40 "$PYTHON" -m hpcopt.gpu_selftest --memory cuda
+stage selftest 40 "$PYTHON" -m hpcopt.comm.gpu_selftest --memory cuda
 counted=1
 stage tests-1-rank 150 gpu_tests 1 tests/unit tests/mpi tests/gpu
 stage bench-throughput 40 "$PYTHON" benchmarks/gpu.py --part throughput --out "$out"

@@ -26,7 +26,7 @@ from hpcopt.comm import Comm, node_layout
 from hpcopt.nn import mlp, softmax_cross_entropy
 from hpcopt.pipeline import KINDS, Pipeline, StagePlan, ideal_bubble
 from hpcopt.rng import stream
-from hpcopt.threads import configure_threads
+from hpcopt.run.threads import configure_threads
 
 
 def serial_gradients(model, params, xs, ys, samples: int) -> float:

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcopt.io.trace import read_trace
-from hpcopt.report import write_report
+from hpcopt.io.report import write_report
 from launch import run_hpcopt
 from sections import replace_section
 

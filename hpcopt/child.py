@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .mpi_support import singleton_environment
+from .comm.mpi_support import singleton_environment
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-fail-at", metavar="RANK:STEP[:KIND]",
                         help="debug option for fault-injection tests: fail rank RANK in its step "
-                        "STEP; KIND raise (default), kill, hang, nan or checkpoint (hpcopt.faults)")
+                        "STEP; KIND raise (default), kill, hang, nan or checkpoint (hpcopt.run.faults)")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -93,7 +93,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = make_parser().parse_args(argv)
     if args.command not in ("train", "resume"):
         return args
-    from .faults import FaultPlan
+    from .run.faults import FaultPlan
 
     args.faults = FaultPlan.parse(args.debug_fail_at) if args.debug_fail_at else None
     if args.command == "resume":
@@ -150,7 +150,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         comm.free()  # the benchmarks make their own communicators
         return run_bench(args.kind, args.options)
     if args.command == "report":
-        from .report import write_report
+        from .io.report import write_report
 
         written = agreed(lambda: write_report(args.runs, args.out) if comm.rank == 0 else [], comm)
         for path in written:

@@ -31,7 +31,7 @@ TEXT_CORPORA = ("shakespeare", "ptb", "wikitext2")  # data sets for language mod
 MODELS = ("mlp", "lstm", "resnet", "plain_cnn")
 CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
 DTYPES = ("float32", "float64")
-#: hpcopt.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
+#: hpcopt.run.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
 NONFINITE_MODES = ("stop", "skip")
 #: Algorithms whose ranks are pipeline stages (hpcopt.pipeline.run).
 PIPELINE_ALGORITHMS = algorithm_names(PIPELINE)
@@ -213,7 +213,7 @@ class RunConfig:
     seed: int = option(0, "seed of every random stream (data order, initial model, noise)")
     epochs: float = option(40.0, "run length in epochs of a rank's shard (used when steps = 0)")
     steps: int = option(0, "run length in local steps per rank; 0 = from epochs")
-    device: str = option("cpu", "cpu | gpu (CuPy), see hpcopt.backend and hpcopt.staging")
+    device: str = option("cpu", "cpu | gpu (CuPy), see hpcopt.backend and hpcopt.comm.staging")
     dtype: str = option("float32", "float32 | float64")
     eval_every: int = option(0,
                              "clock ticks between evaluations of the averaged model; 0 = only at the "
@@ -227,16 +227,16 @@ class RunConfig:
     averaging: str = option("auto", "auto | mpi | shm (node-local shared memory), see hpcopt.comm")
     network: str = option("",
                           "cost-model profile for modelled comm seconds in the trace, see "
-                          "hpcopt.costmodel")
+                          "hpcopt.comm.costmodel")
     network_delay: bool = option(False, "also sleep the modelled seconds after every counted call")
     stall_timeout: float = option(0.0,
                                   "seconds a collective may take before the job is aborted; 0 = off "
-                                  "(hpcopt.watchdog)")
-    on_nonfinite: str = option("stop", "stop | skip: NaN/Inf in the loss or model (hpcopt.nonfinite)")
+                                  "(hpcopt.run.watchdog)")
+    on_nonfinite: str = option("stop", "stop | skip: NaN/Inf in the loss or model (hpcopt.run.nonfinite)")
 
     def __post_init__(self) -> None:
         if self.network:
-            from .costmodel import get_profile
+            from .comm.costmodel import get_profile
 
             get_profile(self.network)  # HpcoptError for an unknown name or bad values
         elif self.network_delay:

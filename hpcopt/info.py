@@ -9,9 +9,9 @@ from mpi4py import MPI
 
 from . import __version__
 from .comm import Comm, node_layout
-from .mpi_support import cuda_aware_mpi, launcher_size, parallel_hdf5
-from .staging import gpu_report
-from .threads import configure_threads
+from .comm.mpi_support import cuda_aware_mpi, launcher_size, parallel_hdf5
+from .comm.staging import gpu_report
+from .run.threads import configure_threads
 
 PACKAGES = ("numpy", "mpi4py", "h5py", "threadpoolctl", "cupy-cuda12x", "matplotlib", "mlxtend",
             "scikit-learn")

@@ -11,7 +11,7 @@ slowest rank's time kept, the median over repetitions reported):
 
 Bandwidths as nccl-tests defines them: algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
 rate each rank's link runs at in a ring allreduce, comparable across rank counts. The last
-lines fit the alpha-beta model (hpcopt.costmodel, ring form) to the first ``--averaging`` mode
+lines fit the alpha-beta model (hpcopt.comm.costmodel, ring form) to the first ``--averaging`` mode
 and print the ``--network`` value that replays it, with the model's error at each size.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comm import AVERAGING_MODES, Comm
-from ..costmodel import NetworkProfile, fit_allreduce
+from ..comm.costmodel import NetworkProfile, fit_allreduce
 from ..errors import HpcoptError
 from .common import (
     KB,

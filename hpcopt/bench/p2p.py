@@ -9,7 +9,7 @@
   size / time, the median over repetitions.
 
 Ranks above 1 wait. The last line fits the alpha-beta model's point-to-point cost
-``alpha + n beta`` (hpcopt.costmodel) to the latencies.
+``alpha + n beta`` (hpcopt.comm.costmodel) to the latencies.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..costmodel import NetworkProfile
+from ..comm.costmodel import NetworkProfile
 from ..errors import HpcoptError
 from .common import MB, Parser, fmt_bytes, mpi_library, parse_bytes, sizes_between, write_json
 

@@ -453,7 +453,7 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
     ranks' models differ (not ``synchronized``). ``hidden`` (an LSTM's state) is this rank's
     flat vector, stored for every rank when given. Rank 0's communication counters are stored
     after all of this checkpoint's traffic. ``before_commit`` runs on rank 0 just before the
-    file is published (a debug fault, hpcopt.faults).
+    file is published (a debug fault, hpcopt.run.faults).
     """
     to_host = comm.backend.to_host
     counts = fields.numbers(state, fields.COUNTER)

@@ -63,7 +63,7 @@ def optional_dtype(name: str) -> str | None:
 #: cumulative since the start of the run.
 COMM_COLUMNS = {"calls": "int64", "bytes": "int64", "seconds": "float64"}
 #: With a cost-model profile (``--network``): ``/comm/modelled``, the modelled seconds of the same
-#: calls and bytes on that profile (hpcopt.costmodel); ``/comm``'s ``ops`` attribute names each
+#: calls and bytes on that profile (hpcopt.comm.costmodel); ``/comm``'s ``ops`` attribute names each
 #: label's operation, so any profile can be applied later (``costmodel.trace_modelled``).
 MODELLED = "modelled"
 CHUNK_ROWS = 256
@@ -209,7 +209,7 @@ def comm_totals(comm: Comm, network: Any = None) -> dict[str, tuple]:
         entry[1] += counter.bytes
         entry[2] += counter.seconds
     if network is not None:
-        from ..costmodel import comm_modelled
+        from ..comm.costmodel import comm_modelled
 
         for label, seconds in comm_modelled(comm.stats.counters, comm.size, network).items():
             totals[label].append(seconds)

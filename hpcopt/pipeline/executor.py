@@ -18,7 +18,7 @@ stage's idle time (``timing``).
 
 On GPU (``comm.backend``) the block, the slots' buffers, activations and gradients are device
 arrays, ``source`` and ``sink`` must give device arrays, and messages go through
-``Comm.isend``/``Comm.irecv_`` (straight through or staged, hpcopt/staging.py).
+``Comm.isend``/``Comm.irecv_`` (straight through or staged, hpcopt/comm/staging.py).
 """
 
 from __future__ import annotations

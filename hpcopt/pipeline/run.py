@@ -7,7 +7,7 @@ s owns stage s, the only traffic of an iteration is the pipeline's own point-to-
 block. Iterations are full-batch, so an epoch is one iteration: ``--steps N`` (else
 ``--epochs``, rounded up) iterations. With ``--device gpu`` each stage's parameters, optimizer
 state, activations and gradients are CuPy arrays on the GPU of its node-local rank, and the
-messages between stages go straight through or staged (hpcopt/staging.py), as for the data-
+messages between stages go straight through or staged (hpcopt/comm/staging.py), as for the data-
 parallel loop.
 
 At an iteration t (every rank passes the same ones, in order):
@@ -41,14 +41,14 @@ from ..algorithms.pprs import PipelineState
 from ..comm import Comm
 from ..config import Config, check_resume
 from ..errors import HpcoptError
-from ..faults import FaultPlan
 from ..io import checkpoint as ckpt_io
 from ..io import trace as trace_io
-from ..nonfinite import nonfinite_loss, nonfinite_parameters
-from ..preflight import CHECKPOINT_OVERHEAD
 from ..problems.staged import StagedProblem, setup_stage
+from ..run.faults import FaultPlan
+from ..run.nonfinite import nonfinite_loss, nonfinite_parameters
+from ..run.preflight import CHECKPOINT_OVERHEAD
 from ..run.runner import RunFiles, Ticks, run
-from ..threads import ThreadChoice
+from ..run.threads import ThreadChoice
 from . import checkpoint as pipe_ckpt
 from .executor import Pipeline
 from .parts import Algorithm, build_algorithm, build_problem, describe, plan_for
@@ -138,7 +138,7 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     Failures (docs/failures.md): the stall watchdog (``stall_timeout``: a stage waiting for a
     message or a collective that long ends the job, naming the stages that have not arrived),
     a non-finite loss in a trace row or non-finite parameters before a checkpoint (exit 3, the
-    last good checkpoint kept), and ``faults``, a debug fault to inject (hpcopt.faults; STEP
+    last good checkpoint kept), and ``faults``, a debug fault to inject (hpcopt.run.faults; STEP
     counts iterations)."""
     summary, session = run(PipelineWorkload(problem, faults), config, comm or Comm(), verbose, resume)
     return summary, session.state

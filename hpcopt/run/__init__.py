@@ -10,8 +10,8 @@ if TYPE_CHECKING:
     from ..build import Workload
     from ..comm import Comm
     from ..config import Config
-    from ..faults import FaultPlan
     from ..problems.staged import StagedProblem
+    from .faults import FaultPlan
 
 
 def train(config: Config | None = None, comm: Comm | None = None, verbose: bool = True,
@@ -24,13 +24,13 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     for the pipeline algorithms, a ``StagedProblem``, in place of the one the config's [data]
     and [model] sections describe. ``resume``: a checkpoint to continue from bit for bit.
     Files go to ``config.run.out`` (empty, the default here: none; the command line defaults
-    to ``runs/{time}``). ``faults``: a debug fault to inject (hpcopt.faults).
+    to ``runs/{time}``). ``faults``: a debug fault to inject (hpcopt.run.faults).
 
     Data-parallel algorithms (PR-SGD, CELGC, the naive clipping baseline, SlowMo or any other
     registered one) return (``data_parallel.Summary``, the state); pipeline algorithms (PPRS,
     pipelined GD and AGD: one rank per stage) return (``PipelineSummary``, the stage's state).
     At the end of a data-parallel run every rank holds the averaged model. Failure handling
-    (docs/failures.md): checks before the first step (hpcopt.preflight), the stall watchdog
+    (docs/failures.md): checks before the first step (hpcopt.run.preflight), the stall watchdog
     (``stall_timeout``), NaN/Inf (``on_nonfinite``), SIGTERM (a checkpoint, then
     ``summary.stopped``).
     """

@@ -30,8 +30,7 @@ from ..algorithms.data_parallel import DataParallelState
 from ..algorithms.local_sgd import AVERAGE_LABEL
 from ..build import RunParts, Workload, build_run
 from ..comm import Comm
-from ..config import Config, check_resume
-from ..costmodel import (
+from ..comm.costmodel import (
     SETUP_LABELS,
     comm_modelled,
     get_profile,
@@ -39,16 +38,17 @@ from ..costmodel import (
     network_delay,
     profile_attrs,
 )
+from ..config import Config, check_resume
 from ..errors import HpcoptError
-from ..faults import FaultPlan
 from ..io import checkpoint as ckpt_io
 from ..io import trace as trace_io
-from ..nonfinite import StepGuard
-from ..preflight import agree_ticks, estimate
 from ..problems.classification import Evaluation
 from ..problems.language_model import LMEvaluation
-from ..threads import ThreadChoice
+from .faults import FaultPlan
+from .nonfinite import StepGuard
+from .preflight import agree_ticks, estimate
 from .runner import RunFiles, Ticks, run
+from .threads import ThreadChoice
 
 State = DataParallelState
 
@@ -144,7 +144,7 @@ def _evaluation_fields(evaluation: Evaluation | LMEvaluation | None, lm: bool) -
 
 class DataParallelWorkload:
     """The runner's view of a data-parallel run: ``workload`` (None: the config's) trained by
-    the configured algorithm, with ``faults`` (hpcopt.faults) injected for tests."""
+    the configured algorithm, with ``faults`` (hpcopt.run.faults) injected for tests."""
 
     noun = "step"
 

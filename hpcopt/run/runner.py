@@ -31,15 +31,15 @@ from typing import Any, Protocol
 
 from ..backend import CPU
 from ..comm import Comm, agreed, node_layout
+from ..comm.staging import prepare_gpu
 from ..config import Config
 from ..io import trace as trace_io
 from ..io.vet import vet_checkpoint
-from ..preflight import check_output
-from ..progress import Progress
-from ..staging import prepare_gpu
-from ..threads import ThreadChoice, configure_threads
-from ..watchdog import watching
 from .files import StopSignal, header_end, open_trace, run_directory
+from .preflight import check_output
+from .progress import Progress
+from .threads import ThreadChoice, configure_threads
+from .watchdog import watching
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def test_ranks_that_disagree_on_the_length_of_the_run_stop_before_the_first_step
 
 
 def test_no_room_for_a_checkpoint_is_one_line_and_exit_2_on_every_rank(tmp_path):
-    code = ("import sys, collections; from mpi4py import MPI; import hpcopt.preflight as p\n"
+    code = ("import sys, collections; from mpi4py import MPI; import hpcopt.run.preflight as p\n"
             "if MPI.COMM_WORLD.rank == 0:\n"
             "    p.shutil.disk_usage = lambda path: collections.namedtuple('u', 'total used free')(1, 1, 1000)\n"
             "from hpcopt.cli import main\n"
@@ -72,7 +72,7 @@ def _train(tmp_path, **options):
 def test_the_estimate_bounds_a_real_checkpoint(tmp_path):
     from hpcopt.build import build_run
     from hpcopt.comm import Comm
-    from hpcopt.preflight import estimate
+    from hpcopt.run.preflight import estimate
 
     summary, _ = _train(tmp_path)  # ends mid-round: every per-rank vector is stored
     comm = Comm()
@@ -86,7 +86,7 @@ def test_an_unwritable_checkpoint_directory_is_refused(tmp_path, monkeypatch):
     def refuse(path, mode="r", *args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("hpcopt.preflight.open", refuse, raising=False)
+    monkeypatch.setattr("hpcopt.run.preflight.open", refuse, raising=False)
     with pytest.raises(HpcoptError, match="checkpoints is not writable: Permission denied"):
         _train(tmp_path)
 

@@ -8,7 +8,7 @@ import pytest
 from hpcopt.bench import run_bench
 from hpcopt.bench.allreduce import measure
 from hpcopt.config import build_config
-from hpcopt.costmodel import SETUP_LABELS, comm_modelled, get_profile, trace_comm_seconds, trace_modelled
+from hpcopt.comm.costmodel import SETUP_LABELS, comm_modelled, get_profile, trace_comm_seconds, trace_modelled
 from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
 from hpcopt import train

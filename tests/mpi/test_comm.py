@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcopt.comm import ALLREDUCE_SLICE_BYTES, Comm, CommStats, _slices
+from hpcopt.comm.core import ALLREDUCE_SLICE_BYTES, Comm, CommStats, _slices
 from tests.conftest import data_pointer, host, use_device
 from tests.memory import peak_allocation
 

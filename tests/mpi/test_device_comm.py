@@ -1,4 +1,4 @@
-"""Comm on device buffers, without a GPU: both paths of hpcopt/staging.py under MPI.
+"""Comm on device buffers, without a GPU: both paths of hpcopt/comm/staging.py under MPI.
 
 The fake device arrays (tests/fake_device.py) expose only ``__cuda_array_interface__`` over
 host memory, so the straight-through path really hands MPI a "device" pointer, and the
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hpcopt.comm import Comm
-from hpcopt.staging import DeviceTransport, PathChoice, run_selftest
+from hpcopt.comm.staging import DeviceTransport, PathChoice, run_selftest
 from tests.fake_device import FakeDeviceBackend
 
 pytestmark = pytest.mark.mpi

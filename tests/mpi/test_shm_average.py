@@ -1,4 +1,4 @@
-"""Shared-memory averaging (hpcopt.shm_average) under MPI, at any world size (1 to 4 ranks):
+"""Shared-memory averaging (hpcopt.comm.shm) under MPI, at any world size (1 to 4 ranks):
 
     mpiexec -n N python -m pytest --with-mpi -q -p no:cacheprovider tests/mpi/test_shm_average.py
 
@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcopt.comm import Comm
-from hpcopt.shm_average import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
+from hpcopt.comm.shm import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
 from tests.memory import peak_allocation
 
 pytestmark = pytest.mark.mpi

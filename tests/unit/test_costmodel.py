@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hpcopt.costmodel import (NetworkProfile, fit_allreduce, get_profile,
+from hpcopt.comm.costmodel import (NetworkProfile, fit_allreduce, get_profile,
                               predict_allreduce_seconds)
 from hpcopt.errors import HpcoptError
 
@@ -71,7 +71,7 @@ def test_prediction_for_a_run():
 
 def test_every_comm_operation_has_a_cost():
     from hpcopt.comm import OpCounter
-    from hpcopt.costmodel import comm_modelled, main_ops, op_seconds
+    from hpcopt.comm.costmodel import comm_modelled, main_ops, op_seconds
 
     net = NetworkProfile("x", alpha=1e-6, beta=1e-9)
     assert op_seconds("bcast", 2, 2000, 4, net) == pytest.approx(2 * 2 * (1e-6 + 1e-6))
@@ -90,7 +90,7 @@ def test_every_comm_operation_has_a_cost():
 
 
 def test_projected_wall_swaps_measured_for_modelled_communication():
-    from hpcopt.costmodel import project_wall
+    from hpcopt.comm.costmodel import project_wall
 
     assert project_wall(np.array([10.0, 20.0]), np.array([2.0, 4.0]), np.array([5.0, 9.0])).tolist() == [13.0, 25.0]
 

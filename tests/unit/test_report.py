@@ -9,7 +9,7 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
-from hpcopt.report import AXES, PIPELINE_AXES, figures, load_traces, run_labels, write_report
+from hpcopt.io.report import AXES, PIPELINE_AXES, figures, load_traces, run_labels, write_report
 from tests.unit.test_cli import assert_one_line_error, launch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

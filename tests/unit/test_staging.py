@@ -6,12 +6,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hpcopt import staging
+from hpcopt.comm import staging
 from hpcopt.backend import CPU, Backend, get_backend, gpu_for_local_rank
 from hpcopt.config import build_config, check_resume
 from hpcopt.errors import HpcoptError
-from hpcopt.mpi_support import singleton_environment
-from hpcopt.staging import (HOST_PATH, PathChoice, choose_path, env_flag, gpu_report,
+from hpcopt.comm.mpi_support import singleton_environment
+from hpcopt.comm.staging import (HOST_PATH, PathChoice, choose_path, env_flag, gpu_report,
                             run_selftest, transport_for)
 from tests.fake_device import FakeDeviceBackend
 

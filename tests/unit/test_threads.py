@@ -1,4 +1,4 @@
-"""hpcopt.threads: BLAS threads per rank, and the user's thread variable wins."""
+"""hpcopt.run.threads: BLAS threads per rank, and the user's thread variable wins."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import pytest
 import threadpoolctl
 
-from hpcopt import threads
-from hpcopt.threads import (THREAD_VARIABLES, ThreadChoice, available_cores, configure_threads,
+from hpcopt.run import threads
+from hpcopt.run.threads import (THREAD_VARIABLES, ThreadChoice, available_cores, configure_threads,
                             threads_per_rank, user_thread_setting)
 
 

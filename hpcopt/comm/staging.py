@@ -10,7 +10,7 @@ for device buffers is chosen once per process and backend (``transport_for``):
 3. a library without that query: staged (always correct, only slower).
 
 With ``HPCOPT_GPU_SELFTEST=1`` a straight-through choice is first checked by
-``hpcopt.gpu_selftest`` in a child process (a device-buffer ``Allreduce`` and ``Sendrecv``), so
+``hpcopt.comm.gpu_selftest`` in a child process (a device-buffer ``Allreduce`` and ``Sendrecv``), so
 a wrong override ends the run with a ``HpcoptError`` naming the cause instead of a segmentation
 fault in the middle of training.
 
@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from .backend import Backend, get_backend
-from .child import run_module
-from .errors import HpcoptError
+from ..backend import Backend, get_backend
+from ..child import run_module
+from ..errors import HpcoptError
 from .mpi_support import cuda_aware_mpi
 
-if TYPE_CHECKING:  # comm.py imports this module
-    from .comm import Comm
+if TYPE_CHECKING:  # core.py imports this module
+    from .core import Comm
 
 AWARE_VARIABLE = "HPCOPT_GPU_AWARE_MPI"
 SELFTEST_VARIABLE = "HPCOPT_GPU_SELFTEST"
@@ -83,9 +83,9 @@ def choose_path(query: bool | None, query_why: str, override: bool | None) -> Pa
 
 
 def run_selftest(device: int, memory: str = "cuda", timeout: float = SELFTEST_TIMEOUT) -> str | None:
-    """Run ``hpcopt.gpu_selftest`` on ``device`` in a child process that initializes MPI on its
+    """Run ``hpcopt.comm.gpu_selftest`` on ``device`` in a child process that initializes MPI on its
     own; None when it passed, else what went wrong (one line)."""
-    result = run_module("hpcopt.gpu_selftest", ["--device", str(device), "--memory", memory],
+    result = run_module("hpcopt.comm.gpu_selftest", ["--device", str(device), "--memory", memory],
                         timeout)
     if result.ok:
         return None

@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from .backend import CPU, Backend
-from .errors import HpcoptError
-from .shm_average import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
+from ..backend import CPU, Backend
+from ..errors import HpcoptError
+from .shm import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
 from .staging import DeviceTransport, transport_for
 
 T = TypeVar("T")
@@ -33,7 +33,7 @@ T = TypeVar("T")
 ALLREDUCE_SLICE_BYTES = 2 << 20
 
 #: How ``Comm.average_`` averages: "mpi" (sliced MPI Allreduce), "shm" (node-local shared
-#: memory + inter-node allreduce, hpcopt/shm_average.py) or "auto" (shm from
+#: memory + inter-node allreduce, hpcopt/comm/shm.py) or "auto" (shm from
 #: SHM_AVERAGE_MIN_BYTES up when every node holds several ranks, else mpi).
 AVERAGING_MODES = ("auto", "mpi", "shm")
 
@@ -101,7 +101,7 @@ class Comm:
 
     NumPy buffers go to MPI as they are. Device (CuPy) buffers go after a stream
     synchronization, straight through or staged via pinned host memory (``transport``,
-    hpcopt/staging.py); counters are the same on both paths and include the staging copies' time.
+    hpcopt/comm/staging.py); counters are the same on both paths and include the staging copies' time.
     """
 
     def __init__(self, mpi_comm: MPI.Comm | None = None, backend: Backend = CPU,
@@ -115,7 +115,7 @@ class Comm:
         #: tests may set one beforehand (e.g. ``ShmAverager(c.mpi, ranks_per_node=2)``).
         self.averager: ShmAverager | None = None
         self.stats = CommStats()
-        #: How device (non-NumPy) buffers reach MPI (hpcopt/staging.py): decided on first use
+        #: How device (non-NumPy) buffers reach MPI (hpcopt/comm/staging.py): decided on first use
         #: for ``backend``, or set beforehand (``staging.prepare_gpu``, tests).
         self.transport: DeviceTransport | None = None
         self._scalar = np.zeros(1, dtype=np.float64)
@@ -313,7 +313,7 @@ class Comm:
     def _mpi_buffer(self, buf: Any, send: bool = True,
                     receive: bool = True) -> AbstractContextManager[Any]:
         """What an in-place MPI call on ``buf`` should be given: a host array itself; a device
-        buffer itself or, staged, its host copy (hpcopt/staging.py)."""
+        buffer itself or, staged, its host copy (hpcopt/comm/staging.py)."""
         if isinstance(buf, np.ndarray):
             return nullcontext(buf)
         return self._transport().inplace(buf, send, receive)

@@ -1,6 +1,6 @@
-"""The CUDA-aware MPI self-test, run in a child process: ``python -m hpcopt.gpu_selftest``.
+"""The CUDA-aware MPI self-test, run in a child process: ``python -m hpcopt.comm.gpu_selftest``.
 
-It initializes MPI on its own (a singleton: ``hpcopt.staging`` starts it without the launcher's
+It initializes MPI on its own (a singleton: ``hpcopt.comm.staging`` starts it without the launcher's
 variables) and hands MPI a device buffer, the way ``Comm`` does on the straight-through path:
 an ``Allreduce`` from one device buffer into another (a copy on one rank, which an MPI that
 is not CUDA-aware performs with a plain ``memcpy`` on device addresses, and crashes) and a
@@ -55,7 +55,7 @@ def _buffers(memory: str, device: int) -> tuple[Any, Any, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpcopt.gpu_selftest")
+    parser = argparse.ArgumentParser(prog="python -m hpcopt.comm.gpu_selftest")
     parser.add_argument("--device", type=int, default=0, help="CUDA device index")
     parser.add_argument("--memory", choices=("cuda", "host", "invalid"), default="cuda")
     args = parser.parse_args(argv)

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import HpcoptError
+from ..errors import HpcoptError
 from .faults import FaultPlan
 
 Oracle = Callable[[Any, Any], Any]

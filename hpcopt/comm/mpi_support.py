@@ -20,7 +20,7 @@ def cuda_aware_mpi() -> tuple[bool | None, str]:
 
     None means the library has no such query (MPICH and Open MPI have it; others may not).
     The user's override and the decision what to do with device buffers are in
-    ``hpcopt.staging``.
+    ``hpcopt.comm.staging``.
     """
     from mpi4py import MPI
 

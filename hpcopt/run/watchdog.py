@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .errors import HpcoptError
+from ..errors import HpcoptError
 
 EXIT_CODE = 4
 #: ``Comm`` methods that block until other ranks take part.
@@ -42,7 +42,7 @@ _REPLY_BYTES = 1024
 
 def _blocking_codes() -> dict[CodeType, str]:
     """Code object -> operation name of every call in which a rank waits for others."""
-    from .comm import Comm
+    from ..comm import Comm
 
     return {getattr(Comm, name).__code__: name.rstrip("_") for name in BLOCKING_CALLS}
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import HpcoptError
-from .io.trace import FILE_NAME, Trace, read_trace
-from .io.vet import vet_traces
+from ..errors import HpcoptError
+from .trace import FILE_NAME, Trace, read_trace
+from .vet import vet_traces
 
 #: Options that do not change what a run computes; never used to tell runs apart.
 NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "keep_checkpoints", "trace", "trace_every",

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import HpcoptError
+from ..errors import HpcoptError
 
 ALGORITHMS = ("ring", "tree", "auto")
 

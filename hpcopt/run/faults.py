@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import HpcoptError
+from ..errors import HpcoptError
 
 KINDS = ("raise", "kill", "hang", "nan", "checkpoint")
 
