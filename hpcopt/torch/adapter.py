@@ -3,10 +3,12 @@
 Rules (docs/torch.md):
 
 * Trained parameters (``requires_grad=True``) are views of the flat vector ``bind`` gets (the
-  algorithm's ``state.x``) and their ``.grad`` views of the flat gradient vector
-  (``state.grad``): autograd accumulates into it in place, the algorithm's update writes the
-  module, an averaging round is one in-place allreduce of the module. ``layout`` names them
-  with the module's parameter names (state_dict keys; a tied parameter once, by its first name).
+  algorithm's ``state.x``): the algorithm's update writes the module, an averaging round is one
+  in-place allreduce of the module. ``layout`` names them with the module's parameter names
+  (state_dict keys; a tied parameter once, by its first name).
+* Gradients: ``backward`` lets autograd make fresh gradient tensors, copies each once into the
+  flat gradient vector (``state.grad``) and leaves every ``.grad`` a view of it. (Accumulating
+  into the flat vector in place instead needs a zeroing and an add per step: measured slower.)
 * Frozen parameters (``requires_grad=False``) are not in that vector: no step, weight decay or
   average ever touches them. They are views of a flat vector of their own, ``frozen``, which
   ``build_torch_run`` broadcasts once from rank 0; a checkpoint does not hold them (building
@@ -65,6 +67,7 @@ class TorchModel:
         # the arrays last bound, held so that their ids cannot be reused meanwhile
         self._params: Array | None = None
         self._grads: Array | None = None
+        self._grad_views: list[torch.Tensor] = []
 
     def parameters_vector(self) -> Array:
         """A new flat vector of ``layout`` holding the trained parameters' current values."""
@@ -81,10 +84,23 @@ class TorchModel:
             _point(self._trained, _checked(params, self.dtype))
             self._params = params
         if grads is not None and grads is not self._grads:
-            views = _views(_checked(grads, self.dtype), self.layout)
-            for (_, p), view in zip(self._trained, views):
+            self._grad_views = _views(_checked(grads, self.dtype), self.layout)
+            for (_, p), view in zip(self._trained, self._grad_views):
                 p.grad = view
             self._grads = grads
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, its gradient written into the bound gradient vector (zero for
+        parameters the loss does not depend on)."""
+        for _, p in self._trained:
+            p.grad = None
+        loss.backward()
+        for (_, p), view in zip(self._trained, self._grad_views):
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad)
+            p.grad = view
 
     def bound(self) -> tuple[Array | None, Array | None]:
         """The (params, grads) arrays last bound."""

@@ -23,8 +23,7 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 class TorchProblem:
     """``oracle(params, grads) -> loss``: draws this rank's next batch, writes the gradient of
-    the batch's mean loss at ``params`` into ``grads`` (autograd accumulates into it in place:
-    the module's gradients are its views).
+    the batch's mean loss at ``params`` into ``grads`` (``TorchModel.backward``).
 
     The module trains in train mode (batch norm normalizes by the batch and updates the bound
     running statistics); ``evaluate`` switches to eval mode and back. Before each batch the
@@ -45,9 +44,8 @@ class TorchProblem:
         s = self.sampler
         self._generator.manual_seed(_mix(s.seed, s.rank, s.epoch, s.position))
         inputs, targets = self.batches.next_batch()
-        grads[...] = 0
         loss = self.loss(self.model.module(inputs), targets)
-        loss.backward()
+        self.model.backward(loss)
         return as_array(loss.detach(), self.model.backend)
 
     def evaluate(self, params: Array, scratch_grads: Array, inputs: torch.Tensor,

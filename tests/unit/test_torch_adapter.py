@@ -97,9 +97,11 @@ def test_parameters_and_flat_vector_share_memory_both_ways():
     assert (x[-3:] == -7.0).all()
     assert first.weight.data_ptr() == x.ctypes.data
     assert first.weight.grad.data_ptr() == grads.ctypes.data
-    model.module(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
-    assert first.weight.grad.data_ptr() == grads.ctypes.data  # accumulated in place
-    assert np.abs(grads).sum() > 0
+    grads[...] = np.nan  # stale values, overwritten even where the loss does not reach
+    model.backward(model.module[:2](torch.randn(4, 6, dtype=torch.float64)).sum())
+    assert first.weight.grad.data_ptr() == grads.ctypes.data
+    assert np.isfinite(grads).all() and np.abs(grads).sum() > 0
+    assert not model.module[3].weight.grad.any()  # the last layer took no part
 
 
 def test_binding_another_vector_rebinds_and_the_same_vector_is_free(monkeypatch):
