@@ -47,7 +47,7 @@ class TorchModel:
     its trained parameters, gradients and floating-point buffers bound to flat vectors."""
 
     def __init__(self, module: torch.nn.Module, dtype: Any = None, backend: Backend = CPU) -> None:
-        params = list(module.named_parameters())
+        params: Named = list(module.named_parameters())
         own = _parameter_dtype(params)
         target = torch_dtype(dtype) if dtype is not None else own or torch.float32
         module.to(device=device_of(backend), dtype=target)  # casts floating tensors only

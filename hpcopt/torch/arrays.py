@@ -13,7 +13,8 @@ from ..backend import Backend
 Array = Any
 
 #: The parameter dtypes a flat vector can hold (hpcopt's algorithms run in float32 or float64).
-DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(np.float32): torch.float32,
+                                       np.dtype(np.float64): torch.float64}
 
 
 def torch_dtype(dtype: Any) -> torch.dtype:

@@ -75,7 +75,7 @@ def build_torch_run(module: ModuleOrFactory, loss: Loss, data: TensorData | Batc
     batches: ShardBatches | IteratorSampler
     if isinstance(data, TensorData):
         inputs, targets = torch.as_tensor(data.inputs), torch.as_tensor(data.targets)
-        labels = targets.numpy() if targets.ndim == 1 and not targets.is_floating_point() else None
+        labels = targets.cpu().numpy() if targets.ndim == 1 and not targets.is_floating_point() else None
         shard = torch.from_numpy(partition_indices(partition, int(targets.shape[0]), comm.rank, comm.size,
                                                    seed, labels=labels, alpha=alpha,
                                                    similarity=similarity))
