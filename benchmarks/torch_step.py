@@ -1,6 +1,6 @@
 """Per-step time of a torch module trained through hpcopt against a plain PyTorch loop.
 
-hpcopt: ``build_torch_run`` and PR-SGD (``LocalSGD``, one rank, averaging every ``--interval``
+hpcopt: ``torch_workload`` and PR-SGD (``LocalSGD``, one rank, averaging every ``--interval``
 steps), each step the oracle (next minibatch, forward, loss, backward into the flat gradient)
 and the update of the flat vector. PyTorch: the same module, minibatch drawn the same way
 (indexing a tensor with a shuffled order), ``zero_grad``, forward, loss, backward and
@@ -23,7 +23,7 @@ from versus import add_timing_options, interleaved_medians  # benchmarks/versus.
 
 from hpcopt.algorithms.local_sgd import LocalSGD
 from hpcopt.comm import Comm
-from hpcopt.torch import TensorData, build_torch_run
+from hpcopt.torch import TensorData, torch_workload
 
 nn = torch.nn
 SAMPLES = 1024
@@ -68,11 +68,11 @@ def dataset(shape: tuple[int, ...]) -> TensorData:
 
 def hpcopt_step(name: str, args: argparse.Namespace, comm: Comm) -> tuple[Callable[[], None], int]:
     factory, shape = MODELS[name]
-    run = build_torch_run(factory, nn.CrossEntropyLoss(), dataset(shape), comm, batch_size=args.batch,
+    run = torch_workload(factory, nn.CrossEntropyLoss(), dataset(shape), comm, batch_size=args.batch,
                           dtype="float32")
     algorithm = LocalSGD(lr=args.lr, momentum=args.momentum, interval=args.interval)
     state = algorithm.init(run.x0, comm, buffers=run.buffers)
-    return (lambda: algorithm.step(state, run.problem.oracle, comm)), run.model.layout.size
+    return (lambda: algorithm.step(state, run.problem.oracle, comm)), run.problem.model.layout.size
 
 
 def torch_step(name: str, args: argparse.Namespace) -> Callable[[], None]:

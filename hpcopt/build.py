@@ -89,6 +89,9 @@ def build_run(config: Config, comm: Comm, workload: Workload | None = None) -> R
     elif not isinstance(workload.x0, backend.xp.ndarray):
         raise HpcoptError(f"the workload's parameters are {type(workload.x0).__name__}, but device "
                         f"{config.run.device} needs {backend.xp.__name__} arrays")
+    if not config.run.steps and workload.steps_per_epoch < 1:
+        raise HpcoptError(f"{workload.description}: its epoch length is unknown "
+                          "(steps_per_epoch 0): give the number of steps (--steps)")
     total_steps = config.run.steps or max(1, math.ceil(config.run.epochs * workload.steps_per_epoch))
     algorithm = build_algorithm(config, comm.size, total_steps)
     local_steps = algorithm.steps_for(total_steps, comm.rank, comm.size)
@@ -97,6 +100,12 @@ def build_run(config: Config, comm: Comm, workload: Workload | None = None) -> R
 
 def build_workload(config: Config, comm: Comm, backend: Backend) -> Workload:
     """The data set (this rank's shard) and the model the config describes."""
+    if config.model.torch:  # imports torch: only for --model torch:...
+        try:
+            from .torch import config_workload
+        except ImportError as exc:
+            raise HpcoptError(f"--model {config.model.model}: {exc}") from None
+        return config_workload(config, comm, backend)
     if config.language_model:
         return _language_model_workload(config, comm, backend)
     return _classification_workload(config, comm, backend)

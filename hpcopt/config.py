@@ -106,7 +106,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str = option("mlp", "mlp | resnet | plain_cnn | lstm")
+    model: str = option("mlp", "mlp | resnet | plain_cnn | lstm | torch:MODULE:FUNCTION (your "
+                               "torch.nn.Module, from an importable function; docs/torch.md)")
     hidden: tuple[int, ...] = option((512, 256), "lstm: one equal size per layer")
     activation: str = option("relu", "mlp: relu | tanh")
     embed: int = option(0, "lstm: embedding size; 0 = the hidden size")
@@ -122,8 +123,12 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if any(b < 1 for b in self.stages) or list(self.stages) != sorted(set(self.stages)):
             raise HpcoptError(f"stages must be increasing layer indices >= 1, got {self.stages}")
-        if self.model not in MODELS:
-            raise HpcoptError(f"unknown model {self.model!r} (choose from {', '.join(MODELS)})")
+        if self.torch:
+            if len(self.model.split(":")) != 3 or not all(self.model.split(":")[1:]):
+                raise HpcoptError(f"--model {self.model}: write torch:package.module:function")
+        elif self.model not in MODELS:
+            raise HpcoptError(f"unknown model {self.model!r} (choose from {', '.join(MODELS)}, "
+                              "or torch:package.module:function)")
         self._check_model_keys()
         if self.depth < 8 or (self.depth - 2) % 6:
             raise HpcoptError(f"resnet depth must be 6n + 2 with n >= 1 (8, 14, 20, ...), got {self.depth}")
@@ -147,6 +152,11 @@ class ModelConfig:
         _refuse_changed(self, "model", self.model, {
             "hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
             "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)})
+
+    @property
+    def torch(self) -> bool:
+        """Whether the model is the user's torch.nn.Module (``torch:package.module:function``)."""
+        return self.model.startswith("torch:")
 
     @property
     def keeps_buffers(self) -> bool:
@@ -295,9 +305,9 @@ class Config:
                             "pipeline iteration is full-batch: no minibatch to drop), "
                             f"not {self.algorithm.algorithm}")
         if (self.algorithm.buffer_policy != AlgorithmConfig.__dataclass_fields__["buffer_policy"].default
-                and not self.model.keeps_buffers):
+                and not self.model.keeps_buffers and not self.model.torch):
             raise HpcoptError("buffer_policy applies only to models with batch norm "
-                            "(--model resnet, or plain_cnn with --batch-norm true)")
+                              "(--model resnet, plain_cnn with --batch-norm true, or torch:...)")
 
     def _check_pipeline(self) -> None:
         """Pipeline runs: an MLP (or none, for l1_chain) on an image data set; their options

@@ -66,7 +66,9 @@ WINDOW_COLUMNS = ("loss_sum", "steps")
 CLIP_WINDOW_COLUMNS = (*WINDOW_COLUMNS, "clips")  # the window of a clipping run
 #: Per-rank tables (``/ranks/<name>``, with a ``columns`` attribute) that are not state vectors.
 TABLES = ("counters", "scalars", "sampler", "window", "clipping")
-HIDDEN = "hidden"  # an LSTM's hidden state: the problem's, not the algorithm's
+#: The problem's per-rank state (``Workload.carried``), not the algorithm's: an LSTM's hidden
+#: state, a torch module's integer buffers.
+HIDDEN = "hidden"
 #: Version 2 kept a clipping algorithm's numbers in their own table, all as floats.
 V2_CLIPPING = "clipping"
 RNG_NOTE = ("every random draw comes from hpcopt.rng.stream(seed, purpose, *key), a pure function "
@@ -524,7 +526,8 @@ def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Back
     sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
     if HIDDEN in ckpt.rows:  # checked before anything else changes: it can refuse too
         if load_hidden is None:
-            raise HpcoptError(f"{path}: it holds an LSTM hidden state this run has no use for")
+            raise HpcoptError(f"{path}: it holds per-rank problem state (ranks/hidden: an LSTM's "
+                              "hidden state, a torch module's integer buffers) this run has no use for")
         load_hidden(ckpt.rows[HIDDEN][row])
     for name in model_fields:
         getattr(state, name)[...] = backend.asarray(ckpt.rows[name][row] if name in ckpt.rows else ckpt.model)

@@ -2,8 +2,8 @@
 
 ``TorchModel`` makes the module's trained parameters and their gradients views of two flat
 vectors (the algorithm's ``state.x`` and ``state.grad``), ``TorchProblem`` is the gradient
-oracle over this rank's data, ``build_torch_run`` assembles both into the problem side of a
-run, and ``save_state_dict``/``load_state_dict`` export a trained model without pickle.
+oracle over this rank's data, ``torch_workload`` assembles both into a ``hpcopt.Workload``
+for ``hpcopt.train``, and ``save_state_dict``/``load_state_dict`` export a trained model without pickle.
 See docs/torch.md. Needs PyTorch: ``pip install 'hpcopt[torch]'``; ``import hpcopt`` alone
 never loads it.
 """
@@ -15,10 +15,10 @@ except ImportError as exc:  # pragma: no cover - only where PyTorch is missing
                       "pip install 'hpcopt[torch]' (see docs/torch.md)") from exc
 
 from .adapter import TorchModel
-from .build import TorchRun, build_torch_run
+from .build import config_workload, load_factory, torch_workload
 from .data import BatchFactory, IteratorSampler, TensorData
 from .export import load_state_dict, save_state_dict
 from .problem import TorchProblem
 
-__all__ = ["TorchModel", "TorchProblem", "TorchRun", "build_torch_run", "TensorData",
+__all__ = ["TorchModel", "TorchProblem", "torch_workload", "config_workload", "load_factory", "TensorData",
            "BatchFactory", "IteratorSampler", "save_state_dict", "load_state_dict"]

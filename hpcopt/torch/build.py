@@ -1,55 +1,41 @@
-"""From a torch module, a loss and data to the problem side of a run (the fields of
-``hpcopt.build.RunParts`` that describe the model and its data)."""
+"""From a torch module, a loss and data to a ``hpcopt.Workload`` (``torch_workload``), and from
+the command line's ``--model torch:package.module:factory`` on an image data set to one
+(``config_workload``)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..backend import CPU, Backend
+from ..build import Workload
+from ..config import Config
+from ..data.datasets import as_images, load_dataset
 from ..data.partition import partition_indices
 from ..data.sampler import MinibatchSampler
 from ..errors import HpcoptError
 from ..problems.classification import Evaluation
 from .adapter import TorchModel
 from .arrays import device_of, torch_dtype
-from .data import BatchFactory, IteratorSampler, ShardBatches, TensorData, to_device
+from .data import BatchFactory, IteratorSampler, ShardBatches, TensorData, as_tensor, to_device
 from .problem import Loss, TorchProblem
 
 Array = Any
 ModuleOrFactory = torch.nn.Module | Callable[[], torch.nn.Module]
 
 
-@dataclass
-class TorchRun:
-    """The problem side of a run; each field has the name and meaning of its
-    ``hpcopt.build.RunParts`` field (``model.layout`` names the checkpoint's model)."""
-
-    model: TorchModel
-    problem: TorchProblem
-    x0: Array                 # the trained parameters; the module's parameters are views of it
-    evaluate: Callable[..., Evaluation]  # (params, scratch, comm, buffers=None), collective
-    description: str
-    unit: str
-    processed: Callable[[int], int]
-    #: The integer buffers (num_batches_tracked): (a flat vector of them, put one back).
-    carried: tuple[Callable[[], Array], Callable[[Array], None]] | None
-    #: The floating-point buffers (batch-norm statistics), bound, the same on every rank.
-    buffers: Array | None
-    #: Training samples of the whole set (``TensorData``), for steps-per-epoch; None for a factory.
-    train_samples: int | None
-
-
-def build_torch_run(module: ModuleOrFactory, loss: Loss, data: TensorData | BatchFactory, comm: Any,
-                    *, batch_size: int, seed: int = 0, dtype: Any = None, backend: Backend = CPU,
-                    partition: str = "iid", alpha: float | None = None,
-                    similarity: float | None = None, test: tuple[Any, Any] | None = None,
-                    eval_chunk: int = 1024) -> TorchRun:
-    """Everything about the model and the data a data-parallel run needs, on this rank.
+def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | BatchFactory, comm: Any,
+                   *, batch_size: int, seed: int = 0, dtype: Any = None, backend: Backend = CPU,
+                   partition: str = "iid", alpha: float | None = None,
+                   similarity: float | None = None, test: tuple[Any, Any] | None = None,
+                   eval_chunk: int = 1024) -> Workload:
+    """This rank's workload for ``hpcopt.train``: the module's trained parameters are ``x0``
+    (its parameters are views of it), its gradient oracle, sampler and evaluation. The torch
+    module is ``workload.problem.model.module``.
 
     ``module`` is a module or a factory of one, called with torch's generator seeded from
     ``seed`` (the caller's generator state is kept). ``dtype`` (float32 or float64) converts
@@ -58,8 +44,10 @@ def build_torch_run(module: ModuleOrFactory, loss: Loss, data: TensorData | Batc
     ``hpcopt.torch.data``). ``test`` (inputs, targets) is the evaluation set; without it a
     ``TensorData`` run evaluates on its whole training set, a factory run must give one.
 
-    Collective when ``comm.size > 1``: the frozen parameters and the floating-point buffers
-    are broadcast from rank 0 (label "init"), as the algorithm's ``init`` does with x0.
+    A factory builds the same module on every rank. A module built by the caller may differ
+    between ranks, so then (collective, when ``comm.size > 1``) its frozen parameters and
+    floating-point buffers are broadcast from rank 0 (label "init"), as the algorithm's
+    ``init`` does with x0.
     """
     model = TorchModel(_instantiate(module, seed), dtype, backend)
     device, tdtype = device_of(backend), torch_dtype(model.dtype)
@@ -68,13 +56,13 @@ def build_torch_run(module: ModuleOrFactory, loss: Loss, data: TensorData | Batc
     buffers = model.buffers_vector()
     if buffers is not None:
         model.bind_buffers(buffers)
-    if comm.size > 1:
+    if comm.size > 1 and isinstance(module, torch.nn.Module):
         for constants in (model.frozen, buffers):
             if constants is not None and constants.size:
                 comm.bcast_(constants, root=0, label="init")
     batches: ShardBatches | IteratorSampler
     if isinstance(data, TensorData):
-        inputs, targets = torch.as_tensor(data.inputs), torch.as_tensor(data.targets)
+        inputs, targets = as_tensor(data.inputs), as_tensor(data.targets)
         labels = targets.cpu().numpy() if targets.ndim == 1 and not targets.is_floating_point() else None
         shard = torch.from_numpy(partition_indices(partition, int(targets.shape[0]), comm.rank, comm.size,
                                                    seed, labels=labels, alpha=alpha,
@@ -82,7 +70,7 @@ def build_torch_run(module: ModuleOrFactory, loss: Loss, data: TensorData | Batc
         sampler = MinibatchSampler(np.arange(shard.numel()), batch_size, seed, comm.rank)
         batches = ShardBatches(to_device(inputs[shard], device, tdtype),
                                to_device(targets[shard], device, tdtype), sampler)
-        train_samples: int | None = int(targets.shape[0])
+        train_samples = int(targets.shape[0])
         source = f"{train_samples} samples, partition {partition}"
         if test is None:
             test = (inputs, targets)
@@ -90,7 +78,7 @@ def build_torch_run(module: ModuleOrFactory, loss: Loss, data: TensorData | Batc
         if test is None:
             raise HpcoptError("a run on a batch factory needs a test set to evaluate on (test=...)")
         batches = IteratorSampler(data, batch_size, seed, comm.rank, comm.size, device, tdtype)
-        train_samples, source = None, f"batches of {getattr(data, '__name__', type(data).__name__)}"
+        train_samples, source = 0, f"batches of {getattr(data, '__name__', type(data).__name__)}"
     test_x, test_y = (to_device(t, device, tdtype) for t in test)
     problem = TorchProblem(model, loss, batches)
 
@@ -101,8 +89,34 @@ def build_torch_run(module: ModuleOrFactory, loss: Loss, data: TensorData | Batc
     description = (f"torch {type(model.module).__name__} ({model.layout.size:,} trained parameters"
                    f"{frozen}, {model.dtype}), {source}")
     carried = (model.counters, model.load_counters) if model.has_counters else None
-    return TorchRun(model, problem, x0, evaluate, description, "samples",
-                    lambda steps: steps * batch_size, carried, buffers, train_samples)
+    per_epoch = (train_samples // comm.size) // batch_size if train_samples else 0
+    return Workload(model.layout, problem, x0, evaluate, per_epoch, description, "samples",
+                    lambda steps: steps * batch_size, carried=carried, buffers=buffers)
+
+
+def config_workload(config: Config, comm: Any, backend: Backend) -> Workload:
+    """``--model torch:package.module:factory`` on the config's image data set: NCHW float
+    images in [0, 1] and integer labels, cross-entropy loss, sharded by ``partition``."""
+    data = config.data
+    dataset = load_dataset(data.dataset, data.path or None, data.test_fraction, config.run.seed)
+    return torch_workload(load_factory(config.model.model), torch.nn.CrossEntropyLoss(),
+                          TensorData(as_images(dataset.x_train, dataset.image_shape), dataset.y_train),
+                          comm, batch_size=data.batch_size, seed=config.run.seed,
+                          dtype=config.run.dtype, backend=backend, partition=data.partition,
+                          alpha=data.alpha, similarity=data.similarity,
+                          test=(as_images(dataset.x_test, dataset.image_shape), dataset.y_test))
+
+
+def load_factory(spec: str) -> Callable[[], torch.nn.Module]:
+    """The function ``torch:package.module:function`` names, imported (HpcoptError if not)."""
+    _, module_name, function = spec.split(":")
+    try:
+        found = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError) as exc:
+        raise HpcoptError(f"--model {spec}: cannot import {function} from {module_name}: {exc}") from None
+    if not callable(found):
+        raise HpcoptError(f"--model {spec}: {module_name}.{function} is not callable")
+    return found
 
 
 def _instantiate(module: ModuleOrFactory, seed: int) -> torch.nn.Module:

@@ -38,9 +38,17 @@ class TensorData:
     targets: Any
 
 
+def as_tensor(value: Any) -> torch.Tensor:
+    """``value`` as a tensor, sharing its memory; a read-only NumPy array (hpcopt's data sets
+    are locked) is copied, since torch has no read-only tensors."""
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        value = value.copy()
+    return torch.as_tensor(value)
+
+
 def to_device(value: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``value`` as a tensor on ``device``; floating-point values in ``dtype``, others as they are."""
-    tensor = torch.as_tensor(value)
+    tensor = as_tensor(value)
     return tensor.to(device, dtype if tensor.is_floating_point() else None)
 
 

@@ -14,7 +14,7 @@ from hpcopt.algorithms.local_clip import LocalClip  # noqa: E402
 from hpcopt.algorithms.local_sgd import LocalSGD  # noqa: E402
 from hpcopt.data.partition import partition_indices  # noqa: E402
 from hpcopt.data.sampler import MinibatchSampler  # noqa: E402
-from hpcopt.torch import TensorData, build_torch_run  # noqa: E402
+from hpcopt.torch import TensorData, torch_workload  # noqa: E402
 from tests.reference import celgc_reference  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -118,24 +118,24 @@ CASES = [
 @pytest.mark.parametrize("factory, options", CASES)
 def test_prsgd_on_a_torch_module_matches_the_serial_reference(comm, factory, options):
     steps = 12
-    run = build_torch_run(factory, nn.CrossEntropyLoss(), dataset(), comm, batch_size=BATCH,
+    run = torch_workload(factory, nn.CrossEntropyLoss(), dataset(), comm, batch_size=BATCH,
                           seed=SEED, dtype="float64")
     state = train(run, LocalSGD(**options), comm, steps)
     expected_x, expected_buffers = prsgd_reference(factory, comm.size, steps, **options)
     np.testing.assert_allclose(state.x, expected_x, rtol=1e-10, atol=1e-12)
     if expected_buffers is not None:
         np.testing.assert_allclose(state.buffers, expected_buffers, rtol=1e-10, atol=1e-12)
-        assert run.model.module[1].num_batches_tracked.item() == steps
+        assert run.problem.model.module[1].num_batches_tracked.item() == steps
     # the module is the algorithm's vector, and a round is one allreduce of it
     assert state.x is run.x0
-    assert run.model.module[0].weight.data_ptr() == state.x.ctypes.data
+    assert run.problem.model.module[0].weight.data_ptr() == state.x.ctypes.data
     rounds = steps // options["interval"]
     assert [r[2:4] for r in comm.stats.as_rows() if r[1] == "average"] == [(rounds, rounds * state.x.nbytes)]
 
 
 def test_celgc_on_a_torch_module_matches_the_serial_reference(comm):
     steps, options = 10, dict(interval=3, lr=0.3, gamma=0.2, momentum=0.5, weight_decay=0.01)
-    run = build_torch_run(mlp, nn.CrossEntropyLoss(), dataset(), comm, batch_size=BATCH,
+    run = torch_workload(mlp, nn.CrossEntropyLoss(), dataset(), comm, batch_size=BATCH,
                           seed=SEED, dtype="float64")
     state = train(run, LocalClip(**options), comm, steps)
     workers = [ReferenceWorker(mlp, i, comm.size) for i in range(comm.size)]
@@ -146,3 +146,40 @@ def test_celgc_on_a_torch_module_matches_the_serial_reference(comm):
     np.testing.assert_allclose(state.x, models[comm.rank], rtol=1e-10, atol=1e-12)
     assert int(state.clip_count) == clips[comm.rank]
     assert 0 < sum(clips) < steps * comm.size  # the threshold matters, but not always
+
+
+def test_a_command_line_torch_model_resumes_bitwise(comm, shared_dir):
+    """``--model torch:...`` through hpcopt.train: the batch-norm statistics, the momentum and the
+    integer buffers (ranks/hidden) go through a checkpoint, and the resumed run is the
+    uninterrupted one, bit for bit."""
+    import h5py
+
+    from hpcopt.config import build_config
+    from tests.runs import fresh_train
+
+    def config(steps, out):
+        return build_config(None, {"model": "torch:tests.torch_models:bn_cnn", "dataset": "digits",
+                                   "steps": steps, "interval": "4", "lr": "0.1", "momentum": "0.9",
+                                   "checkpoint_every": "6", "batch_size": "8", "out": str(out),
+                                   "progress": "false"})
+
+    _, whole = fresh_train(config("12", shared_dir / "whole"))
+    fresh_train(config("6", shared_dir / "part"))
+    summary, resumed = fresh_train(config("12", shared_dir / "part"), resume=shared_dir / "part")
+    assert summary.steps == 12 and summary.final.accuracy > 0
+    for name in ("x", "momentum", "buffers"):
+        np.testing.assert_array_equal(getattr(resumed, name), getattr(whole, name))
+    with h5py.File(shared_dir / "part" / "checkpoints" / "step-000000012.h5") as f:
+        assert f["ranks/hidden"].shape[0] == comm.size  # num_batches_tracked, per rank
+        assert "model/params/1.running_mean" not in f  # buffers are not parameters
+
+
+def test_a_factory_that_is_not_importable_or_not_a_module_is_refused(comm):
+    from hpcopt.config import build_config
+    from hpcopt.errors import HpcoptError
+    from tests.runs import fresh_train
+
+    for spec, message in (("torch:tests.torch_models:missing", "cannot import missing"),
+                          ("torch:tests.torch_models:not_a_module", "returned str, not a torch.nn.Module")):
+        with pytest.raises(HpcoptError, match=message):
+            fresh_train(build_config(None, {"model": spec, "dataset": "digits", "steps": "2"}))

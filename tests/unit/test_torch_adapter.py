@@ -15,7 +15,7 @@ from hpcopt.errors import HpcoptError  # noqa: E402
 from hpcopt.torch import (  # noqa: E402
     TensorData,
     TorchModel,
-    build_torch_run,
+    torch_workload,
     load_state_dict,
     save_state_dict,
 )
@@ -59,9 +59,9 @@ def data(name, n=40, seed=0):
 @pytest.mark.parametrize("name", FACTORIES)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_oracle_gradient_is_torch_autograd_gradient(comm, name, dtype):
-    run = build_torch_run(FACTORIES[name], nn.CrossEntropyLoss(), data(name), comm, batch_size=8,
+    run = torch_workload(FACTORIES[name], nn.CrossEntropyLoss(), data(name), comm, batch_size=8,
                           seed=1, dtype=dtype)
-    reference = copy.deepcopy(run.model.module)
+    reference = copy.deepcopy(run.problem.model.module)
     grads = np.full_like(run.x0, np.nan)  # stale values must not leak into the gradient
     state = run.problem.sampler.state()
     loss = run.problem.oracle(run.x0, grads)
@@ -132,13 +132,13 @@ def frozen_net():
 def test_frozen_parameters_are_outside_the_vector_and_never_change(comm, algorithm):
     g = torch.Generator().manual_seed(3)
     data = TensorData(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g))
-    run = build_torch_run(frozen_net, nn.CrossEntropyLoss(), data, comm, batch_size=8, dtype="float64")
-    module = run.model.module
+    run = torch_workload(frozen_net, nn.CrossEntropyLoss(), data, comm, batch_size=8, dtype="float64")
+    module = run.problem.model.module
     frozen = [p.detach().clone() for p in module[0].parameters()]
     trained = module[2].weight.detach().clone()
-    assert run.model.layout.names == ["1.weight", "1.bias", "2.weight", "2.bias"]
-    assert run.model.frozen_layout.names == ["0.weight", "0.bias"]
-    assert run.model.buffer_layout.names == ["1.running_mean", "1.running_var"]
+    assert run.problem.model.layout.names == ["1.weight", "1.bias", "2.weight", "2.bias"]
+    assert run.problem.model.frozen_layout.names == ["0.weight", "0.bias"]
+    assert run.problem.model.buffer_layout.names == ["1.running_mean", "1.running_var"]
     state = algorithm.init(run.x0, comm, buffers=run.buffers)
     for _ in range(5):
         algorithm.step(state, run.problem.oracle, comm)
@@ -146,7 +146,7 @@ def test_frozen_parameters_are_outside_the_vector_and_never_change(comm, algorit
         assert torch.equal(before, after)
         assert after.grad is None
     assert not torch.equal(trained, module[2].weight)
-    assert module[2].weight.data_ptr() == state.x[run.model.layout.slices()["2.weight"]].ctypes.data
+    assert module[2].weight.data_ptr() == state.x[run.problem.model.layout.slices()["2.weight"]].ctypes.data
     assert module[1].num_batches_tracked.item() == 5
 
 
@@ -176,16 +176,16 @@ def test_non_float_and_mixed_parameters_are_refused():
 
 
 def test_dtype_converts_the_module_and_the_data(comm):
-    run = build_torch_run(mlp, nn.CrossEntropyLoss(), data("mlp"), comm, batch_size=4, dtype="float32")
+    run = torch_workload(mlp, nn.CrossEntropyLoss(), data("mlp"), comm, batch_size=4, dtype="float32")
     assert run.x0.dtype == np.float32
-    assert all(p.dtype == torch.float32 for p in run.model.module.parameters())
+    assert all(p.dtype == torch.float32 for p in run.problem.model.module.parameters())
     assert run.problem.batches.inputs.dtype == torch.float32
     assert run.problem.batches.targets.dtype == torch.int64
 
 
 def test_a_resumed_sampler_gives_the_same_gradients_dropout_included(comm):
     def make():
-        return build_torch_run(mlp, nn.CrossEntropyLoss(), data("mlp", n=24), comm, batch_size=8,
+        return torch_workload(mlp, nn.CrossEntropyLoss(), data("mlp", n=24), comm, batch_size=8,
                                seed=5, dtype="float64")
 
     first, second = make(), make()
@@ -208,7 +208,7 @@ def test_batch_factory_resumes_by_replaying_its_epoch(comm):
     test = (torch.randn(10, 6), torch.randint(0, 3, (10,)))
 
     def make():
-        return build_torch_run(mlp, nn.CrossEntropyLoss(), batches, comm, batch_size=4, seed=2,
+        return torch_workload(mlp, nn.CrossEntropyLoss(), batches, comm, batch_size=4, seed=2,
                                dtype="float64", test=test)
 
     first = make()
@@ -218,18 +218,18 @@ def test_batch_factory_resumes_by_replaying_its_epoch(comm):
     assert first.problem.sampler.state()["epoch"] == 1
     assert torch.equal(second.problem.batches.next_batch()[0], served[4])
     with pytest.raises(HpcoptError, match="needs a test set"):
-        build_torch_run(mlp, nn.CrossEntropyLoss(), batches, comm, batch_size=4)
+        torch_workload(mlp, nn.CrossEntropyLoss(), batches, comm, batch_size=4)
 
 
 def test_evaluate_reports_accuracy_and_leaves_the_binding_as_it_was(comm):
-    run = build_torch_run(conv_net, nn.CrossEntropyLoss(), data("conv", n=30), comm, batch_size=6,
+    run = torch_workload(conv_net, nn.CrossEntropyLoss(), data("conv", n=30), comm, batch_size=6,
                           dtype="float64")
     grads = np.zeros_like(run.x0)
     run.problem.oracle(run.x0, grads)
     stats = run.buffers.copy()
     other = run.x0 + 0.01
     result = run.evaluate(other, grads, comm, buffers=run.buffers * 2)
-    module = run.model.module
+    module = run.problem.model.module
     assert result.samples == 30 and 0 <= result.accuracy <= 1 and np.isfinite(result.loss)
     assert module.training
     assert module[0].weight.data_ptr() == run.x0.ctypes.data
@@ -238,7 +238,7 @@ def test_evaluate_reports_accuracy_and_leaves_the_binding_as_it_was(comm):
     module.eval()
     with torch.no_grad():
         module[1].running_mean.mul_(2), module[1].running_var.mul_(2)
-        run.model.bind(other)
+        run.problem.model.bind(other)
         inputs = torch.as_tensor(data("conv", n=30).inputs)
         expected = nn.CrossEntropyLoss()(module(inputs), torch.as_tensor(data("conv", n=30).targets))
     assert result.loss == pytest.approx(expected.item(), rel=1e-12)

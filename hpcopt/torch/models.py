@@ -1,0 +1,54 @@
+"""Ready-made modules for ``--model torch:hpcopt.torch.models:NAME``: the ResNet-20 of the
+PR-SGD and CELGC papers' CIFAR-10 experiments (He et al. 2016, section 4.2: three stages of
+three basic blocks, 16, 32 and 64 channels, batch norm, projection shortcuts where the shape
+changes, global average pooling), for 1-channel and 3-channel images of any size >= 8x8."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class BasicBlock(nn.Module):
+    """conv3x3-BN-ReLU-conv3x3-BN, plus the input (a 1x1 conv-BN when the shape changes), ReLU."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False),
+                                          nn.BatchNorm2d(outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+def resnet(depth: int = 20, channels: int = 1, classes: int = 10, width: int = 16) -> nn.Sequential:
+    """ResNet-``depth`` (6n + 2 layers) for ``channels``-channel images."""
+    if depth < 8 or (depth - 2) % 6:
+        raise ValueError(f"depth must be 6n + 2 with n >= 1, got {depth}")
+    blocks, layers = (depth - 2) // 6, []
+    inputs = width
+    for stage in range(3):
+        outputs = width * 2 ** stage
+        for block in range(blocks):
+            layers.append(BasicBlock(inputs, outputs, 2 if stage and not block else 1))
+            inputs = outputs
+    return nn.Sequential(nn.Conv2d(channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
+                         nn.ReLU(), *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(inputs, classes))
+
+
+def resnet20() -> nn.Sequential:
+    """ResNet-20 for 1-channel images (MNIST, digits), 10 classes."""
+    return resnet(20, channels=1)
+
+
+def resnet20_rgb() -> nn.Sequential:
+    """ResNet-20 for 3-channel images (CIFAR-10), 10 classes."""
+    return resnet(20, channels=3)
