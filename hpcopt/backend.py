@@ -128,7 +128,7 @@ def get_backend(device: str = "cpu", local_rank: int | None = None) -> Backend:
         import cupy
     except ImportError:
         raise HpcoptError("device 'gpu' needs CuPy (pip install 'hpcopt[gpu]'), "
-                        "which is not installed") from None
+                          "which is not installed") from None
     try:
         available = cupy.cuda.is_available()
         count = cupy.cuda.runtime.getDeviceCount() if available else 0

@@ -88,7 +88,7 @@ def build_run(config: Config, comm: Comm, workload: Workload | None = None) -> R
         workload = build_workload(config, comm, backend)
     elif not isinstance(workload.x0, backend.xp.ndarray):
         raise HpcoptError(f"the workload's parameters are {type(workload.x0).__name__}, but device "
-                        f"{config.run.device} needs {backend.xp.__name__} arrays")
+                          f"{config.run.device} needs {backend.xp.__name__} arrays")
     if not config.run.steps and workload.steps_per_epoch < 1:
         raise HpcoptError(f"{workload.description}: its epoch length is unknown "
                           "(steps_per_epoch 0): give the number of steps (--steps)")
@@ -219,7 +219,7 @@ def _load_hidden(problem: LanguageModelProblem, vector: Array) -> None:
     shapes = [a.shape for state in problem.hidden for a in state]
     if vector.size != sum(math.prod(s) for s in shapes):
         raise HpcoptError(f"the checkpoint's LSTM hidden state has {vector.size} values, "
-                        f"this model needs {sum(math.prod(s) for s in shapes)}")
+                          f"this model needs {sum(math.prod(s) for s in shapes)}")
     arrays, start = [], 0
     for shape in shapes:
         size = math.prod(shape)
@@ -274,5 +274,5 @@ def _steps_per_epoch(config: Config, n_train: int, workers: int) -> int:
     per_epoch = (n_train // workers) // batch_size
     if per_epoch < 1 and not config.run.steps:
         raise HpcoptError(f"batch size {batch_size} is larger than a shard "
-                        f"({n_train // workers} samples per rank with {workers} ranks)")
+                          f"({n_train // workers} samples per rank with {workers} ranks)")
     return per_epoch

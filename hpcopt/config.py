@@ -97,7 +97,7 @@ class DataConfig:
                 raise HpcoptError(f"corpus_fraction must be in (0, 1], got {self.corpus_fraction}")
             if self.test_fraction != 0.2:
                 raise HpcoptError(f"test_fraction applies only to image data sets; a corpus "
-                                f"({self.dataset}) has its own test split")
+                                  f"({self.dataset}) has its own test split")
         elif self.corpus_fraction != 1.0:
             raise HpcoptError(f"corpus_fraction applies only to the text corpora ({', '.join(TEXT_CORPORA)})")
         elif self.bptt != 35:
@@ -143,7 +143,7 @@ class ModelConfig:
         if self.model == "lstm":
             if not self.hidden or len(set(self.hidden)) != 1:
                 raise HpcoptError(f"lstm needs equal hidden sizes, one per layer (e.g. --hidden 256,256), "
-                                f"got {self.hidden}")
+                                  f"got {self.hidden}")
         elif self.embed or self.tie:
             raise HpcoptError(f"{'embed' if self.embed else 'tie'} applies only to --model lstm")
 

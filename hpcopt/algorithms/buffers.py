@@ -32,7 +32,7 @@ def check_buffer_policy(policy: str) -> str:
     """``policy`` if it is one of ``BUFFER_POLICIES``, else a HpcoptError naming them."""
     if policy not in BUFFER_POLICIES:
         raise HpcoptError(f"unknown buffer_policy {policy!r} "
-                        f"(choose from {', '.join(BUFFER_POLICIES)})")
+                          f"(choose from {', '.join(BUFFER_POLICIES)})")
     return policy
 
 

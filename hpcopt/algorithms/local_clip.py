@@ -144,7 +144,7 @@ class LocalClip(_ClippedSGD):
         check_rounds(self.interval, self.momentum_policy)
         if self.clip_norm not in CLIP_NORMS:
             raise HpcoptError(f"unknown clipping norm {self.clip_norm!r} "
-                            f"(choose from {', '.join(CLIP_NORMS)})")
+                              f"(choose from {', '.join(CLIP_NORMS)})")
         if not 0 < self.participation <= 1:
             raise HpcoptError(f"participation fraction must be in (0, 1], got {self.participation}")
         if self.seed < 0:

@@ -164,7 +164,7 @@ class _Pipelined:
         positive_finite("lr", self.lr)
         if self.pipeline not in PIPELINE_SCHEDULES:
             raise HpcoptError(f"unknown pipeline schedule {self.pipeline!r} "
-                            f"(choose from {', '.join(PIPELINE_SCHEDULES)})")
+                              f"(choose from {', '.join(PIPELINE_SCHEDULES)})")
 
     @property
     def samples_per_iteration(self) -> int:
@@ -204,7 +204,7 @@ class PipelinedAGD(_Pipelined):
         check_momentum(self.momentum, False)
         if self.momentum == 0:
             raise HpcoptError("pipelined_agd needs --momentum in (0, 1), e.g. 0.9 "
-                            "(with momentum 0 it is --algorithm pipelined_gd)")
+                              "(with momentum 0 it is --algorithm pipelined_gd)")
 
     def init(self, x0: Array, comm: Comm, box: Box | None = None) -> PipelineState:
         """State from this stage's block x0 (projected onto ``box``); no communication."""
@@ -243,12 +243,12 @@ class PPRS(_Pipelined):
             raise HpcoptError(f"samples K must be >= 1, got {self.samples}")
         if self.outer not in OUTER_LOOPS:
             raise HpcoptError(f"unknown outer loop {self.outer!r} "
-                            f"(choose from {', '.join(OUTER_LOOPS)})")
+                              f"(choose from {', '.join(OUTER_LOOPS)})")
         if self.seed < 0:
             raise HpcoptError(f"seed must be >= 0, got {self.seed}")
         if not (self.smoothing == AUTO or (self.smoothing >= 0 and math.isfinite(self.smoothing))):
             raise HpcoptError(f"smoothing (gamma) must be >= 0 (or -1: the outer loop's default), "
-                            f"got {self.smoothing}")
+                              f"got {self.smoothing}")
         check_momentum(self.momentum, False)
 
     @property
@@ -261,8 +261,8 @@ class PPRS(_Pipelined):
                 self.radius and self.radius > 0 and self.lipschitz and self.lipschitz > 0
                 and self.dimension and self.dimension >= 1):
             raise HpcoptError("the accelerated outer loop needs radius > 0, lipschitz > 0 and "
-                            f"dimension >= 1, got R={self.radius}, L={self.lipschitz}, "
-                            f"d={self.dimension}")
+                              f"dimension >= 1, got R={self.radius}, L={self.lipschitz}, "
+                              f"d={self.dimension}")
 
     @property
     def smoothing_scale(self) -> float:

@@ -96,7 +96,7 @@ def get_profile(spec: str) -> NetworkProfile:
         return PROFILES[spec]
     if "=" not in spec:
         raise HpcoptError(f"unknown network profile {spec!r} (named: {', '.join(PROFILES)}; "
-                        "or give alpha=SECONDS,bandwidth=BYTES_PER_SECOND)")
+                          "or give alpha=SECONDS,bandwidth=BYTES_PER_SECOND)")
     values: dict[str, float] = {}
     for item in spec.split(","):
         key, _, value = item.partition("=")
@@ -132,7 +132,7 @@ def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
     t = np.asarray(list(seconds), dtype=float)
     if ranks < 2 or n.size != t.size or np.any(t <= 0) or np.count_nonzero(n >= bandwidth_from) < 2:
         raise HpcoptError("fitting needs >= 2 ranks and >= 2 positive (size, time) measurements"
-                        + (f" from {bandwidth_from:g} bytes up" if bandwidth_from else ""))
+                          + (f" from {bandwidth_from:g} bytes up" if bandwidth_from else ""))
     hops, share = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
     large = n >= bandwidth_from
     design = np.column_stack([np.full(int(large.sum()), float(hops)), share * n[large]])

@@ -59,7 +59,7 @@ def corpus_shard(tokens: np.ndarray, documents: np.ndarray, kind: str, rank: int
     """
     if size > len(tokens):
         raise HpcoptError(f"{size} ranks but only {len(tokens)} training tokens: "
-                        "every rank needs at least one")
+                          "every rank needs at least one")
     if kind == "block":
         return _block(tokens, rank, size)
     chunk = chunk_length(len(tokens), size)
@@ -79,8 +79,8 @@ def streams_of(block: np.ndarray, batch_size: int, rank: int = 0, size: int = 1)
     length = block.size // batch_size
     if length < 2:
         raise HpcoptError(f"the corpus is too small for one batch: rank {rank} of {size} holds "
-                        f"{block.size} tokens, {batch_size} streams need at least "
-                        f"{2 * batch_size} (one input and one target each)")
+                          f"{block.size} tokens, {batch_size} streams need at least "
+                          f"{2 * batch_size} (one input and one target each)")
     return np.ascontiguousarray(block[: length * batch_size].reshape(batch_size, length).T)
 
 
@@ -128,15 +128,15 @@ class BpttSampler:
         expected = self.state()
         if set(state) != set(expected):
             raise HpcoptError(f"BPTT sampler state has keys {sorted(state)}, "
-                            f"expected {sorted(expected)}")
+                              f"expected {sorted(expected)}")
         for key, value in state.items():
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise HpcoptError(f"BPTT sampler state {key!r} must be an integer, got {value!r}")
         for key in ("bptt", "stream_length", "batch_size", "rank"):
             if state[key] != expected[key]:
                 raise HpcoptError(f"BPTT sampler state was saved with {key} {state[key]}, "
-                                f"but this run has {key} {expected[key]}")
+                                  f"but this run has {key} {expected[key]}")
         if state["epoch"] < 0 or not 0 <= state["position"] < self.windows_per_epoch:
             raise HpcoptError(f"BPTT sampler state (epoch {state['epoch']}, position "
-                            f"{state['position']}) is outside 0..{self.windows_per_epoch - 1}")
+                              f"{state['position']}) is outside 0..{self.windows_per_epoch - 1}")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

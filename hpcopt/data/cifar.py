@@ -45,7 +45,7 @@ def read_cifar10_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     bad = np.flatnonzero(labels >= NUM_CLASSES)
     if bad.size:
         raise HpcoptError(f"CIFAR-10 file {path}: record {bad[0]} has label {labels[bad[0]]}, "
-                        f"outside 0..{NUM_CLASSES - 1}")
+                          f"outside 0..{NUM_CLASSES - 1}")
     return records[:, 1:].reshape(-1, *IMAGE_SHAPE), labels
 
 
@@ -54,15 +54,15 @@ def read_cifar10(path: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     holds ``data_batch_1.bin`` ... ``data_batch_5.bin`` and ``test_batch.bin``; images uint8."""
     if not path:
         raise HpcoptError("data set 'cifar10' needs a path: the directory of the binary batches "
-                        "(cifar-10-batches-bin)")
+                          "(cifar-10-batches-bin)")
     directory = Path(path)
     if not directory.is_dir():
         raise HpcoptError(f"CIFAR-10 directory {directory} does not exist")
     missing = [name for name in (*TRAIN_FILES, TEST_FILE) if not (directory / name).is_file()]
     if missing and (directory / "data_batch_1").is_file():
         raise HpcoptError(f"{directory} holds the 'python version' of CIFAR-10 (pickle files), "
-                        "which hpcopt never unpickles: use the binary version "
-                        "(cifar-10-binary.tar.gz, directory cifar-10-batches-bin)")
+                          "which hpcopt never unpickles: use the binary version "
+                          "(cifar-10-binary.tar.gz, directory cifar-10-batches-bin)")
     if missing:
         raise HpcoptError(f"CIFAR-10 directory {directory} lacks {', '.join(missing)}")
     train = [read_cifar10_batch(directory / name) for name in TRAIN_FILES]

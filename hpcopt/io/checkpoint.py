@@ -329,7 +329,7 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: 
     size = int_attr(attrs, "world_size", path, minimum=1)
     if world_size is not None and world_size != size:
         raise HpcoptError(f"{path} was written by a run on {size} rank(s); this run has {world_size}: "
-                        f"resume it on {size} (mpiexec -n {size} ...)")
+                          f"resume it on {size} (mpiexec -n {size} ...)")
     wall = attrs.get("wall_seconds")
     if not isinstance(wall, (float, np.floating)) or not np.isfinite(wall) or wall < 0:
         raise HpcoptError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")
@@ -395,7 +395,7 @@ def _array(f: Any, name: str, path: Path, dtype: Any, shape: tuple[int, ...]) ->
         raise HpcoptError(f"{path}: dataset /{name} is missing")
     if obj.dtype != np.dtype(dtype) or obj.shape != tuple(shape):
         raise HpcoptError(f"{path}: /{name} has dtype {obj.dtype} and shape {obj.shape}, "
-                        f"expected {np.dtype(dtype)} and {tuple(shape)}")
+                          f"expected {np.dtype(dtype)} and {tuple(shape)}")
     return obj
 
 

@@ -115,7 +115,7 @@ def is_pipeline(traces: Sequence[Trace]) -> bool:
     kinds = {"bubble" in trace.columns for trace in traces}
     if len(kinds) > 1:
         raise HpcoptError("report compares runs of one kind: pipeline runs (pprs, pipelined_gd, "
-                        "pipelined_agd) and data-parallel runs need separate reports")
+                          "pipelined_agd) and data-parallel runs need separate reports")
     return kinds == {True}
 
 

@@ -257,7 +257,7 @@ class TraceWriter:
             return
         if path.exists():
             raise HpcoptError(f"{path} exists: it belongs to an earlier run "
-                            "(resume that run, or choose another --out)")
+                              "(resume that run, or choose another --out)")
         self.file = h5py.File(path, "w")
         self.file.attrs.update({"format": FORMAT, "format_version": VERSION, **attrs,
                                 "resumed_at": _resumed(None, resume_at[1]) if resume_at else "[]"})
@@ -339,10 +339,10 @@ def _check_resumable(path: Path, run_id: str, keep_rows: int) -> None:
     trace = read_trace(path)
     if trace.attrs.get("run_id") != run_id:
         raise HpcoptError(f"{path} is the trace of another run (run_id {trace.attrs.get('run_id')!r}, "
-                        f"the checkpoint has {run_id!r}); pass --out DIR for a new run directory")
+                          f"the checkpoint has {run_id!r}); pass --out DIR for a new run directory")
     if trace.rows < keep_rows:
         raise HpcoptError(f"{path} holds {trace.rows} rows but the checkpoint was taken after "
-                        f"{keep_rows}; pass --out DIR to start a new trace")
+                          f"{keep_rows}; pass --out DIR to start a new trace")
 
 
 @dataclass

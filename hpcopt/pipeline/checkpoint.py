@@ -185,7 +185,7 @@ def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
     size = int_attr(attrs, "world_size", path, minimum=1)
     if size != world_size:
         raise HpcoptError(f"{path} was written by a pipeline of {size} stage(s); this run has "
-                        f"{world_size} rank(s): resume it with mpiexec -n {size}")
+                          f"{world_size} rank(s): resume it with mpiexec -n {size}")
     wall = float(attrs.get("wall_seconds", -1.0))
     if not np.isfinite(wall) or wall < 0:
         raise HpcoptError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")
@@ -224,16 +224,16 @@ def restore(ckpt: PipelineCheckpoint, rank: int, block: Any, block_slice: slice,
     record = ckpt.stages[rank]
     if record.block != (block_slice.start, block_slice.stop):
         raise HpcoptError(f"{ckpt.path}: stage {rank} holds parameters {list(record.block)}, this "
-                        f"run's stage {rank} holds [{block_slice.start}, {block_slice.stop}]")
+                          f"run's stage {rank} holds [{block_slice.start}, {block_slice.stop}]")
     names = fields.present(state, fields.VECTOR)
     if sorted(record.vectors) != sorted(names):
         raise HpcoptError(f"{ckpt.path}: stage {rank} holds {sorted(record.vectors)}, this "
-                        f"algorithm needs {sorted(names)}")
+                          f"algorithm needs {sorted(names)}")
     for name in names:
         target = getattr(state, name)
         if record.vectors[name].shape != target.shape:
             raise HpcoptError(f"{ckpt.path}: stage {rank}'s {name} has shape "
-                            f"{record.vectors[name].shape}, expected {target.shape}")
+                              f"{record.vectors[name].shape}, expected {target.shape}")
     block[...] = backend.asarray(ckpt.model[block_slice])
     for name in names:
         getattr(state, name)[...] = backend.asarray(record.vectors[name])

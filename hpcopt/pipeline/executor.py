@@ -151,7 +151,7 @@ class Pipeline:
         stateful = [layer.name for layer in model.layers if layer.buffer_shapes()]
         if stateful:
             raise HpcoptError(f"layers with running statistics ({stateful}) are not supported in "
-                            "pipeline stages yet")
+                              "pipeline stages yet")
         self.trainable = plan.trainable_slices(model, frozen)[self.stage]
         self.layers = plan.layers(model, self.stage)
         self.layout = Sequential(self.layers).layout
@@ -239,7 +239,7 @@ class Pipeline:
         if key not in self._schedules:
             if samples < 1 or samples + 1 > self._tag_limit:
                 raise HpcoptError(f"samples per iteration must be in 1..{self._tag_limit - 1}, "
-                                f"got {samples}")
+                                  f"got {samples}")
             if backward:
                 ops = schedule(self.kind, self.stage, self.num_stages, samples)
                 self._schedules[key] = (ops, max_in_flight(ops))

@@ -44,7 +44,7 @@ def build_problem(config: Config, architecture_only: bool = False,
     if data.problem == "few_shot":
         if data.shots > int(np.bincount(dataset.y_train).min()):
             raise HpcoptError(f"shots {data.shots} is more than the smallest class of "
-                            f"{data.dataset} holds")
+                              f"{data.dataset} holds")
         return few_shot(dataset, data.shots, config.model.hidden, seed=seed, dtype=dtype, xp=xp)
     _, x_test = scaled_features(dataset)
     if architecture_only:
@@ -87,7 +87,7 @@ def build_algorithm(config: Config, problem: StagedProblem, trainable: int) -> A
     if (algo.algorithm == "pprs" and algo.outer == "accelerated"
             and (problem.radius is None or problem.lipschitz is None)):
         raise HpcoptError(f"the accelerated outer loop needs a known radius and Lipschitz constant: "
-                        f"use --problem l1_chain, or --outer nesterov for {problem.name}")
+                          f"use --problem l1_chain, or --outer nesterov for {problem.name}")
     return create(algo.algorithm, dataclasses.asdict(algo),
                   {"radius": problem.radius, "lipschitz": problem.lipschitz,
                    "dimension": trainable, "seed": config.run.seed})

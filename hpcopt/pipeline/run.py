@@ -118,7 +118,7 @@ def _build(config: Config, comm: Comm, problem: StagedProblem | None) -> _Built:
     xp = comm.backend.xp
     if problem is not None and problem.xp is not xp:
         raise HpcoptError(f"the given problem holds {problem.xp.__name__} arrays, but this run's "
-                        f"device {config.run.device} needs {xp.__name__} arrays")
+                          f"device {config.run.device} needs {xp.__name__} arrays")
     architecture = problem or build_problem(config, architecture_only=True)
     plan = plan_for(config, architecture.model, comm.size)
     problem = problem or build_problem(config, xp=xp)
@@ -211,7 +211,7 @@ class PipelineSession:
         check_resume(ckpt.config, self.config)
         if ckpt.tick >= self.ticks.total:
             raise HpcoptError(f"{ckpt.path} is at iteration {ckpt.tick} of {self.ticks.total}: the "
-                            "run is complete (pass --steps N with N larger to train further)")
+                              "run is complete (pass --steps N with N larger to train further)")
         self._restore_window(pipe_ckpt.restore(ckpt, self.comm.rank, self.pipe.params, self.block,
                                                self.state, self.comm.backend))
         self.resumed_from = str(ckpt.path)

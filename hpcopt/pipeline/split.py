@@ -31,7 +31,7 @@ class StagePlan:
         b = self.bounds
         if len(b) < 2 or b[0] != 0 or any(lo >= hi for lo, hi in zip(b[:-1], b[1:])):
             raise HpcoptError(f"stage bounds must rise strictly from 0 (every stage needs a "
-                            f"layer), got {list(b)}")
+                              f"layer), got {list(b)}")
 
     @property
     def num_stages(self) -> int:
@@ -41,7 +41,7 @@ class StagePlan:
         """HpcoptError unless the job has exactly one rank per stage (call it before any work)."""
         if size != self.num_stages:
             raise HpcoptError(f"the pipeline has {self.num_stages} stage(s) but runs on {size} "
-                            f"rank(s): launch with mpiexec -n {self.num_stages}")
+                              f"rank(s): launch with mpiexec -n {self.num_stages}")
 
     @classmethod
     def explicit(cls, model: Sequential, boundaries: Sequence[int]) -> StagePlan:
@@ -49,7 +49,7 @@ class StagePlan:
         n = len(model.layers)
         if any(not 0 < b < n for b in boundaries):
             raise HpcoptError(f"stage boundaries must be layer indices in 1..{n - 1}, "
-                            f"got {list(boundaries)}")
+                              f"got {list(boundaries)}")
         return cls((0, *boundaries, n))
 
     @classmethod
@@ -63,7 +63,7 @@ class StagePlan:
         cuts = [i for i, layer in enumerate(layers) if i > 0 and _param_count(layer) > 0]
         if num_stages < 1 or num_stages - 1 > len(cuts):
             raise HpcoptError(f"cannot cut a model with {len(cuts) + 1} parameter block(s) into "
-                            f"{num_stages} stages: give explicit stage boundaries")
+                              f"{num_stages} stages: give explicit stage boundaries")
         points = [0, *cuts, len(layers)]
         counts = [_param_count(layer) for layer in layers]
         prefix = [0]
@@ -123,5 +123,5 @@ class StagePlan:
             return slice(0, 0)
         if any(a[1] != b[0] for a, b in zip(spans[:-1], spans[1:])):
             raise HpcoptError(f"stage {stage}: trainable layers {[s[2] for s in spans]} are not "
-                            "contiguous; freeze fewer layers or cut the stages differently")
+                              "contiguous; freeze fewer layers or cut the stages differently")
         return slice(spans[0][0], spans[-1][1])

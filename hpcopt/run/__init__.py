@@ -53,4 +53,4 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
         return train_data_parallel(config, comm, verbose, resume, faults, workload)
     wanted = "a StagedProblem" if pipeline else "an hpcopt.Workload"
     raise HpcoptError(f"--algorithm {config.algorithm.algorithm} trains {wanted}, "
-                    f"not a {type(workload).__name__}")
+                      f"not a {type(workload).__name__}")

@@ -204,10 +204,10 @@ class DataParallelSession:
         check_resume(ckpt.config, self.config)
         if ckpt.layout != layout:
             raise HpcoptError(f"{path}: its model ({_describe(ckpt.layout)}) does not match the "
-                            f"model its config describes ({_describe(layout)})")
+                              f"model its config describes ({_describe(layout)})")
         if ckpt.tick >= self.ticks.total:
             raise HpcoptError(f"{path} is at step {ckpt.tick} of {self.ticks.total}: the run is "
-                            "complete (pass --steps N with N larger to train further)")
+                              "complete (pass --steps N with N larger to train further)")
         carried = self.workload.carried
         self.window.restore(ckpt_io.restore(ckpt, self.comm.rank, self.state,
                                             self.workload.problem.sampler, self.comm.backend,

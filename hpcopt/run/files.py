@@ -92,7 +92,7 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
     path = out / trace_io.FILE_NAME
     if resume_at is None and (path.exists() or ckpt_io.has_checkpoints(out)):
         raise HpcoptError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
-                        "or choose another --out")
+                          "or choose another --out")
     if not config.run.trace:
         return None
     attrs = {**versions(), "run_id": run_id, "world_size": comm.size, **(network or {}),

@@ -36,7 +36,7 @@ def agree_ticks(ticks: int, local_steps: int, comm: Any) -> None:
     if len({t for t, _ in everyone}) > 1:
         shown = ", ".join(f"rank {r}: {t} ticks ({s} steps)" for r, (t, s) in enumerate(everyone))
         raise HpcoptError(f"the ranks disagree on the length of the run ({shown}); "
-                        "is the data set the same on every node?", everywhere=True)
+                          "is the data set the same on every node?", everywhere=True)
 
 
 def estimate(parts: Any, size: int) -> int:
@@ -67,9 +67,9 @@ def check_output(out: Path | None, checkpoint_bytes: int, comm: Any) -> None:
         probe.unlink()
     except OSError as exc:
         raise HpcoptError(f"the checkpoint directory {directory} is not writable: "
-                        f"{exc.strerror or exc}") from None
+                          f"{exc.strerror or exc}") from None
     need = checkpoint_bytes
     free = shutil.disk_usage(directory).free
     if free < need:
         raise HpcoptError(f"not enough free space for a checkpoint in {directory}: "
-                        f"{free / 1e6:,.1f} MB free, a checkpoint needs about {need / 1e6:,.1f} MB")
+                          f"{free / 1e6:,.1f} MB free, a checkpoint needs about {need / 1e6:,.1f} MB")

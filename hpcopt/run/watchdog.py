@@ -53,7 +53,7 @@ class Watchdog:
     def __init__(self, comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1) -> None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise HpcoptError("--stall-timeout needs an MPI library with MPI_THREAD_MULTIPLE",
-                            everywhere=True)
+                              everywhere=True)
         self.mpi = comm.mpi.Dup()
         self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
         self.timeout = timeout

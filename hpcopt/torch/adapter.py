@@ -132,7 +132,7 @@ class TorchModel:
         sizes = [b.numel() for _, b in self._counters]
         if pairs.size != 2 * sum(sizes):
             raise HpcoptError(f"the checkpoint holds {pairs.size // 2} integer buffer values, "
-                            f"this module has {sum(sizes)}")
+                              f"this module has {sum(sizes)}")
         values = pairs[0::2].astype(np.int64) * SPLIT + pairs[1::2].astype(np.int64)
         for (_, b), part in zip(self._counters, np.split(values, np.cumsum(sizes)[:-1])):
             b.copy_(torch.from_numpy(part).view(b.shape))

@@ -104,7 +104,7 @@ class IteratorSampler:
             for served in range(self.position):
                 if next(batches, None) is None:
                     raise HpcoptError(f"cannot resume at batch {self.position} of epoch {self.epoch}: "
-                                    f"the batch factory gives rank {self.rank} only {served}")
+                                      f"the batch factory gives rank {self.rank} only {served}")
             self._batches = batches
         return self._batches
 
@@ -121,7 +121,7 @@ class IteratorSampler:
         for key in ("batch_size", "shard_size", "seed", "rank"):
             if state[key] != expected[key]:
                 raise HpcoptError(f"sampler state was saved with {key} {state[key]}, "
-                                f"but this run has {key} {expected[key]}")
+                                  f"but this run has {key} {expected[key]}")
         if state["epoch"] < 0 or state["position"] < 0:
             raise HpcoptError(f"sampler state epoch and position must be non-negative, got {state}")
         self.epoch, self.position, self._batches = int(state["epoch"]), int(state["position"]), None
