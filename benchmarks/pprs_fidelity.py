@@ -108,19 +108,21 @@ def divergence(comm: Comm, args: argparse.Namespace) -> dict:
 def timing_problems(args: argparse.Namespace) -> dict[str, StagedProblem]:
     return {"l1 chain (4 parameters x 64 rows a block)":
             l1_chain(L1_BLOCKS, L1_BLOCK_DIM, L1_ROWS, seed=0),
-            f"large l1 chain ({args.large_block} x {args.large_rows} a block)":
+            f"l1 chain ({args.large_block} parameters x {args.large_rows} rows a block)":
             l1_chain(L1_BLOCKS, args.large_block, args.large_rows, seed=0)}
 
 
 def per_iteration(history: list[dict], stages: int) -> dict[str, float]:
-    """From the trace rows after the first (warm-up) window: the pipeline's measured seconds per
-    iteration (the slowest stage's busy + idle), the wall per iteration, tau, the bubble."""
-    rows = history[1:]
-    steps = rows[-1]["step"] - history[0]["step"]
-    spent = [max(r[f"busy_{s}"] + r[f"idle_{s}"] for s in range(stages)) for r in rows]
+    """Medians over the trace windows after the first (warm-up): the pipeline's measured seconds
+    per iteration (the slowest stage's busy + idle), the wall per iteration, tau; the bubble over
+    those windows."""
+    rows, spans = history[1:], [b["step"] - a["step"] for a, b in zip(history, history[1:])]
+    spent = [max(r[f"busy_{s}"] + r[f"idle_{s}"] for s in range(stages)) / n
+             for r, n in zip(rows, spans)]
+    walls = [(b["wall"] - a["wall"]) / n for a, b, n in zip(history, rows, spans)]
     busy = sum(r[f"busy_{s}"] for r in rows for s in range(stages))
     idle = sum(r[f"idle_{s}"] for r in rows for s in range(stages))
-    return {"measured": sum(spent) / steps, "wall": (rows[-1]["wall"] - history[0]["wall"]) / steps,
+    return {"measured": statistics.median(spent), "wall": statistics.median(walls),
             "tau": statistics.median(r["tau"] for r in rows), "bubble": idle / (busy + idle)}
 
 
@@ -134,13 +136,14 @@ def timing(comm: Comm, args: argparse.Namespace) -> dict:
                         "momentum": str(MOMENTUM)})
             cfg = build_config(None, {**BASE, **options, "lr": "1e-3",
                                       "steps": str(args.timing_iterations), "eval_every": "0",
-                                      "trace_every": str(args.timing_iterations // 4),
+                                      "trace_every": str(max(1, args.timing_iterations // 8)),
                                       "progress": "false", "out": ""})
             summary, _ = train_pipeline(cfg, comm, verbose=False, problem=problem)
             figures = per_iteration(summary.history, comm.size)
             modelled = 2 * figures["tau"] * (k + comm.size - 1)
             records.append({"problem": name, "stages": comm.size, "samples": k,
-                            "modelled": modelled, "ideal": summary.bubble_ideal, **figures})
+                            "modelled": modelled, "ideal": summary.bubble_ideal,
+                            "load": os.getloadavg()[0], **figures})
             if comm.rank == 0:
                 print(f"{name} Delta {comm.size} K {k}: measured {1e3 * figures['measured']:.3f} "
                       f"ms, modelled {1e3 * modelled:.3f} ms, bubble {figures['bubble']:.2f}",
@@ -234,16 +237,19 @@ def depth_section(div: dict, target_share: float) -> str:
 
 
 def measured_section(runs: list[dict], cores: int) -> str:
+    loads = [r["load"] for r in runs]
     lines = [
-        f"Per iteration, seconds in the pipeline (the slowest stage's busy + idle, so no "
-        "update, trace or evaluation) against the model 2 tau (K + Delta - 1) with tau measured "
-        "in the same run; the wall per iteration (update and trace rows included); the "
+        f"Per iteration (medians over the trace windows of a run, the first left out), seconds "
+        "in the pipeline (the slowest stage's busy + idle, so no update, trace or evaluation) "
+        "against the model 2 tau (K + Delta - 1) with tau measured in the same run; the wall "
+        "per iteration (update and trace rows included); the "
         "measured bubble (idle share, all stages) against the ideal (Delta - 1)/(K + Delta - 1); "
         "and for Delta > 2 the model fed by the Delta = 2 run of the same problem and K: "
         "2 tau_2 (b_Delta / b_2) (K + Delta - 1), b = blocks on the fullest stage (8 blocks "
         f"balanced: 4, 3, 2 for Delta = 2, 3, 4). This machine has {cores} cores: Delta > "
         f"{cores} is oversubscribed (more stages than cores), and MPICH's waiting ranks spin, "
-        "taking a core from the busy ones.",
+        "taking a core from the busy ones. The machine was shared with other jobs: load "
+        f"average {min(loads):.1f} to {max(loads):.1f} during these runs.",
         "",
         "| problem | Δ | K | measured ms | modelled ms | measured / modelled | "
         "model from Δ=2 ms | wall ms | tau µs | bubble measured | bubble ideal |",
@@ -298,7 +304,7 @@ def drive(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 1e-5, 1e-7])
+    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-4, 1e-4, 1e-5, 1e-7])
     parser.add_argument("--samples", type=int, nargs="+", default=[2, 10, 100])
     parser.add_argument("--gammas", type=float, nargs="+", default=[0.01, 1.0])
     parser.add_argument("--scale", type=float, default=1e4)
@@ -310,9 +316,9 @@ def main() -> None:
                         help="depth table: time to reach this share of f(x_0)")
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--timing-samples", type=int, nargs="+", default=[10, 100])
-    parser.add_argument("--timing-iterations", type=int, default=20)
+    parser.add_argument("--timing-iterations", type=int, default=40)
     parser.add_argument("--large-block", type=int, default=64)
-    parser.add_argument("--large-rows", type=int, default=8192)
+    parser.add_argument("--large-rows", type=int, default=2048)
     parser.add_argument("--page", type=Path, default=Path("docs/results/pprs.md"))
     parser.add_argument("--json", type=Path, default=Path("docs/results/pprs/fidelity.json"))
     parser.add_argument("--from-json", type=Path, help="only rewrite the sections from this JSON")

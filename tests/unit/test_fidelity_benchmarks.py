@@ -50,8 +50,8 @@ def test_per_iteration_skips_the_first_window():
                 "idle_0": idle[0], "idle_1": idle[1]}
 
     history = [row(5, 9.0, (99, 99), (99, 99)), row(10, 10.0, (1.0, 2.0), (3.0, 1.0)),
-               row(15, 11.0, (1.0, 1.0), (1.0, 2.0))]
+               row(15, 11.0, (1.0, 1.0), (1.0, 2.0)), row(20, 13.0, (2.0, 2.0), (2.0, 2.0))]
     figures = pprs_fidelity.per_iteration(history, 2)
-    assert figures["measured"] == pytest.approx((4.0 + 3.0) / 10)
-    assert figures["wall"] == pytest.approx(2.0 / 10)
-    assert figures["bubble"] == pytest.approx(7.0 / 12.0)
+    assert figures["measured"] == pytest.approx(4.0 / 5)  # median of 4/5, 3/5, 4/5
+    assert figures["wall"] == pytest.approx(1.0 / 5)  # median of 1/5, 1/5, 2/5
+    assert figures["bubble"] == pytest.approx(11.0 / 20.0)
