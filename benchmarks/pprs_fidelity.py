@@ -169,7 +169,7 @@ def reach(run: dict, target: float) -> int | None:
 
 def depth_rows(div: dict, target_share: float) -> list[dict]:
     """Per method, its best learning rate on the scaled chain (fewest iterations to the target)
-    and the modelled time to the target at every depth."""
+    and the modelled time to the target at every depth, in units of tau."""
     scaled_runs = [r for r in div["runs"] if r["scale"] != 1]
     rows = []
     for method in dict.fromkeys(r["method"] for r in scaled_runs):
@@ -180,10 +180,9 @@ def depth_rows(div: dict, target_share: float) -> list[dict]:
             rows.append({"method": method, "iterations": None})
             continue
         its, run = min(hits, key=lambda h: h[0])
-        k, tau = run["samples"], run["tau"]
-        per_iteration = {d: 2 * tau * (k + d - 1 if method.startswith("PPRS") else d)
-                         for d in DEPTHS}
-        rows.append({"method": method, "lr": run["lr"], "iterations": its, "tau": tau,
+        k = run["samples"]
+        per_iteration = {d: 2 * (k + d - 1 if method.startswith("PPRS") else d) for d in DEPTHS}
+        rows.append({"method": method, "lr": run["lr"], "iterations": its, "tau": run["tau"],
                      "deeper": {d: its * t for d, t in per_iteration.items()},
                      "finer": {d: its * t * 2 / d for d, t in per_iteration.items()}})
     return rows
@@ -211,20 +210,23 @@ def depth_section(div: dict, target_share: float) -> str:
     rows = depth_rows(div, target_share)
 
     def cells(times: dict) -> str:
-        return " | ".join(f"{1e3 * times[d]:.2f}" for d in DEPTHS)
+        return " | ".join(f"{times[d]:.0f}" for d in DEPTHS)
 
     lines = [
         f"Target: f(x) <= {target_share:g} f(x_0) on the scaled chain, each method at its best "
         "learning rate of the grid (fewest iterations to the target, evaluated every "
-        f"{div['runs'][0]['step'][1]} iterations). Modelled time to the target = iterations x "
-        "2 tau (K + Delta - 1) for PPRS, iterations x 2 tau Delta for GD and AGD, tau measured "
-        "on 2 stages in the same run. \"Deeper\": the paper's reading, Delta layers of tau "
-        "each (a deeper network, the same iterations assumed); \"cut finer\": the same 8-block "
-        "chain on Delta stages, tau_Delta = 2 tau_2 / Delta (balanced, no latency).",
+        f"{div['runs'][0]['step'][1]} iterations). Modelled time to the target, in units of "
+        "tau: iterations x 2 (K + Delta - 1) for PPRS, iterations x 2 Delta for GD and AGD. "
+        "\"Deeper\": the paper's reading, Delta layers of tau each (a deeper network; the "
+        "iterations of the 2-stage run assumed); \"cut finer\": the same 8-block chain on Delta "
+        "stages, tau_Delta = 2 tau_2 / Delta (balanced, no latency), in units of tau_2. tau_2: "
+        "the slowest stage's busy seconds per forward or backward of one sample, measured in "
+        "the 2-stage run (it differs between methods mostly by the load on the machine; PPRS "
+        "also draws noise).",
         "",
         "| method | lr | iterations | tau_2 µs | " + " | ".join(
-            f"deeper Δ={d} ms" for d in DEPTHS) + " | " + " | ".join(
-            f"cut finer Δ={d} ms" for d in DEPTHS) + " |",
+            f"deeper Δ={d}" for d in DEPTHS) + " | " + " | ".join(
+            f"cut finer Δ={d}" for d in DEPTHS) + " |",
         "|---|---:|---:|---:|" + "---:|" * (2 * len(DEPTHS)),
     ]
     for r in rows:
