@@ -14,7 +14,8 @@ not run again.
 - The sweep: naive clipping and CELGC at ``--intervals``, with ``--gamma``, per seed.
 
     python benchmarks/celgc_resnet.py --probe-only [--probe-gammas 0.3 0.45 1] [--probe-epochs 3]
-    python benchmarks/celgc_resnet.py --probe-epochs 3 --probe-gammas 0.3 0.45 1 --gamma 0.3 --epochs 60 --seeds 0 1 --intervals 1 2 8 32
+    python benchmarks/celgc_resnet.py --probe-epochs 3 --probe-gammas 0.3 0.45 1 --gamma 0.3 \
+        --epochs 60 --seeds 0 1 --intervals 1 2 8 32
 
 The second is the run of ``docs/results/celgc.md`` (8 runs of ~155 s each on 2 cores).
 Writes the section ``celgc-resnet`` of ``docs/results/celgc.md`` (probe and sweep tables) and
@@ -26,15 +27,15 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import time
 from pathlib import Path
 
 from celgc_reproduce import clip_fraction
-from hpcopt.io.trace import read_trace
+from launch import ROOT, train_run
+from resnet_mnist import BATCH, MNIST_TRAIN, RANKS, figures_of
+from sections import mean_sd, replace_section
+
 from hpcopt.io.report import write_report
-from launch import ROOT, run_hpcopt
-from resnet_mnist import BATCH, MNIST_TRAIN, RANKS, figures_of, mean_sd
-from sections import replace_section
+from hpcopt.io.trace import read_trace
 
 #: Shared by every run: the model of the PR-SGD ResNet reproduction, the paper's step size.
 COMMON = {"dataset": "mnist5k", "model": "resnet", "depth": 8, "width": 8, "batch-size": BATCH,
@@ -52,18 +53,7 @@ def label(interval: int) -> str:
 
 def run(name: str, options: dict, args: argparse.Namespace) -> Path:
     """Train one run (or keep its finished trace); returns the run directory."""
-    out = args.runs / name
-    trace = out / "trace.h5"
-    if trace.exists() and read_trace(trace).summary:
-        print(f"{name}: done before, kept", flush=True)
-        return out
-    shutil.rmtree(out, ignore_errors=True)
-    flags = {**COMMON, **options, "out": out}
-    start = time.perf_counter()
-    run_hpcopt(RANKS, "train", *(item for key, value in flags.items()
-                                 for item in (f"--{key}", str(value))), mpiexec=args.mpiexec)
-    print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
-    return out
+    return train_run(RANKS, args.runs / name, {**COMMON, **options}, mpiexec=args.mpiexec)
 
 
 def figures(path: Path, early: int) -> dict:

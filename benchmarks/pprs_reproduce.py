@@ -32,6 +32,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hpcopt.comm import Comm, node_layout
@@ -184,7 +185,9 @@ def make_table(results: dict, target: float) -> str:
                   "messages |", "|---|---|---|---|---|---|---|"]
         for m in methods:
             runs_m = [r for r in mine if r["method"] == m]
-            med = lambda f: statistics.median(f(r) for r in runs_m)  # noqa: E731
+            def med(f: Callable[[dict], float], runs_m: list[dict] = runs_m) -> float:
+                return statistics.median(f(r) for r in runs_m)
+
             lines.append(
                 f"| {m} | {1e3 * med(lambda r: r['seconds'] / r['iterations']):.2f} | "
                 f"{1e3 * med(lambda r: r['modelled'][-1] / r['iterations']):.2f} | "

@@ -16,10 +16,11 @@ import argparse
 import statistics
 from pathlib import Path
 
+from sections import mean_sd, replace_section
+
+from hpcopt import train
 from hpcopt.comm import Comm
 from hpcopt.config import build_config
-from hpcopt import train
-from sections import replace_section
 
 INTERVALS = (1, 2, 4, 8, 16, 32)
 
@@ -35,11 +36,6 @@ def run(interval: int, seed: int, epochs: float) -> dict:
             "mbytes": summary.average_bytes_per_rank / 1e6, "wall": summary.wall_seconds,
             "comm_share": summary.comm_seconds / summary.wall_seconds,
             "history": [(step // steps_per_epoch, ev.accuracy) for step, ev in summary.history]}
-
-
-def mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
 
 
 def table(results: dict[int, list[dict]], epochs: float, seeds: list[int], size: int) -> str:

@@ -25,16 +25,15 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from launch import train_run
+from sections import mean_sd, replace_section
 
-from hpcopt.io.trace import read_trace
 from hpcopt.io.report import write_report
-from launch import run_hpcopt
-from sections import replace_section
+from hpcopt.io.trace import read_trace
 
 CIFAR_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
 RANKS = 4
@@ -67,32 +66,24 @@ def cases(args: argparse.Namespace, cifar: bool) -> list[Case]:
     return sweep + policies + skewed + on_cifar
 
 
-def train_args(case: Case, seed: int, args: argparse.Namespace, out: Path) -> list[str]:
+def train_flags(case: Case, seed: int, args: argparse.Namespace) -> dict[str, object]:
     train = CIFAR_TRAIN if case.cifar else MNIST_TRAIN
     flags = {"model": "resnet", "depth": args.depth, "width": args.width, "batch-size": BATCH,
              "lr": args.lr, "momentum": args.momentum, "interval": case.interval,
              "buffer-policy": case.policy, "seed": seed,
              "epochs": args.cifar_epochs if case.cifar else args.epochs,
-             "eval-every": train // RANKS // BATCH, "progress": "false", "out": out}
+             "eval-every": train // RANKS // BATCH, "progress": "false"}
     if case.cifar:
         flags.update({"dataset": "cifar10", "path": args.cifar, "augment": "true"})
     if case.skewed:
         flags.update({"partition": "similarity", "similarity": 0})
-    return [part for key, value in flags.items() for part in (f"--{key}", str(value))]
+    return flags
 
 
 def run(case: Case, seed: int, args: argparse.Namespace) -> Path:
     """Train one case (or, with --reuse, take its finished trace); returns the run directory."""
-    out = args.runs / case.name(seed)
-    trace = out / "trace.h5"
-    if args.reuse and trace.exists() and read_trace(trace).summary is not None:
-        print(f"reusing {out}", flush=True)
-        return out
-    shutil.rmtree(out, ignore_errors=True)
-    start = time.perf_counter()
-    run_hpcopt(RANKS, "train", *train_args(case, seed, args, out), mpiexec=args.mpiexec)
-    print(f"{case.name(seed)}: {time.perf_counter() - start:.0f} s", flush=True)
-    return out
+    return train_run(RANKS, args.runs / case.name(seed), train_flags(case, seed, args),
+                     reuse=args.reuse, mpiexec=args.mpiexec)
 
 
 def figures_of(path: Path) -> dict:
@@ -101,17 +92,14 @@ def figures_of(path: Path) -> dict:
     evaluated = ~np.isnan(trace.columns["eval_accuracy"])
     last = {label: int(fields["bytes"][-1]) for label, fields in trace.comm.items()}
     return {"accuracy": float(trace.summary["eval_accuracy"]),
+            "test_loss": float(trace.summary["eval_loss"]),
             "loss": float(trace.columns["loss_mean"][-1]),
             "rounds": int(trace.summary["rounds"]),
             "mbytes": last.get("average", 0) / 1e6, "kbytes_bn": last.get("buffers", 0) / 1e3,
             "wall": float(trace.summary["wall"]),
             "history": [float(a) for a in trace.columns["eval_accuracy"][evaluated]],
+            "at_round": [int(r) for r in trace.columns["rounds"][evaluated]],
             "parameters": int(trace.attrs["parameters"])}
-
-
-def mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
 
 
 def table(rows: list[tuple[str, list[dict]]], first: str) -> list[str]:

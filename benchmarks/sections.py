@@ -8,6 +8,7 @@ hand-written reading around them survives a rerun.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 
@@ -23,3 +24,9 @@ def replace_section(path: Path, name: str, text: str) -> None:
         page = (page.rstrip() + "\n\n" if page.strip() else "") + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page)
+
+
+def mean_sd(values: list[float], digits: int = 4) -> str:
+    """``mean ± sd`` of a table cell (sd 0 for one value)."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"

@@ -22,9 +22,15 @@ Array = Any
 
 
 class Layer:
-    """A layer without parameters unless it overrides ``param_shapes``."""
+    """A layer without parameters unless it overrides ``param_shapes``.
+
+    ``constants`` names attributes holding fixed data (never written by forward or backward,
+    e.g. a problem's matrix): a pipeline's per-sample copies of the layer share them instead of
+    copying them (``hpcopt.pipeline.executor``).
+    """
 
     name: str = "layer"
+    constants: tuple[str, ...] = ()
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         return []

@@ -81,7 +81,8 @@ def _given(value: T | None, what: str) -> T:
 
 def _clone(layer: Layer) -> Layer:
     """An independent copy of ``layer`` (own forward caches and workspaces, nested layers
-    included) that shares, rather than copies, the arrays it and its children are bound to."""
+    included) that shares, rather than copies, the arrays it and its children are bound to and
+    their fixed data (``Layer.constants``)."""
     shared: dict[int, Any] = {}
     parts = [layer]
     while parts:
@@ -90,6 +91,9 @@ def _clone(layer: Layer) -> Layer:
         for bound in ("params", "grads", "buffers"):
             for view in getattr(part, bound, {}).values():
                 shared[id(view)] = view
+        for name in getattr(part, "constants", ()):
+            value = getattr(part, name)
+            shared[id(value)] = value
     return copy.deepcopy(layer, shared)
 
 

@@ -26,7 +26,9 @@ Array = Any
 
 class ResidualAffine(Layer):
     """y = x + A theta added to every row of x; A (m x d_i) is fixed data (on the parameters'
-    device), theta the parameter."""
+    device, shared by the pipeline's per-sample copies of the layer), theta the parameter."""
+
+    constants = ("matrix",)
 
     def __init__(self, matrix: Array, name: str) -> None:
         self.matrix, self.name = matrix, name
