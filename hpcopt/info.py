@@ -14,7 +14,7 @@ from .comm.staging import gpu_report
 from .run.threads import configure_threads
 
 PACKAGES = ("numpy", "mpi4py", "h5py", "threadpoolctl", "cupy-cuda12x", "matplotlib", "mlxtend",
-            "scikit-learn")
+            "scikit-learn", "torch")
 
 
 def _version(package: str) -> str:
