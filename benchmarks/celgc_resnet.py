@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import time
 from pathlib import Path
 
 from celgc_reproduce import clip_fraction
 from hpcopt.io.trace import read_trace
 from hpcopt.report import write_report
-from launch import ROOT, run_hpcopt
+from launch import ROOT, train_run
 from resnet_mnist import BATCH, MNIST_TRAIN, RANKS, figures_of, mean_sd
 from sections import replace_section
 
@@ -52,18 +51,7 @@ def label(interval: int) -> str:
 
 def run(name: str, options: dict, args: argparse.Namespace) -> Path:
     """Train one run (or keep its finished trace); returns the run directory."""
-    out = args.runs / name
-    trace = out / "trace.h5"
-    if trace.exists() and read_trace(trace).summary:
-        print(f"{name}: done before, kept", flush=True)
-        return out
-    shutil.rmtree(out, ignore_errors=True)
-    flags = {**COMMON, **options, "out": out}
-    start = time.perf_counter()
-    run_hpcopt(RANKS, "train", *(item for key, value in flags.items()
-                                 for item in (f"--{key}", str(value))), mpiexec=args.mpiexec)
-    print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
-    return out
+    return train_run(args.runs / name, RANKS, {**COMMON, **options}, mpiexec=args.mpiexec)
 
 
 def figures(path: Path, early: int) -> dict:

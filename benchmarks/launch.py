@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,3 +21,20 @@ def run_hpcopt(ranks: int, *args: str, mpiexec: str = "mpiexec", timeout: float 
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return done.stdout
+
+
+def train_run(out: Path, ranks: int, flags: dict[str, object], mpiexec: str = "mpiexec") -> Path:
+    """``hpcopt train --KEY VALUE ... --out OUT`` on ``ranks`` ranks, unless ``OUT/trace.h5``
+    already holds a finished run (one with its summary), which is kept; returns ``out``."""
+    from hpcopt.io.trace import read_trace
+
+    trace = out / "trace.h5"
+    if trace.exists() and read_trace(trace).summary:
+        print(f"{out.name}: done before, kept", flush=True)
+        return out
+    shutil.rmtree(out, ignore_errors=True)  # a run that did not finish
+    start = time.perf_counter()
+    run_hpcopt(ranks, "train", *(item for key, value in {**flags, "out": out}.items()
+                                 for item in (f"--{key}", str(value))), mpiexec=mpiexec)
+    print(f"{out.name}: {time.perf_counter() - start:.0f} s", flush=True)
+    return out
