@@ -1,32 +1,52 @@
-"""Per-step time of a torch module trained through hpcopt against a plain PyTorch loop.
+"""Per-step time of a torch module trained through hpcopt against a plain PyTorch loop, and the
+cost of one averaging round through hpcopt's Comm.
 
-hpcopt: ``torch_workload`` and PR-SGD (``LocalSGD``, one rank, averaging every ``--interval``
-steps), each step the oracle (next minibatch, forward, loss, backward into the flat gradient)
-and the update of the flat vector. PyTorch: the same module, minibatch drawn the same way
-(indexing a tensor with a shuffled order), ``zero_grad``, forward, loss, backward and
-``torch.optim.SGD.step`` with the same learning rate and momentum. One thread each (torch and
-BLAS), float32, batch 32 by default; rounds interleaved (benchmarks/versus.py). The table gives
-the median milliseconds per step and hpcopt's speed relative to PyTorch (torch time / hpcopt
-time; above 1 is faster).
+hpcopt: ``torch_workload`` and PR-SGD (``LocalSGD`` with no average inside the timed steps),
+each step the oracle (next minibatch, forward, loss, backward into the flat gradient) and the
+update of the flat vector. PyTorch: the same module, minibatch drawn the same way (indexing a
+tensor with a shuffled order), ``zero_grad``, forward, loss, backward and
+``torch.optim.SGD.step`` with the same learning rate and momentum, no DDP, no communication.
+One thread each (torch and BLAS), float32; rounds interleaved (benchmarks/versus.py).
 
-    python benchmarks/torch_step.py [--batch 32] [--models mlp resnet] [--rounds 7] [--calls 10]
+Under ``mpiexec -n N`` every rank times its own steps at the same time as the others (a barrier
+starts each timed block), and the slowest rank's median is reported, since a synchronous round
+waits for it. "average" is ``comm.average_`` of a vector of the model's size, label "average"
+(the call PR-SGD and CELGC make once per round), timed by the Comm's own counters, after a
+barrier: the cost of a round, not the wait for a slower rank. "round of 8" compares I = 8
+hpcopt steps plus one average with 8 PyTorch steps.
+
+    python benchmarks/torch_step.py [--models mlp resnet] [--rounds 7] [--calls 10]
+    python benchmarks/torch_step.py --ranks 1 2 --models resnet20 wordlstm [--write docs/torch.md]
+
+With ``--ranks``, the script runs itself under ``mpiexec -n R`` for each R, prints one table,
+and with ``--write PAGE`` puts it in the section ``torch-speed`` of PAGE.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
-from versus import add_timing_options, interleaved_medians  # benchmarks/versus.py
+from versus import add_timing_options, seconds_per_call  # benchmarks/versus.py
 
 from hpcopt.algorithms.local_sgd import LocalSGD
 from hpcopt.comm import Comm
 from hpcopt.torch import TensorData, torch_workload
+from hpcopt.torch.models import resnet20, word_lstm
+from hpcopt.torch.text import sequence_loss
 
 nn = torch.nn
 SAMPLES = 1024
+ROUND = 8  # the I of the "round" column
+NO_AVERAGE = 10**9  # PR-SGD's interval while steps are timed: no average among them
 
 
 class Block(nn.Module):
@@ -56,36 +76,59 @@ def mlp() -> nn.Module:
                          nn.Linear(256, 10))
 
 
-MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
-    "mlp": (mlp, (784,)), "resnet": (resnet, (3, 32, 32))}
+def images(shape: tuple[int, ...]) -> Callable[[], TensorData]:
+    def make() -> TensorData:
+        g = torch.Generator().manual_seed(0)
+        return TensorData(torch.randn(SAMPLES, *shape, generator=g),
+                          torch.randint(0, 10, (SAMPLES,), generator=g))
+    return make
 
 
-def dataset(shape: tuple[int, ...]) -> TensorData:
+def ptb_sized_windows() -> TensorData:
+    """Random word ids of a 10,000-word vocabulary in windows of 35 (what the PTB runs train on)."""
     g = torch.Generator().manual_seed(0)
-    return TensorData(torch.randn(SAMPLES, *shape, generator=g),
-                      torch.randint(0, 10, (SAMPLES,), generator=g))
+    return TensorData(torch.randint(0, 10000, (SAMPLES, 35), generator=g),
+                      torch.randint(0, 10000, (SAMPLES, 35), generator=g))
 
 
-def hpcopt_step(name: str, args: argparse.Namespace, comm: Comm) -> tuple[Callable[[], None], int]:
-    factory, shape = MODELS[name]
-    run = torch_workload(factory, nn.CrossEntropyLoss(), dataset(shape), comm, batch_size=args.batch,
-                          dtype="float32")
-    algorithm = LocalSGD(lr=args.lr, momentum=args.momentum, interval=args.interval)
+@dataclass(frozen=True)
+class Model:
+    factory: Callable[[], nn.Module]
+    data: Callable[[], TensorData]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    batch: int
+    what: str
+
+
+MODELS = {
+    "mlp": Model(mlp, images((784,)), nn.CrossEntropyLoss(), 32, "MLP 784-512-256-10, batch 32"),
+    "resnet": Model(resnet, images((3, 32, 32)), nn.CrossEntropyLoss(), 32,
+                    "ResNet-8 (16-32-64) on 3x32x32, batch 32"),
+    "resnet20": Model(resnet20, images((1, 28, 28)), nn.CrossEntropyLoss(), 32,
+                      "ResNet-20 (`models.resnet20`) on 1x28x28, batch 32"),
+    "wordlstm": Model(lambda: word_lstm(10000, 200, 200), ptb_sized_windows, sequence_loss, 20,
+                      "word LSTM (`models.word_lstm`, 10,000 words, 200 tied) on 20 windows of 35"),
+}
+
+
+def hpcopt_step(model: Model, batch: int, args: argparse.Namespace,
+                comm: Comm) -> tuple[Callable[[], None], np.ndarray]:
+    run = torch_workload(model.factory, model.loss, model.data(), comm, batch_size=batch, dtype="float32")
+    algorithm = LocalSGD(lr=args.lr, momentum=args.momentum, interval=NO_AVERAGE)
     state = algorithm.init(run.x0, comm, buffers=run.buffers)
-    return (lambda: algorithm.step(state, run.problem.oracle, comm)), run.problem.model.layout.size
+    return (lambda: algorithm.step(state, run.problem.oracle, comm)), state.x
 
 
-def torch_step(name: str, args: argparse.Namespace) -> Callable[[], None]:
-    factory, shape = MODELS[name]
+def torch_step(model: Model, batch: int, args: argparse.Namespace) -> Callable[[], None]:
     torch.manual_seed(0)
-    module, data, loss = factory(), dataset(shape), nn.CrossEntropyLoss()
+    module, data, loss = model.factory(), model.data(), model.loss
     optimizer = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=args.momentum)
     order, position = torch.randperm(SAMPLES), [0]
 
     def step() -> None:
         start = position[0]
-        position[0] = (start + args.batch) % (SAMPLES - SAMPLES % args.batch)
-        index = order[start:start + args.batch]
+        position[0] = (start + batch) % (SAMPLES - SAMPLES % batch)
+        index = order[start:start + batch]
         optimizer.zero_grad(set_to_none=True)
         loss(module(data.inputs[index]), data.targets[index]).backward()
         optimizer.step()
@@ -93,30 +136,117 @@ def torch_step(name: str, args: argparse.Namespace) -> Callable[[], None]:
     return step
 
 
+def average_step(x: np.ndarray, comm: Comm) -> Callable[[], None]:
+    """One counted average of a copy of the model vector, after a barrier (outside the count)."""
+    scratch = x.copy()
+
+    def step() -> None:
+        comm.mpi.Barrier()
+        comm.average_(scratch, label="average")
+
+    return step
+
+
+def measure(name: str, args: argparse.Namespace, comm: Comm) -> dict[str, float]:
+    """This rank's median seconds per hpcopt step, PyTorch step and average (rounds interleaved)."""
+    model = MODELS[name]
+    batch = args.batch or model.batch
+    step, x = hpcopt_step(model, batch, args, comm)
+    steps = {"hpcopt": step, "torch": torch_step(model, batch, args)}
+    average = average_step(x, comm)
+    for warm in (*steps.values(), average):
+        warm()
+    times: dict[str, list[float]] = {key: [] for key in (*steps, "average")}
+    for _ in range(args.rounds):
+        for key, call in steps.items():
+            comm.mpi.Barrier()
+            times[key].append(seconds_per_call(call, args.calls))
+        before = comm.stats.totals("average")
+        calls, seconds = before.calls, before.seconds
+        for _ in range(args.calls):
+            average()
+        after = comm.stats.totals("average")
+        times["average"].append((after.seconds - seconds) / (after.calls - calls))
+    medians = {key: statistics.median(t) for key, t in times.items()}
+    return {**medians, "parameters": int(x.size), "mb": x.nbytes / 1e6}
+
+
+def slowest(local: dict[str, float], comm: Comm) -> dict[str, float]:
+    """Each timing's maximum over the ranks."""
+    gathered = comm.mpi.allgather(local)
+    return {key: max(g[key] for g in gathered) for key in local}
+
+
+def row(name: str, ranks: int, m: dict[str, float]) -> dict[str, object]:
+    return {"model": name, "ranks": ranks, "parameters": m["parameters"], "mb": m["mb"],
+            "hpcopt_ms": 1e3 * m["hpcopt"], "torch_ms": 1e3 * m["torch"],
+            "average_ms": 1e3 * m["average"], "speed": m["torch"] / m["hpcopt"],
+            "round_speed": ROUND * m["torch"] / (ROUND * m["hpcopt"] + m["average"])}
+
+
+def table(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = [f"torch {torch.__version__}, 1 thread per rank, float32, momentum {args.momentum:g}; "
+             f"median of {args.rounds} interleaved rounds of {args.calls} calls, slowest rank", "",
+             "| model | ranks | parameters | hpcopt ms/step | torch ms/step | speed vs torch | "
+             f"average ms/round (MB) | round of {ROUND} steps + average vs {ROUND} torch steps |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        average = f"{r['average_ms']:.2f} ({r['mb']:.1f})" if r["ranks"] > 1 else "-"
+        lines.append(f"| {MODELS[r['model']].what} | {r['ranks']} | {r['parameters']:,} | "
+                     f"{r['hpcopt_ms']:.1f} | {r['torch_ms']:.1f} | {r['speed']:.3f}x | {average} | "
+                     f"{r['round_speed']:.3f}x |")
+    return "\n".join(lines)
+
+
+def launch(args: argparse.Namespace) -> None:
+    """Run this script under mpiexec -n R for every R of --ranks; print (and write) the table."""
+    from launch import run_script  # benchmarks/launch.py
+    from sections import replace_section
+
+    rows = []
+    for ranks in args.ranks:
+        output = run_script(ranks, Path(__file__).name, "--json", "--models", *args.models,
+                            "--rounds", str(args.rounds), "--calls", str(args.calls),
+                            "--lr", str(args.lr), "--momentum", str(args.momentum),
+                            *(["--batch", str(args.batch)] if args.batch else []))
+        rows += [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    text = table(rows, args)
+    print(text)
+    if args.write:
+        command = (f"python benchmarks/torch_step.py --ranks {' '.join(map(str, args.ranks))} "
+                   f"--models {' '.join(args.models)} --rounds {args.rounds} --calls {args.calls} "
+                   f"--write {args.write}")
+        replace_section(args.write, "torch-speed", f"`{command}`:\n\n{text}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["mlp", "resnet"])
+    parser.add_argument("--batch", type=int, default=0,
+                        help="batch per rank (0: the model's: 32, 20 windows)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--interval", type=int, default=8, help="PR-SGD's I (one rank: a no-op average)")
+    parser.add_argument("--ranks", type=int, nargs="+", help="run under mpiexec -n R for each R")
+    parser.add_argument("--write", type=Path,
+                        help="with --ranks: the page whose torch-speed section to write")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     add_timing_options(parser)
     args = parser.parse_args()
+    if args.ranks:
+        launch(args)
+        return
     torch.set_num_threads(1)
     comm = Comm()
-    print(f"torch {torch.__version__}, 1 thread, float32, batch {args.batch}, momentum {args.momentum}, "
-          f"median of {args.rounds} rounds of {args.calls} steps")
-    print(f"{'model':<8} {'parameters':>11} {'hpcopt ms':>10} {'torch ms':>9} {'speed vs torch':>15}")
+    rows = []
     with threadpool_limits(1):
         for name in args.models:
-            step, size = hpcopt_step(name, args, comm)
-            medians = interleaved_medians({"hpcopt": step, "torch": torch_step(name, args)},
-                                          args.rounds, args.calls)
-            ms = {k: 1e3 * v for k, v in medians.items()}
-            print(f"{name:<8} {size:>11,} {ms['hpcopt']:>10.3f} {ms['torch']:>9.3f} "
-                  f"{ms['torch'] / ms['hpcopt']:>14.3f}x")
+            rows.append(row(name, comm.size, slowest(measure(name, args, comm), comm)))
+            if comm.rank == 0 and args.json:
+                print(json.dumps(rows[-1]), flush=True)
+    if comm.rank == 0 and not args.json:
+        print(table(rows, args))
     comm.free()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

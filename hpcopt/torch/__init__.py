@@ -3,7 +3,8 @@
 ``TorchModel`` makes the module's trained parameters and their gradients views of two flat
 vectors (the algorithm's ``state.x`` and ``state.grad``), ``TorchProblem`` is the gradient
 oracle over this rank's data, ``torch_workload`` assembles both into a ``hpcopt.Workload``
-for ``hpcopt.train``, and ``save_state_dict``/``load_state_dict`` export a trained model without pickle.
+for ``hpcopt.train`` (``language_workload``: a language model on a corpus's token ids), and
+``save_state_dict``/``load_state_dict`` export a trained model without pickle.
 See docs/torch.md. Needs PyTorch: ``pip install 'hpcopt[torch]'``; ``import hpcopt`` alone
 never loads it.
 """
@@ -19,6 +20,8 @@ from .build import config_workload, load_factory, torch_workload
 from .data import BatchFactory, IteratorSampler, TensorData
 from .export import load_state_dict, save_state_dict
 from .problem import TorchProblem
+from .text import evaluate_tokens, language_workload
 
 __all__ = ["TorchModel", "TorchProblem", "torch_workload", "config_workload", "load_factory", "TensorData",
-           "BatchFactory", "IteratorSampler", "save_state_dict", "load_state_dict"]
+           "BatchFactory", "IteratorSampler", "save_state_dict", "load_state_dict", "language_workload",
+           "evaluate_tokens"]

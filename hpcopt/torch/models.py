@@ -1,7 +1,12 @@
 """Ready-made modules for ``--model torch:hpcopt.torch.models:NAME``: the ResNet-20 of the
 PR-SGD and CELGC papers' CIFAR-10 experiments (He et al. 2016, section 4.2: three stages of
 three basic blocks, 16, 32 and 64 channels, batch norm, projection shortcuts where the shape
-changes, global average pooling), for 1-channel and 3-channel images of any size >= 8x8."""
+changes, global average pooling), for 1-channel and 3-channel images of any size >= 8x8.
+
+``word_lstm`` is a word language model for ``hpcopt.torch.text`` (embedding, LSTM, decoder
+tied to the embedding), the small cousin of the CELGC paper's AWD-LSTM; it takes the
+vocabulary size, so it is given to ``language_workload`` with its arguments bound
+(``functools.partial``), not named on the command line."""
 
 from __future__ import annotations
 
@@ -52,3 +57,40 @@ def resnet20() -> nn.Sequential:
 def resnet20_rgb() -> nn.Sequential:
     """ResNet-20 for 3-channel images (CIFAR-10), 10 classes."""
     return resnet(20, channels=3)
+
+
+class WordLSTM(nn.Module):
+    """Embedding, ``layers`` LSTM layers, dropout, a linear decoder to vocabulary scores.
+
+    ``forward(tokens)``: (batch, time) token ids to (batch, time, vocab) scores, each window
+    from a zero state. With ``tied`` (the default; needs ``embedding == hidden``) the decoder's
+    weight is the embedding's (Press and Wolf 2017), as in AWD-LSTM. Embedding and decoder are
+    initialized uniform in [-0.1, 0.1], the decoder's bias zero (PyTorch's word language model).
+    """
+
+    def __init__(self, vocab: int, embedding: int = 200, hidden: int = 200, layers: int = 1,
+                 dropout: float = 0.0, tied: bool = True) -> None:
+        super().__init__()
+        if tied and embedding != hidden:
+            raise ValueError(f"tied weights need embedding == hidden, got {embedding} and {hidden}")
+        self.embedding = nn.Embedding(vocab, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, layers, batch_first=True,
+                            dropout=dropout if layers > 1 else 0.0)
+        self.drop = nn.Dropout(dropout)
+        self.decoder = nn.Linear(hidden, vocab)
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+        if tied:
+            self.decoder.weight = self.embedding.weight
+        else:
+            nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        states, _ = self.lstm(self.drop(self.embedding(tokens)))
+        return self.decoder(self.drop(states))
+
+
+def word_lstm(vocab: int = 10000, embedding: int = 200, hidden: int = 200, layers: int = 1,
+              dropout: float = 0.0, tied: bool = True) -> WordLSTM:
+    """A word LSTM for a ``vocab``-word corpus (10,000: Penn Treebank)."""
+    return WordLSTM(vocab, embedding, hidden, layers, dropout, tied)
