@@ -82,6 +82,12 @@ class WindowStats:
     stop: bool
     clip_fraction: float = math.nan  # clipped steps / steps over all ranks (clipping runs only)
 
+    def columns(self, clipping: bool = False) -> dict[str, float]:
+        """The trace row's columns of these statistics (with ``clip_fraction`` when clipping)."""
+        values = {"loss_mean": self.loss_mean, "loss_max": self.loss_max,
+                  "grad_norm": self.grad_norm, "grad_norm_max": self.grad_norm_max}
+        return {**values, "clip_fraction": self.clip_fraction} if clipping else values
+
 
 @dataclass
 class Row:

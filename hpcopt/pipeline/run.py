@@ -304,13 +304,11 @@ class PipelineSession:
             **{f"busy_{s}": float(busy[s]) for s in range(comm.size)},
             **{f"idle_{s}": float(idle[s]) for s in range(comm.size)},
         }
+        row = {**fields, **stats.columns()}
         writer = self._files().writer
         if writer is not None:
-            writer.append({**fields, "loss_mean": stats.loss_mean, "loss_max": stats.loss_max,
-                           "grad_norm": stats.grad_norm, "grad_norm_max": stats.grad_norm_max},
-                          trace_io.comm_totals(comm))
-        self.history.append({**fields, "loss_mean": stats.loss_mean, "loss_max": stats.loss_max,
-                             "grad_norm": stats.grad_norm, "grad_norm_max": stats.grad_norm_max})
+            writer.append(row, trace_io.comm_totals(comm))
+        self.history.append(dict(row))  # the summary's own copy: the writer keeps row until a flush
         self.loss_sum, self.loss_max, self.iterations = 0.0, 0.0, 0
         self.sends_base = sends
         timing.reset()

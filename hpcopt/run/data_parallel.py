@@ -289,11 +289,7 @@ class DataParallelSession:
                 writer.ops.update(main_ops(self.comm.stats.counters))
             for row in rows:
                 assert row.stats is not None
-                stats = {"loss_mean": row.stats.loss_mean, "loss_max": row.stats.loss_max,
-                         "grad_norm": row.stats.grad_norm, "grad_norm_max": row.stats.grad_norm_max}
-                if self.parts.clipping:
-                    stats["clip_fraction"] = row.stats.clip_fraction
-                writer.append({**row.fields, **stats}, row.comm)
+                writer.append({**row.fields, **row.stats.columns(self.parts.clipping)}, row.comm)
         return rows
 
     def check_rows(self, rows: list[trace_io.Row], tick: int) -> None:

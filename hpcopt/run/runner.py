@@ -165,10 +165,10 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
     given; the summary and this rank's session. Files go to ``config.run.out`` (``{time}`` in
     it becomes the start time; empty: no files). With a run directory, SIGTERM makes the ranks
     agree at the next trace row, write a checkpoint and stop (``summary.stopped``)."""
-    _, local_size = node_layout(comm.mpi)
+    local_rank, local_size = node_layout(comm.mpi)
     threads = configure_threads(local_size)
     if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
-        agreed(lambda: prepare_gpu(comm, node_layout(comm.mpi)[0]), comm)
+        agreed(lambda: prepare_gpu(comm, local_rank), comm)
     else:
         comm.backend = CPU
     ckpt = None
