@@ -14,6 +14,8 @@ one a line:
     setup: COMMAND           run first, not shown to readers (make the run a command resumes)
     tiny: OLD => NEW         the block is long: run each command with OLD replaced by NEW
     skip: TEXT -- REASON     commands containing TEXT are not run, for the reason given
+    needs: MODULE ...        the block runs only where these optional packages are installed
+                             (e.g. torch); elsewhere its commands are reported as skipped
     -->
 
 A ``tiny`` or ``skip`` that matches no command of its block is an error, so markers cannot
@@ -24,6 +26,7 @@ outlive their commands.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -33,11 +36,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.timeouts import scaled
+
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_TAGS = ("bash", "sh", "shell", "console")
 COMMAND_WORDS = ("mpiexec", "mpirun", "srun", "python", "python3", "bash", "hpcopt", "for", "pip")
 COPIED = ("jobs", "benchmarks", "docs", "README.md")
-TIMEOUT = 120
+#: Seconds one command may take (the reproductions' short runs take ~100 s on a loaded 2-core
+#: machine); scaled by HPCOPT_TEST_TIMEOUT_SCALE (tests/timeouts.py).
+TIMEOUT = scaled(300)
 
 
 @dataclass
@@ -48,6 +55,11 @@ class Block:
     setup: list[str] = field(default_factory=list)
     tiny: list[tuple[str, str]] = field(default_factory=list)
     skip: list[tuple[str, str]] = field(default_factory=list)
+    needs: list[str] = field(default_factory=list)
+
+    def missing(self) -> list[str]:
+        """The optional packages this block needs that are not installed."""
+        return [name for name in self.needs if importlib.util.find_spec(name) is None]
 
 
 @dataclass
@@ -58,6 +70,7 @@ class Outcome:
     returncode: int = 0
     seconds: float = 0.0
     output: str = ""
+    missing: bool = False          # skipped because an optional package is not installed
 
     @property
     def failed(self) -> bool:
@@ -93,7 +106,7 @@ def _directives(lines: list[str], fence: int) -> dict[str, list[str]]:
     if not text.startswith("<!-- docs-check"):
         return {}
     body = text.removeprefix("<!-- docs-check").removesuffix("-->").lstrip(":")
-    found: dict[str, list[str]] = {"setup": [], "tiny": [], "skip": []}
+    found: dict[str, list[str]] = {"setup": [], "tiny": [], "skip": [], "needs": []}
     for item in filter(None, (line.strip() for line in body.splitlines())):
         key, sep, value = item.partition(":")
         if not sep or key.strip() not in found:
@@ -146,7 +159,8 @@ def find_blocks(path: Path) -> list[Block]:
                 found = _directives(lines, i)
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
-            block = Block(path, i + 1, _commands(body), found.get("setup", []))
+            block = Block(path, i + 1, _commands(body), found.get("setup", []),
+                          needs=[name for item in found.get("needs", []) for name in item.split()])
             for item in found.get("tiny", []):
                 old, sep, new = item.partition("=>")
                 if not sep:
@@ -180,7 +194,7 @@ def _run(command: str, cwd: Path, env: dict[str, str]) -> tuple[int, float, str]
                               capture_output=True, text=True, timeout=TIMEOUT)
         code, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
-        code, output = 124, f"timed out after {TIMEOUT} s: {exc}"
+        code, output = 124, f"timed out after {TIMEOUT:.0f} s: {exc}"
     return code, time.perf_counter() - start, output
 
 
@@ -196,6 +210,11 @@ def run_file(path: Path, workdir: Path) -> list[Outcome]:
     env = _environment()
     outcomes = []
     for block in find_blocks(path):
+        missing = block.missing()
+        if missing:
+            reason = f"needs {', '.join(missing)}, which is not installed"
+            outcomes += [Outcome(block, command, reason, missing=True) for command in block.commands]
+            continue
         for command in block.setup:
             code, seconds, output = _run(command, workdir, env)
             outcomes.append(Outcome(block, f"(setup) {command}", "", code, seconds, output))

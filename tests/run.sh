@@ -4,45 +4,91 @@
 # fixtures) again on the emulated CuPy of tests/emulated_gpu (host memory posing as a device: it
 # checks that no host array meets a device array and that MPI gets device buffers, not that a
 # GPU works). In the first passes the GPU cases are skipped with the reason where CuPy finds no
-# GPU, and run on the real CuPy where it does.
+# GPU, and run on the real CuPy where it does. Tests of optional packages (torch) skip where
+# those are not installed.
+#
+# First it installs what the tests need (the `test` extra) when some of it is missing. Every
+# pass runs, even after one fails; the failed passes are listed at the end and the exit status
+# is non-zero if any failed, including a pass in which pytest collected no test (exit code 5).
 # Every MPI run has an outer timeout and a conftest hook that aborts all ranks when one fails,
-# so a broken test ends the run instead of hanging it. Exits non-zero on any failure, and when
-# pytest collects no test (its exit code 5).
-set -euo pipefail
+# so a broken test ends the run instead of hanging it. HPCOPT_TEST_TIMEOUT_SCALE (default 1)
+# multiplies every time limit (tests/timeouts.py); HPCOPT_TEST_SIZES (default "1 2 3 4") sets
+# the MPI sizes.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-export MPIEXEC_TIMEOUT="${MPIEXEC_TIMEOUT:-600}"
+
+if ! python - <<'PY'
+import importlib.metadata as metadata
+import re
+import sys
+
+try:  # the test extra's packages, by name, from hpcopt's installed metadata
+    requirements = metadata.requires("hpcopt") or []
+except metadata.PackageNotFoundError:
+    sys.exit(1)
+names = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in requirements if "extra == \"test\"" in r]
+for name in names:
+    try:
+        metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        sys.exit(1)
+PY
+then
+    echo "== installing the test extra: python -m pip install -e \".[test]\""
+    python -m pip install --quiet -e ".[test]" || exit 1
+fi
+
+scale="${HPCOPT_TEST_TIMEOUT_SCALE:-1}"
+limit() { python -c "import sys; print(int(float(sys.argv[1]) * float(sys.argv[2])))" "$1" "$scale"; }
+mpi_limit="$(limit 600)" || { echo "HPCOPT_TEST_TIMEOUT_SCALE must be a number, got '$scale'"; exit 2; }
+export MPIEXEC_TIMEOUT="${MPIEXEC_TIMEOUT:-$mpi_limit}"
+outer_limit="$(limit 660)"
 pytest_args=(-q -p no:cacheprovider)
 sizes="${HPCOPT_TEST_SIZES:-1 2 3 4}"
+failed=()
+
+# pass NAME COMMAND...: run one pass, remember it when it fails
+pass() {
+    local name="$1"
+    shift
+    echo "== $name"
+    "$@"
+    local code=$?
+    if [ "$code" -ne 0 ]; then
+        failed+=("$name (exit $code)")
+    fi
+}
 
 # mpi_pytest N ARGS...: pytest under mpiexec -n N; rank 0 reports, the other ranks' stdout is
 # dropped (their failures reach stderr)
 mpi_pytest() {
     local n="$1"
     shift
-    timeout -k 10 660 mpiexec -n "$n" bash -c '
+    timeout -k 10 "$outer_limit" mpiexec -n "$n" bash -c '
         rank="${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}"
         if [ "$rank" = 0 ]; then exec python -m pytest "$@"; fi
         exec python -m pytest "$@" > /dev/null' _ --with-mpi "${pytest_args[@]}" "$@"
 }
 
-echo "== serial tests"
-python -m pytest "${pytest_args[@]}" tests
+pass "serial tests" python -m pytest "${pytest_args[@]}" tests
 
 for n in $sizes; do
-    echo "== MPI tests on $n rank(s)"
-    mpi_pytest "$n" tests/mpi tests/gpu
+    pass "MPI tests on $n rank(s)" mpi_pytest "$n" tests/mpi tests/gpu
 done
 
-echo "== GPU tests on the emulated CuPy (no GPU involved)"
-(
-    # two emulated devices per node, and device buffers handed straight to MPI where a test
-    # does not ask for staging (host memory, so any MPI can read it)
-    export PYTHONPATH="$PWD/tests/emulated_gpu${PYTHONPATH:+:$PYTHONPATH}" EMULATED_GPU_COUNT=2 \
-        HPCOPT_GPU_AWARE_MPI=1
+# two emulated devices per node, and device buffers handed straight to MPI where a test does
+# not ask for staging (host memory, so any MPI can read it)
+export PYTHONPATH="$PWD/tests/emulated_gpu${PYTHONPATH:+:$PYTHONPATH}" EMULATED_GPU_COUNT=2 \
+    HPCOPT_GPU_AWARE_MPI=1
+pass "GPU tests on the emulated CuPy (no GPU involved)" \
     python -m pytest "${pytest_args[@]}" -m gpu tests
-    for n in $sizes; do
-        echo "== emulated GPU tests on $n rank(s)"
-        mpi_pytest "$n" -m gpu tests/mpi tests/gpu
-    done
-)
+for n in $sizes; do
+    pass "emulated GPU tests on $n rank(s)" mpi_pytest "$n" -m gpu tests/mpi tests/gpu
+done
+
+if [ "${#failed[@]}" -ne 0 ]; then
+    echo "== FAILED: ${#failed[@]} test run(s):"
+    printf '   %s\n' "${failed[@]}"
+    exit 1
+fi
 echo "== all test runs passed"

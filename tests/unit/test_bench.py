@@ -11,6 +11,7 @@ import pytest
 
 from hpcopt.bench.common import parse_bytes, sizes_between
 from hpcopt.errors import HpcoptError
+from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def hpcopt(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "hpcopt", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=scaled(120))
 
 
 def test_sizes():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 import struct
 import subprocess
@@ -12,15 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.timeouts import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
+HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def launch(args, ranks=2, python_code=None, timeout=120):
     """Run ``mpiexec -n ranks python -m hpcopt ARGS`` (or python -c CODE) from the repository."""
     command = ["mpiexec", "-n", str(ranks), sys.executable]
     command += ["-c", python_code] if python_code else ["-m", "hpcopt", *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT="100")
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT=str(int(scaled(timeout)) - 10))
+    return subprocess.run(command, capture_output=True, text=True, timeout=scaled(timeout), env=env,
+                          cwd=ROOT)
 
 
 def assert_one_line_error(result, *fragments):
@@ -66,7 +71,8 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--dataset", "wikitext2", "--model", "lstm", "--hidden", "8"], ["needs a path"]),
     (["train", "--model", "vgg"], ["unknown model 'vgg'"]),
     (["train", "--model", "torch:resnet"], ["torch:package.module:function"]),
-    (["train", "--model", "torch:no_such_module:f"], ["cannot import f from no_such_module"]),
+    (["train", "--model", "torch:no_such_module:f"],
+     ["cannot import f from no_such_module"] if HAS_TORCH else ["needs PyTorch", "hpcopt[torch]"]),
     (["train", "--model", "torch:a.b:f", "--hidden", "64"], ["hidden applies only to --model mlp or lstm"]),
     (["train", "--model", "resnet", "--depth", "10"], ["depth must be 6n + 2"]),
     (["train", "--depth", "14"], ["depth applies only to --model resnet, not mlp"]),

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("sweep", ROOT / "jobs" / "sweep.py")
 sweep = importlib.util.module_from_spec(spec)
@@ -93,7 +95,7 @@ def test_rendered_slurm_script_runs_end_to_end_with_a_stand_in_srun(tmp_path):
     env = dict(os.environ, PATH=f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
                SLURM_NTASKS="2", PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT="100")
     result = subprocess.run(["bash", str(out / "t-n2-I4.sh")], capture_output=True, text=True,
-                            env=env, timeout=120, cwd=tmp_path)
+                            env=env, timeout=scaled(120), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "summary" in result.stdout and "2 rank(s)" in result.stdout
     assert "I=4" in result.stdout
@@ -101,5 +103,5 @@ def test_rendered_slurm_script_runs_end_to_end_with_a_stand_in_srun(tmp_path):
     assert (run_dir / "trace.h5").is_file() and (out / "logs").is_dir()
     # submitted again (a requeue), the same script resumes the finished run and says so
     again = subprocess.run(["bash", str(out / "t-n2-I4.sh")], capture_output=True, text=True,
-                           env=env, timeout=120, cwd=tmp_path)
+                           env=env, timeout=scaled(120), cwd=tmp_path)
     assert again.returncode == 2 and "the run is complete" in again.stderr
