@@ -79,7 +79,9 @@ class _ClippedSGD(ScheduledSGD):
 
     clips: ClassVar[bool] = True
 
-    gamma: float = option(math.inf, "clipping threshold (celgc, naive_clip); inf = no clipping")
+    gamma: float = option(math.inf, "step-length bound (celgc, naive_clip): the step is "
+                          "min(lr, gamma / ||g||) g, so a gradient is clipped when ||g|| > gamma / lr; "
+                          "inf = no clipping")
     weight_decay: float = option(0.0, "celgc, naive_clip")
 
     def __post_init__(self) -> None:

@@ -11,7 +11,8 @@ One more row runs 2 ranks with 2 BLAS threads each (overriding hpcopt's threads-
 to show what that rule is worth, and one runs 1 rank with 1 thread: the baseline of a second
 weak-scaling efficiency, one core per rank on both sides. Every configuration runs in its own
 ``mpiexec`` launch (this command itself is started without ``mpiexec``), the cases interleaved
-over repeats, and the table gives medians; "comm share" is the time inside MPI calls over the
+over repeats (each launch is reported on stderr as it starts and ends, with an estimate of
+the time left), and the table gives medians; "comm share" is the time inside MPI calls over the
 wall time.
 """
 
@@ -22,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +84,19 @@ def run(ranks: list[int], algorithms: list[str], repeats: int, steps: int, inter
     if 1 in ranks:
         cases += [(algorithms[0], "weak", 1, batch, 1)]
     runs: dict[tuple, list[dict]] = {case: [] for case in cases}
-    for _ in range(repeats):
-        for case in cases:  # interleaved, so machine noise hits every case alike
+    total, started = repeats * len(cases), time.perf_counter()
+    for repeat in range(repeats):
+        for i, case in enumerate(cases):  # interleaved, so machine noise hits every case alike
             algorithm, mode, n, per_rank, threads = case
+            done = repeat * len(cases) + i
+            what = (f"[{done + 1}/{total}] {algorithm} {mode}, {n} rank(s), batch {per_rank}/rank"
+                    + (f", {threads} threads/rank" if threads else ""))
+            _say(f"{what}: started")
+            launched = time.perf_counter()
             runs[case].append(launch(algorithm, n, steps, per_rank, interval, threads))
+            elapsed = time.perf_counter() - started
+            _say(f"{what}: {time.perf_counter() - launched:.1f} s, "
+                 f"eta {elapsed / (done + 1) * (total - done - 1):.0f} s")
     med = {case: {key: statistics.median(r[key] for r in results) for key in results[0]}
            for case, results in runs.items()}
     lines = [f"default job (MLP 784-512-256-10 on MNIST-5k, I={interval}), {steps} steps, "
@@ -113,6 +124,11 @@ def run(ranks: list[int], algorithms: list[str], repeats: int, steps: int, inter
         lines += ["", f"weak-scaling efficiency 1 -> 2 ranks of {algorithms[0]} against 1 rank with 1 thread "
                   f"(one core per rank in both): {ratio:.2f}"]
     return lines, med
+
+
+def _say(line: str) -> None:
+    """A progress line, on stderr (stdout carries only the table)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

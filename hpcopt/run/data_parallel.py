@@ -100,14 +100,19 @@ class Summary:
             f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",
             f"steps             {self.steps} per rank, {self.rounds} averaging rounds",
             *clipped,
-            f"communicated      {_megabytes(self.bytes_per_rank)} per rank "
-            f"({_megabytes(self.average_bytes_per_rank)} averaging the {self.parameters:,} parameters)",
+            f"communicated      {self._communicated()}",
             f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
             *modelled,
             f"throughput        {self.samples_per_second:,.0f} {self.unit}/s over {self.workers} rank(s)",
             f"threads           {self.threads.describe()}",
             f"files             {self.out or 'none'} (checkpoint {self.checkpoint or 'none'})",
         ]
+
+    def _communicated(self) -> str:
+        if self.workers == 1:  # the counters hold the messages' sizes, but nothing leaves the rank
+            return "nothing (1 rank: its averages and reductions move no bytes)"
+        return (f"{_megabytes(self.bytes_per_rank)} per rank ({_megabytes(self.average_bytes_per_rank)} "
+                f"averaging the {self.parameters:,} parameters)")
 
 
 def _megabytes(nbytes: float) -> str:

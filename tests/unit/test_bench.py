@@ -39,6 +39,11 @@ def test_bench_scaling_runs_from_outside_the_repository(tmp_path):
     assert "| prsgd | weak | 1 | 32 |" in done.stdout and "| prsgd | strong | 1 |" in done.stdout
     assert "| prsgd | weak | 1 | 32 | 1 (user) |" in done.stdout
     assert (tmp_path / "table.md").read_text().count("| prsgd |") == 3
+    # each launch reported as it starts and as it ends, with the time left
+    progress = done.stderr.splitlines()
+    assert [line.split(":")[-1].split(",")[0].strip() for line in progress[::2]] == ["started"] * 3
+    assert progress[1].startswith("[1/3] prsgd weak, 1 rank(s), batch 32/rank: ") and " eta " in progress[1]
+    assert progress[-1].startswith("[3/3] ") and progress[-1].endswith("eta 0 s")
 
 
 def test_bench_option_errors_are_one_line(tmp_path):

@@ -1,0 +1,31 @@
+"""The run summary says what happened: at 1 rank no byte leaves the rank, whatever the counters
+hold (they count the messages' sizes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcopt.problems.classification import Evaluation
+from hpcopt.run.data_parallel import Summary
+from hpcopt.run.threads import ThreadChoice
+
+
+def summary(workers: int) -> Summary:
+    return Summary(steps=16, rounds=2, final=Evaluation(0.9, 0.8, 100), train_loss=1.0,
+                   wall_seconds=1.0, comm_seconds=0.01, bytes_per_rank=2.01e6,
+                   average_bytes_per_rank=1.34e6, parameters=167_178, workers=workers,
+                   samples_per_second=100.0, threads=ThreadChoice(1, "test"))
+
+
+def communicated(workers: int) -> str:
+    [line] = [line for line in summary(workers).lines() if line.startswith("communicated")]
+    return line.removeprefix("communicated").strip()
+
+
+def test_one_rank_communicates_nothing():
+    assert communicated(1) == "nothing (1 rank: its averages and reductions move no bytes)"
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_several_ranks_report_bytes_per_rank_and_the_averaging_share(workers):
+    assert communicated(workers) == "2.01 MB per rank (1.34 MB averaging the 167,178 parameters)"
