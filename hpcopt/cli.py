@@ -11,7 +11,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from .config import SECTIONS, Config, build_config, option_index, read_toml
+from .algorithms.base import MergedOption, registry
+from .config import ALGORITHM_OPTIONS, SECTIONS, Config, build_config, option_index, read_toml
 from .errors import HpcoptError
 
 
@@ -30,19 +31,34 @@ CLI_DEFAULTS = {"out": "runs/{time}"}
 STOPPED_EXIT_CODE = 143
 
 
-def _flag_help(section: str, default: Any, text: str) -> str:
+def _shown(default: Any) -> str:
     if isinstance(default, tuple):
-        default = ",".join(str(v) for v in default) or "none"
-    elif default == "":
-        default = '""'
-    return f"{text} [{section}; default: {default}]".replace("%", "%%")
+        return ",".join(str(v) for v in default) or "none"
+    return '""' if default == "" else str(default)
+
+
+def _algorithm_flag_where(o: MergedOption) -> str:
+    """Where an ``[algorithm]`` option applies and its defaults: "algorithm: celgc, naive_clip;
+    default: inf", or "algorithm; default: 0.1; 0.001 for pprs, ..." when the algorithms' own
+    defaults differ."""
+    by_value: dict[str, list[str]] = {}
+    for name, default in o.defaults.items():
+        by_value.setdefault(_shown(default), []).append(name)
+    (first, _), *others = by_value.items()
+    applies = "" if len(o.users) == len(registry()) else f": {', '.join(o.users)}"
+    return (f"algorithm{applies}; default: {first}"
+            + "".join(f"; {value} for {', '.join(names)}" for value, names in others))
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name, (section, f) in option_index().items():
-        default = CLI_DEFAULTS.get(name, getattr(SECTIONS[section](), name))
+        if section == "algorithm" and name in ALGORITHM_OPTIONS:
+            where = _algorithm_flag_where(ALGORITHM_OPTIONS[name])
+        else:
+            default = CLI_DEFAULTS.get(name, getattr(SECTIONS[section](), name))
+            where = f"{section}; default: {_shown(default)}"
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE",
-                            help=_flag_help(section, default, f.metadata.get("help", "")))
+                            help=f"{f.metadata.get('help', '')} [{where}]".replace("%", "%%"))
 
 
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:

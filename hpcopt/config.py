@@ -11,11 +11,12 @@ import dataclasses
 import math
 import sys
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast
 
-from .algorithms.base import PIPELINE, create, option, option_fields, registry
+from .algorithms.base import PIPELINE, MergedOption, merge_options, option, option_fields, registry
 from .algorithms.base import names as algorithm_names
 from .backend import DEVICES
 from .comm import AVERAGING_MODES
@@ -167,56 +168,69 @@ class ModelConfig:
 
 class AlgorithmSection(Protocol):
     """The ``[algorithm]`` section as a type checker sees it. ``AlgorithmConfig`` is a frozen
-    dataclass made at import from the registry (``_algorithm_section``): its fields are the
+    dataclass made at import from the registry (``algorithm_section``): its fields are the
     registered algorithms' options, declared once, in their classes. A checker knows
     ``algorithm`` and reads any other option as ``Any``; the algorithm object built from the
     section (``hpcopt.algorithms.base.create``) is the typed view of its options."""
 
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    options: ClassVar[dict[str, MergedOption]]  # key -> the option as its algorithms declare it
 
     algorithm: str
 
     def __getattr__(self, name: str) -> Any: ...
 
 
-def _algorithm_section() -> type[AlgorithmSection]:
-    """The ``[algorithm]`` section: the algorithm's name and the options of every registered
-    algorithm (``hpcopt.algorithms``; the first class to define a shared name, such as lr, gives
-    its default and help). A run takes the options of its algorithm's class; another one's
-    option changed from its default is an error naming the algorithms it applies to."""
-    entries: list[tuple[str, Any, Any]] = [
-        ("algorithm", str, option("prsgd", " | ".join(registry())))]
-    for cls in registry().values():
-        hints = typing.get_type_hints(cls)
-        for f in option_fields(cls):
-            if all(f.name != entry[0] for entry in entries):
-                entries.append((f.name, hints[f.name], field(default=f.default, metadata=f.metadata)))
+class _AlgorithmDefault:
+    """The default of an ``[algorithm]`` field: resolved, when the section is made, to the
+    chosen algorithm's own default of that option."""
+
+    def __repr__(self) -> str:
+        return "<the algorithm's default>"
+
+
+ALGORITHM_DEFAULT: Any = _AlgorithmDefault()
+
+
+def algorithm_section(classes: Mapping[str, type]) -> type[AlgorithmSection]:
+    """The ``[algorithm]`` section over the algorithms ``classes`` (name -> class; the first is
+    the default algorithm): the algorithm's name and every option of every class
+    (``merge_options``: one type per name). An option not given takes the chosen algorithm's
+    own default, or, when that algorithm has no such option, the first declaration's; another
+    algorithm's option changed from that default (to another value than the one the chosen
+    class ``implied``) is an error naming the algorithms it applies to. Then the chosen class
+    checks its own options."""
+    options = merge_options(classes)
+    first = next(iter(classes))
+    entries: list[tuple[str, Any, Any]] = [("algorithm", str, option(first, " | ".join(classes)))]
+    entries += [(o.key, o.type, field(default=ALGORITHM_DEFAULT, metadata={"help": o.help}))
+                for o in options.values()]
+
+    def check(section: Any) -> None:
+        chosen = classes.get(section.algorithm)
+        if chosen is None:
+            raise HpcoptError(f"unknown algorithm {section.algorithm!r} (choose from {', '.join(classes)})")
+        for o in options.values():
+            if getattr(section, o.key) is ALGORITHM_DEFAULT:
+                object.__setattr__(section, o.key, o.defaults.get(section.algorithm, o.default))
+        for o in options.values():
+            value = getattr(section, o.key)
+            if (section.algorithm not in o.defaults and value != o.default
+                    and getattr(chosen, "implied", {}).get(o.key, o.default) != value):
+                raise HpcoptError(f"{o.key} applies only to --algorithm {' or '.join(o.users)}, "
+                                  f"not {section.algorithm}")
+        chosen(**{f.name: getattr(section, f.name) for f in option_fields(chosen)})
+
     made = dataclasses.make_dataclass("AlgorithmConfig", entries, frozen=True,
-                                      namespace={"__post_init__": _check_algorithm,
-                                                 "__module__": __name__})
+                                      namespace={"__post_init__": check, "__module__": __name__,
+                                                 "options": options})
     # make_dataclass returns a plain ``type``; AlgorithmSection is how a checker reads it
     return cast("type[AlgorithmSection]", made)
 
 
-def _check_algorithm(section: Any) -> None:
-    """Refuse options the chosen algorithm does not have (when changed from their default, to
-    another value than the one its class ``implied``), then let its class check its own."""
-    found = registry().get(section.algorithm)
-    if found is None:
-        raise HpcoptError(f"unknown algorithm {section.algorithm!r} (choose from {', '.join(registry())})")
-    own = {f.name for f in option_fields(found)}
-    implied = found.implied
-    for f in fields(section):
-        value = getattr(section, f.name)
-        if (f.name != "algorithm" and f.name not in own and value != f.default
-                and implied.get(f.name, f.default) != value):
-            users = [n for n, cls in registry().items() if f.name in {g.name for g in option_fields(cls)}]
-            raise HpcoptError(f"{f.name} applies only to --algorithm {' or '.join(users)}, "
-                            f"not {section.algorithm}")
-    create(section.algorithm, dataclasses.asdict(section), {})
-
-
-AlgorithmConfig = _algorithm_section()
+AlgorithmConfig = algorithm_section(registry())
+#: Every ``[algorithm]`` option of the registered algorithms, merged (``merge_options``).
+ALGORITHM_OPTIONS: dict[str, MergedOption] = AlgorithmConfig.options
 
 
 @dataclass(frozen=True)
@@ -305,7 +319,7 @@ class Config:
             raise HpcoptError("on_nonfinite skip applies only to the data-parallel algorithms (a "
                             "pipeline iteration is full-batch: no minibatch to drop), "
                             f"not {self.algorithm.algorithm}")
-        if (self.algorithm.buffer_policy != AlgorithmConfig.__dataclass_fields__["buffer_policy"].default
+        if (self.algorithm.buffer_policy != ALGORITHM_OPTIONS["buffer_policy"].default
                 and not self.model.keeps_buffers and not self.model.torch):
             raise HpcoptError("buffer_policy applies only to models with batch norm "
                               "(--model resnet, plain_cnn with --batch-norm true, or torch:...)")

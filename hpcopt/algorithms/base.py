@@ -23,8 +23,9 @@ import dataclasses
 import importlib
 import math
 import pkgutil
+import typing
 from collections.abc import Callable, Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
@@ -68,6 +69,52 @@ def check_momentum(momentum: float, nesterov: bool) -> None:
 def option_fields(cls: type) -> tuple[dataclasses.Field, ...]:
     """The option fields of an algorithm class, in declaration order."""
     return tuple(f for f in dataclasses.fields(cls) if _HELP in f.metadata)
+
+
+@dataclass(frozen=True)
+class MergedOption:
+    """One ``[algorithm]`` key as the algorithms that have it declare it: one type and help,
+    and each algorithm's own default (``defaults``: algorithm name -> default, in order)."""
+
+    key: str
+    type: Any
+    help: str
+    defaults: Mapping[str, Any]
+
+    @property
+    def users(self) -> tuple[str, ...]:
+        """The algorithms that have this option."""
+        return tuple(self.defaults)
+
+    @property
+    def default(self) -> Any:
+        """The first algorithm's default: the value the option keeps in runs of an algorithm
+        without it (changing it there is an error)."""
+        return next(iter(self.defaults.values()))
+
+
+def merge_options(classes: Mapping[str, type]) -> dict[str, MergedOption]:
+    """Option key -> its declarations merged over ``classes`` (algorithm name -> class). The
+    ``[algorithm]`` section and the flags are one namespace, so a key declared with two different
+    types is a TypeError naming both classes; a key's defaults may differ (each algorithm keeps
+    its own), and its help is the first declaration's."""
+    found: dict[str, tuple[Any, str, dict[str, Any], type]] = {}
+    for name, cls in classes.items():
+        hints = typing.get_type_hints(cls)
+        for f in option_fields(cls):
+            if f.name not in found:
+                found[f.name] = (hints[f.name], f.metadata[_HELP], {}, cls)
+            kind, _, defaults, first = found[f.name]
+            if hints[f.name] != kind:
+                raise TypeError(f"option {f.name!r} is declared as {_type_name(kind)} by "
+                                f"{first.__qualname__} and as {_type_name(hints[f.name])} by "
+                                f"{cls.__qualname__}: one name, one type (rename one of them)")
+            defaults[name] = f.default
+    return {key: MergedOption(key, kind, text, defaults) for key, (kind, text, defaults, _) in found.items()}
+
+
+def _type_name(kind: Any) -> str:
+    return getattr(kind, "__name__", str(kind))
 
 
 def context_fields(cls: type) -> tuple[str, ...]:

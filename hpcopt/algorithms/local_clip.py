@@ -79,10 +79,10 @@ class _ClippedSGD(ScheduledSGD):
 
     clips: ClassVar[bool] = True
 
-    gamma: float = option(math.inf, "step-length bound (celgc, naive_clip): the step is "
+    gamma: float = option(math.inf, "step-length bound: the step is "
                           "min(lr, gamma / ||g||) g, so a gradient is clipped when ||g|| > gamma / lr; "
                           "inf = no clipping")
-    weight_decay: float = option(0.0, "celgc, naive_clip")
+    weight_decay: float = option(0.0, "L2 weight decay: wd x is added to each local gradient")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -136,9 +136,9 @@ class LocalClip(_ClippedSGD):
     name: ClassVar[str] = "celgc"
 
     interval: int = interval_option()
-    clip_norm: str = option("local", "celgc: local ||g_i|| or global sqrt(mean_j ||g_j||^2)")
+    clip_norm: str = option("local", "the norm clipped: local ||g_i|| or global sqrt(mean_j ||g_j||^2)")
     momentum_policy: str = momentum_policy_option()
-    participation: float = option(1.0, "celgc: fraction of ranks in each round's average")
+    participation: float = option(1.0, "fraction of ranks in each round's average")
     seed: int = context(0)
 
     def __post_init__(self) -> None:

@@ -55,7 +55,7 @@ class LocalSGD(ScheduledSGD):
 
     interval: int = interval_option()
     momentum_policy: str = momentum_policy_option()
-    local_steps: tuple[int, ...] = option((), "prsgd: local steps per round of each rank (one value "
+    local_steps: tuple[int, ...] = option((), "local steps per round of each rank (one value "
                                               "per rank); none = interval")
 
     def __post_init__(self) -> None:

@@ -158,7 +158,7 @@ class _Pipelined:
     implied: ClassVar[dict[str, Any]] = {}
 
     lr: float = option(1e-3, "learning rate eta")
-    pipeline: str = option("gpipe", "pipeline algorithms: gpipe (fill-drain) | 1f1b")
+    pipeline: str = option("gpipe", "pipeline schedule: gpipe (fill-drain) | 1f1b")
 
     def __post_init__(self) -> None:
         positive_finite("lr", self.lr)
@@ -228,10 +228,10 @@ class PPRS(_Pipelined):
     name: ClassVar[str] = "pprs"
 
     momentum: float = option(0.9, "heavy-ball momentum mu; 0 = plain SGD")
-    samples: int = option(10, "pprs: K perturbed samples per iteration")
-    smoothing: float = option(AUTO, "pprs: gamma (accelerated: gamma_t = smoothing * alpha_t); "
+    samples: int = option(10, "K perturbed samples per iteration")
+    smoothing: float = option(AUTO, "gamma (accelerated: gamma_t = smoothing * alpha_t); "
                                     "-1 = 1e-3 for nesterov, R d^(-1/4) for accelerated")
-    outer: str = option("nesterov", "pprs: nesterov (fixed lr, momentum, gamma) | accelerated")
+    outer: str = option("nesterov", "outer loop: nesterov (fixed lr, momentum, gamma) | accelerated")
     radius: float | None = context(None)
     lipschitz: float | None = context(None)
     dimension: int | None = context(None)

@@ -47,8 +47,8 @@ class SlowMo(LocalSGD):
 
     name: ClassVar[str] = "slowmo"
 
-    slow_momentum: float = option(0.5, "slowmo: slow momentum beta on the averaged model (0 = none)")
-    slow_lr: float = option(1.0, "slowmo: slow learning rate alpha (1, with slow_momentum 0: prsgd)")
+    slow_momentum: float = option(0.5, "slow momentum beta on the averaged model (0 = none)")
+    slow_lr: float = option(1.0, "slow learning rate alpha (1, with slow_momentum 0: prsgd)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

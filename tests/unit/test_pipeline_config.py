@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpcopt.config import build_config
+from hpcopt.config import ALGORITHM_OPTIONS, build_config
 from hpcopt.errors import HpcoptError
 
 
@@ -10,7 +10,7 @@ def test_pipeline_defaults_need_no_files_or_extra_flags():
     cfg = build_config(None, {"algorithm": "pprs"})
     assert (cfg.data.problem, cfg.algorithm.samples, cfg.algorithm.smoothing) == ("attack", 10, -1.0)
     assert (cfg.algorithm.outer, cfg.algorithm.pipeline, cfg.model.stages) == ("nesterov", "gpipe", ())
-    assert build_config(None, {"algorithm": "pipelined_agd", "momentum": "0.9"}).algorithm.momentum == 0.9
+    assert build_config(None, {"algorithm": "pipelined_agd", "momentum": "0.5"}).algorithm.momentum == 0.5
 
 
 @pytest.mark.parametrize("overrides,match", [
@@ -27,7 +27,8 @@ def test_pipeline_defaults_need_no_files_or_extra_flags():
     ({"eps": "0"}, "eps must be > 0"),
     ({"stages": "3,2"}, "stages must be increasing"),
     ({"momentum": "1"}, "momentum must be in \\[0, 1\\)"),
-    ({"interval": "4"}, "interval applies only to --algorithm prsgd or celgc or slowmo, not pprs"),
+    ({"interval": "4"},
+     f"interval applies only to --algorithm {' or '.join(ALGORITHM_OPTIONS['interval'].users)}, not pprs"),
     ({"model": "plain_cnn"}, "pipeline algorithms train an mlp"),
 ])
 def test_bad_pprs_options_are_user_errors(overrides, match):
@@ -36,7 +37,7 @@ def test_bad_pprs_options_are_user_errors(overrides, match):
 
 
 @pytest.mark.parametrize("overrides,match", [
-    ({"algorithm": "pipelined_agd"}, "pipelined_agd needs --momentum in \\(0, 1\\)"),
+    ({"algorithm": "pipelined_agd", "momentum": "0"}, "pipelined_agd needs --momentum in \\(0, 1\\)"),
     ({"algorithm": "pipelined_gd", "momentum": "0.9"}, "momentum applies only to"),
     ({"algorithm": "pipelined_gd", "samples": "4"}, "samples applies only to --algorithm pprs"),
     ({"algorithm": "prsgd", "pipeline": "1f1b"}, "pipeline applies only to"),
