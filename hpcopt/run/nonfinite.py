@@ -12,10 +12,11 @@ rank without any extra communication:
 
 Either failing raises :class:`NonFiniteError` on every rank: the run ends with one line and
 exit code 3, no checkpoint is written, and the newest one on disk, the last good one, is kept
-(older ones are pruned only after a successful write). The line says what to try next that the
-command line accepts. NumPy's overflow and invalid-value warnings are off while the runner
-trains (hpcopt.run.runner): these checks report NaN and Inf instead. Detection comes at the latest one trace
-row (``trace_every`` ticks) after the first bad step, and always before the next checkpoint.
+(older ones are pruned only after a successful write); the line says what to try next, in
+flags the command line accepts. Detection comes at the latest one trace row (``trace_every``
+ticks) after the first bad step, and always before the next checkpoint. NumPy's overflow and
+invalid-value warnings are off while the runner trains (hpcopt.run.runner): these checks
+report NaN and Inf instead.
 
 ``--on-nonfinite skip``: every step, the rank that computed a minibatch loss and gradient checks
 both (one dot product and two scalars to the host); a non-finite one is replaced by a zero

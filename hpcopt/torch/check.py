@@ -33,7 +33,7 @@ def check_trainable(model: TorchModel, loss: Loss, inputs: torch.Tensor, targets
         frozen = model.frozen_layout.size
         raise HpcoptError("the module has no parameters to train" +
                           (f": all {frozen:,} are frozen (requires_grad=False)" if frozen else ""))
-    batch = f"a batch of inputs {describe(inputs)}"
+    batch = f"a batch of inputs {_describe(inputs)}"
     with _state_kept(model, inputs.device), torch.enable_grad():
         try:
             outputs = model.module(inputs)
@@ -44,10 +44,10 @@ def check_trainable(model: TorchModel, loss: Loss, inputs: torch.Tensor, targets
                               f"on {batch}: {_tensor_hint(outputs)}")
         expected = (inputs.shape[0], classes)
         if classes is not None and tuple(outputs.shape) != expected:
-            raise HpcoptError(f"the module maps {batch} to outputs {describe(outputs)}, but the data "
+            raise HpcoptError(f"the module maps {batch} to outputs {_describe(outputs)}, but the data "
                               f"has {classes} classes: its last layer must give {classes} scores per "
                               f"sample, outputs {expected}")
-        against = f"its outputs {describe(outputs)} on {batch} against targets {describe(targets)}"
+        against = f"its outputs {_describe(outputs)} on {batch} against targets {_describe(targets)}"
         try:
             value = loss(outputs, targets)
         except Exception as exc:  # noqa: BLE001 - whatever the loss raises
@@ -65,7 +65,7 @@ def check_trainable(model: TorchModel, loss: Loss, inputs: torch.Tensor, targets
             raise HpcoptError(f"the gradient of the loss of {against} fails: {_quote(exc)}") from None
 
 
-def describe(tensor: torch.Tensor) -> str:
+def _describe(tensor: torch.Tensor) -> str:
     """A tensor's shape and dtype, e.g. ``(8, 1, 28, 28) float32``."""
     return f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
 
@@ -98,7 +98,7 @@ def _tensor_hint(outputs: Any) -> str:
 
 def _value_kind(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"a tensor {describe(value)}"
+        return f"a tensor {_describe(value)}"
     return type(value).__name__
 
 

@@ -8,10 +8,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hpcopt.backend import CPU  # noqa: E402
 from hpcopt.config import build_config  # noqa: E402
 from hpcopt.errors import HpcoptError  # noqa: E402
-from hpcopt.torch import TensorData, TorchModel, config_workload, language_workload, torch_workload  # noqa: E402
-from hpcopt.backend import CPU  # noqa: E402
+from hpcopt.torch import (  # noqa: E402
+    TensorData,
+    TorchModel,
+    config_workload,
+    language_workload,
+    torch_workload,
+)
 from tests.torch_models import ScoresOutput  # noqa: E402
 
 nn = torch.nn
