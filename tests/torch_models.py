@@ -11,3 +11,49 @@ def bn_cnn() -> nn.Module:
 
 def not_a_module() -> str:
     return "a string"
+
+
+# -- modules that cannot train on digits (1-channel 8x8 images, 10 classes): refused at build --
+
+def rgb_cnn() -> nn.Module:
+    """A first layer for 3-channel images (like torchvision's ResNet-18)."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(4, 10))
+
+
+def five_classes() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 5))
+
+
+def all_frozen() -> nn.Module:
+    module = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    module.requires_grad_(False)
+    return module
+
+
+def no_parameters() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.AdaptiveAvgPool1d(10))
+
+
+def half_precision() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10)).half()
+
+
+class ScoresOutput:
+    """What a Hugging Face model returns: an object whose ``.logits`` are the scores."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class LogitsOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return ScoresOutput(self.linear(x.flatten(1)))
+
+
+def logits_output() -> nn.Module:
+    return LogitsOutput()

@@ -12,8 +12,11 @@ rank without any extra communication:
 
 Either failing raises :class:`NonFiniteError` on every rank: the run ends with one line and
 exit code 3, no checkpoint is written, and the newest one on disk, the last good one, is kept
-(older ones are pruned only after a successful write). Detection comes at the latest one trace
-row (``trace_every`` ticks) after the first bad step, and always before the next checkpoint.
+(older ones are pruned only after a successful write); the line says what to try next, in
+flags the command line accepts. Detection comes at the latest one trace row (``trace_every``
+ticks) after the first bad step, and always before the next checkpoint. NumPy's overflow and
+invalid-value warnings are off while the runner trains (hpcopt.run.runner): these checks
+report NaN and Inf instead.
 
 ``--on-nonfinite skip``: every step, the rank that computed a minibatch loss and gradient checks
 both (one dot product and two scalars to the host); a non-finite one is replaced by a zero
@@ -93,12 +96,12 @@ class StepGuard:
         what = ("a rank skipped every step of the window" if self.mode == "skip"
                 else f"mean loss {bad.stats.loss_mean}")
         raise nonfinite_loss(f"step {bad.fields['step']} ({what}), seen at tick {tick}",
-                             last_checkpoint)
+                             last_checkpoint, skip=self.mode != "skip")
 
     def check_model(self, model: Any, tick: int, last_checkpoint: str) -> None:
         """Raise NonFiniteError if the averaged ``model`` (the same on every rank) holds NaN or Inf."""
         if not bool(np.isfinite(model).all()):
-            raise nonfinite_parameters(f"tick {tick}", last_checkpoint)
+            raise nonfinite_parameters(f"tick {tick}", last_checkpoint, skip=self.mode != "skip")
 
     def commit_hook(self, tick: int) -> Callable[[], None] | None:
         """The debug fault to run just before a checkpoint is published (None: none)."""
@@ -127,7 +130,13 @@ def nonfinite_parameters(when: str, last_checkpoint: str, skip: bool = True) -> 
 
 
 def _advice(last_checkpoint: str, skip: bool = True) -> str:
-    """What is left and what to try (``skip``: whether --on-nonfinite skip applies)."""
-    kept = (f"the last good checkpoint is {last_checkpoint}" if last_checkpoint
-            else "no checkpoint was written")
-    return f"{kept}; try a smaller --lr" + (", or --on-nonfinite skip" if skip else "")
+    """What is left and what to try that the command line accepts (``skip``: whether
+    --on-nonfinite skip applies and is not in use already). A resumed run keeps its --lr, so a
+    smaller one means a new run; --on-nonfinite may change on resume."""
+    smaller_lr = "train again with a smaller --lr (a resumed run keeps its --lr)"
+    if not last_checkpoint:
+        return f"no checkpoint was written; {smaller_lr}" + (", or with --on-nonfinite skip" if skip else "")
+    kept = f"the last good checkpoint is {last_checkpoint}"
+    if skip:
+        return f"{kept}; resume it with --on-nonfinite skip to drop the bad steps, or {smaller_lr}"
+    return f"{kept}; {smaller_lr}"

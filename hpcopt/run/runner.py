@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..backend import CPU
 from ..comm import Comm, agreed, node_layout
 from ..comm.staging import prepare_gpu
@@ -189,12 +191,15 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
     agreed(lambda: check_output(out, session.checkpoint_bytes(), comm), comm)
     files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0)
     show = verbose and config.run.progress and comm.rank == 0
+    resumed = f"{ckpt.path} at {workload.noun} {ckpt.tick}" if ckpt else ""
     if show:
-        resumed = f"{ckpt.path} at {workload.noun} {ckpt.tick}" if ckpt else ""
         print(f"{session.header(threads)}\n{header_end(out, resumed, comm)}", flush=True)
+    elif resumed and verbose and comm.rank == 0:  # without progress lines, still say what resumed
+        print(f"hpcopt: resuming from {resumed} (run directory {out})", flush=True)
     try:
         with StopSignal(out is not None) as stop_signal, \
-                watching(comm, config.run.stall_timeout, session.progress):
+                watching(comm, config.run.stall_timeout, session.progress), \
+                np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # NaN/Inf: nonfinite.py
             summary = _loop(session, files, comm, ckpt, stop_signal, threads, show)
     finally:
         comm.stats.delay = None  # the network delay mode ends with the run

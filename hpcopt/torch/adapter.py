@@ -19,7 +19,8 @@ Rules (docs/torch.md):
   never averaged; ``counters``/``load_counters`` carry them through a checkpoint exactly.
 * Non-persistent buffers stay in the module, untouched.
 
-Every parameter must have one dtype, float32 or float64; anything else is a ValueError.
+Every parameter must have one dtype, float32 or float64, and be initialized (a lazy layer's
+after a first forward); anything else is a ValueError.
 """
 
 from __future__ import annotations
@@ -148,7 +149,12 @@ class TorchModel:
 
 def _parameter_dtype(params: Named) -> torch.dtype | None:
     """The one dtype of all parameters (None without parameters); ValueError naming the
-    offending parameters when they are not all float32 or all float64."""
+    offending parameters when they are not all float32 or all float64, or not yet initialized
+    (a lazy module's)."""
+    lazy = [n for n, p in params if torch.nn.parameter.is_lazy(p)]
+    if lazy:
+        raise ValueError(f"this module's {', '.join(lazy)} are not initialized yet (a lazy layer): "
+                         "run the module once on a batch in its factory")
     odd = [f"{n} ({p.dtype})" for n, p in params if p.dtype not in DTYPES.values()]
     if odd:
         raise ValueError("hpcopt.torch trains float32 or float64 parameters only; this module "

@@ -21,6 +21,7 @@ from ..errors import HpcoptError
 from ..problems.classification import Evaluation
 from .adapter import TorchModel
 from .arrays import device_of, torch_dtype
+from .check import check_trainable
 from .data import BatchFactory, IteratorSampler, ShardBatches, TensorData, as_tensor, to_device
 from .problem import Loss, TorchProblem
 
@@ -32,7 +33,7 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
                    *, batch_size: int, seed: int = 0, dtype: Any = None, backend: Backend = CPU,
                    partition: str = "iid", alpha: float | None = None,
                    similarity: float | None = None, test: tuple[Any, Any] | None = None,
-                   eval_chunk: int = 1024) -> Workload:
+                   eval_chunk: int = 1024, classes: int | None = None) -> Workload:
     """This rank's workload for ``hpcopt.train``: the module's trained parameters are ``x0``
     (its parameters are views of it), its gradient oracle, sampler and evaluation. The torch
     module is ``workload.problem.model.module``.
@@ -44,12 +45,22 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
     ``hpcopt.torch.data``). ``test`` (inputs, targets) is the evaluation set; without it a
     ``TensorData`` run evaluates on its whole training set, a factory run must give one.
 
+    Before it returns, the module runs once (forward and backward, ``check_trainable``) on the
+    first ``batch_size`` training samples (a factory run: test samples); HpcoptError if it
+    cannot train on them: no trained parameter, a batch it cannot take, an output that is no
+    tensor or (``classes`` given) not (batch, classes) scores, or a loss without a gradient.
+    HpcoptError too for parameters ``TorchModel`` refuses.
+
     A factory builds the same module on every rank. A module built by the caller may differ
     between ranks, so then (collective, when ``comm.size > 1``) its frozen parameters and
     floating-point buffers are broadcast from rank 0 (label "init"), as the algorithm's
     ``init`` does with x0.
     """
-    model = TorchModel(_instantiate(module, seed), dtype, backend)
+    built = _instantiate(module, seed)
+    try:
+        model = TorchModel(built, dtype, backend)
+    except ValueError as exc:  # parameters or a dtype it cannot train
+        raise HpcoptError(str(exc)) from None
     device, tdtype = device_of(backend), torch_dtype(model.dtype)
     x0 = model.parameters_vector()
     model.bind(x0)
@@ -72,15 +83,19 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
                                to_device(targets[shard], device, tdtype), sampler)
         train_samples = int(targets.shape[0])
         source = f"{train_samples} samples, partition {partition}"
+        first = (inputs, targets)
         if test is None:
-            test = (inputs, targets)
+            test = first
     else:
         if test is None:
             raise HpcoptError("a run on a batch factory needs a test set to evaluate on (test=...)")
         batches = IteratorSampler(data, batch_size, seed, comm.rank, comm.size, device, tdtype)
         train_samples, source = 0, f"batches of {getattr(data, '__name__', type(data).__name__)}"
+        first = test
     test_x, test_y = (to_device(t, device, tdtype) for t in test)
     problem = TorchProblem(model, loss, batches)
+    first_x, first_y = (to_device(t[:batch_size], device, tdtype) for t in first)
+    check_trainable(model, loss, first_x, first_y, classes)
 
     def evaluate(params: Array, scratch: Array, c: Any, buffers: Array | None = None) -> Evaluation:
         return problem.evaluate(params, scratch, test_x, test_y, c, chunk=eval_chunk, buffers=buffers)
@@ -96,15 +111,24 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
 
 def config_workload(config: Config, comm: Any, backend: Backend) -> Workload:
     """``--model torch:package.module:factory`` on the config's image data set: NCHW float
-    images in [0, 1] and integer labels, cross-entropy loss, sharded by ``partition``."""
-    data = config.data
+    images in [0, 1] and integer labels, cross-entropy loss, sharded by ``partition``. A module
+    that cannot train on it (``torch_workload``; it must give a score per class) is an
+    HpcoptError naming the spec and the data set."""
+    data, spec = config.data, config.model.model
+    factory = load_factory(spec)
     dataset = load_dataset(data.dataset, data.path or None, data.test_fraction, config.run.seed)
-    return torch_workload(load_factory(config.model.model), torch.nn.CrossEntropyLoss(),
-                          TensorData(as_images(dataset.x_train, dataset.image_shape), dataset.y_train),
-                          comm, batch_size=data.batch_size, seed=config.run.seed,
-                          dtype=config.run.dtype, backend=backend, partition=data.partition,
-                          alpha=data.alpha, similarity=data.similarity,
-                          test=(as_images(dataset.x_test, dataset.image_shape), dataset.y_test))
+    images = as_images(dataset.x_train, dataset.image_shape)
+    try:
+        return torch_workload(factory, torch.nn.CrossEntropyLoss(), TensorData(images, dataset.y_train),
+                              comm, batch_size=data.batch_size, seed=config.run.seed,
+                              dtype=config.run.dtype, backend=backend, partition=data.partition,
+                              alpha=data.alpha, similarity=data.similarity,
+                              test=(as_images(dataset.x_test, dataset.image_shape), dataset.y_test),
+                              classes=dataset.num_classes)
+    except HpcoptError as exc:
+        shape = "x".join(map(str, images.shape[1:]))
+        raise HpcoptError(f"--model {spec} on {data.dataset} ({shape} images, {dataset.num_classes} "
+                          f"classes): {exc}") from None
 
 
 def load_factory(spec: str) -> Callable[[], torch.nn.Module]:
