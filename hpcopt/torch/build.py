@@ -100,9 +100,9 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
     def evaluate(params: Array, scratch: Array, c: Any, buffers: Array | None = None) -> Evaluation:
         return problem.evaluate(params, scratch, test_x, test_y, c, chunk=eval_chunk, buffers=buffers)
 
-    frozen = f", {model.frozen_layout.size:,} frozen" if model.frozen_layout.size else ""
-    description = (f"torch {type(model.module).__name__} ({model.layout.size:,} trained parameters"
-                   f"{frozen}, {model.dtype}), {source}")
+    # the run's header adds the trained parameters' count and dtype
+    frozen = f" ({model.frozen_layout.size:,} frozen parameters)" if model.frozen_layout.size else ""
+    description = f"torch {type(model.module).__name__}{frozen}, {source}"
     carried = (model.counters, model.load_counters) if model.has_counters else None
     per_epoch = (train_samples // comm.size) // batch_size if train_samples else 0
     return Workload(model.layout, problem, x0, evaluate, per_epoch, description, "samples",

@@ -268,3 +268,16 @@ def test_state_dict_export_to_safetensors(tmp_path):
     net = conv_net()
     loaded = load_state_dict(save_state_dict(net, tmp_path / "model.safetensors"))
     assert all(torch.equal(loaded[k], v) for k, v in net.state_dict().items())
+
+
+def test_the_run_header_counts_the_parameters_once(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-m", "hpcopt", "train", "--model", "torch:tests.torch_models:bn_cnn",
+                           "--dataset", "digits", "--steps", "1", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[0]
+    assert header.count("parameters") == 1 and " parameters, float32)" in header, header
