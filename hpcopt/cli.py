@@ -11,7 +11,15 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from .config import SECTIONS, Config, build_config, option_index, read_toml
+from .config import (
+    SECTIONS,
+    Config,
+    build_config,
+    check_resume,
+    option_index,
+    read_toml,
+    require_named_model,
+)
 from .errors import HpcoptError
 
 
@@ -105,8 +113,11 @@ def run_config(args: argparse.Namespace) -> Config | None:
     """For ``train`` and ``resume``, the resolved configuration (else None).
 
     Resuming starts from the checkpoint's config; options given in a file or as flags replace
-    its values (``train`` checks they are safe to change), and the run directory defaults to
-    the checkpoint's. ``args.resume`` is then the checkpoint file.
+    its values where they are safe to change (``check_resume``). A torch model is imported only
+    when the user names it again (``require_named_model``), and the stored ``out`` is never
+    used: the run directory is ``--out`` or the one holding the checkpoint's ``checkpoints/``
+    (hpcopt.run.files). Both are refused here, before anything is imported or opened for
+    writing. ``args.resume`` is then the checkpoint file.
     """
     if args.command not in ("train", "resume"):
         return None
@@ -125,7 +136,10 @@ def run_config(args: argparse.Namespace) -> Config | None:
         given.update(table)
     given.update(overrides)
     args.resume, stored = stored_config(args.resume)
-    return build_config(stored.to_dict(), given)
+    require_named_model(stored, "model" in given)
+    config = build_config(stored.to_dict(), given)
+    check_resume(stored, config)
+    return config
 
 
 def run(argv: Sequence[str] | None = None) -> int:
