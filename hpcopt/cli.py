@@ -33,6 +33,15 @@ class _Parser(argparse.ArgumentParser):
 #: Defaults of the command line that differ from the config's (the Python API writes no files
 #: unless asked; a command-line run gets a new run directory).
 CLI_DEFAULTS = {"out": "runs/{time}"}
+#: ``resume --help``: where a resumed run writes and what it imports (docs/formats.md).
+RESUME_RULES = (
+    "Continue a run from a checkpoint, on as many ranks as wrote it. Flags may change only where "
+    "files go, how often, what is printed, evaluation, and the number of steps. The run continues "
+    "in the directory that holds the checkpoint's checkpoints/ folder, or in --out DIR (needed for "
+    "a checkpoint anywhere else; the out stored in a checkpoint is never used). A run directory "
+    "holds one run (a checkpoint of another run is refused) and one job at a time (rank 0 holds "
+    "OUT/hpcopt.lock; a lock left by a killed job is taken over). A torch model is imported only "
+    "when named again: --model torch:MODULE:FUNCTION, the checkpoint's.")
 #: Exit code of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM, as if
 #: killed by it): the run is not finished, so job chains must not take it for done.
 STOPPED_EXIT_CODE = 143
@@ -71,7 +80,8 @@ def make_parser() -> argparse.ArgumentParser:
     _add_debug_flags(train)
     resume = sub.add_parser("resume", help="continue a run from a checkpoint, on as many ranks "
                             "as wrote it; flags may change only where files go, how often, "
-                            "what is printed, evaluation, and the number of steps")
+                            "what is printed, evaluation, and the number of steps",
+                            description=RESUME_RULES)
     resume.add_argument("checkpoint", metavar="CKPT",
                         help="a checkpoint file, or a run directory (its newest checkpoint)")
     resume.add_argument("--config", help="TOML file (same rules as flags)")
@@ -142,16 +152,27 @@ def run_config(args: argparse.Namespace) -> Config | None:
     return config
 
 
+def _given_out(args: argparse.Namespace) -> str:
+    """The run directory a user gave a resumed run (``--out``, or ``[run] out`` in their own
+    ``--config``); "" for none."""
+    if args.out is not None:
+        return str(args.out)
+    table = (read_toml(args.config) if args.config else {}).get("run")
+    out = table.get("out", "") if isinstance(table, dict) else ""
+    return out if isinstance(out, str) else ""
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse (agreed on by all ranks) and dispatch; ``main`` turns exceptions into exit codes."""
     from .comm import Comm, agreed
 
     comm = Comm()
     args = agreed(lambda: parse(argv), comm)
-    if getattr(args, "resume", None):  # before any rank opens it: a child reads it whole first
-        from .io.vet import vet_checkpoint
+    if getattr(args, "resume", None):  # before any rank opens it: a child reads it whole first,
+        # unless another job holds the run directory
+        from .run.files import vet_resumed
 
-        agreed(lambda: vet_checkpoint(args.resume) if comm.rank == 0 else None, comm)
+        agreed(lambda: vet_resumed(args.resume, _given_out(args)) if comm.rank == 0 else None, comm)
     config = agreed(lambda: run_config(args), comm)
     if args.command == "info":
         from .info import print_info

@@ -20,7 +20,7 @@ from ..errors import HpcoptError
 from ..io import checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io import versions
-from .lock import RunLock
+from .lock import RunLock, check_free
 
 
 class StopSignal:
@@ -80,6 +80,19 @@ def _resumed_directory(config: Config, ckpt: ckpt_io.Checkpoint) -> Path:
         raise HpcoptError(f"{ckpt.path} is not in a run directory's {ckpt_io.SUBDIR}/ folder: give "
                           "the run directory to continue in (--out DIR)")
     return home
+
+
+def vet_resumed(resume: str | Path, out: str) -> None:
+    """Rank 0, before any rank of a resumed run opens its checkpoint ``resume``: HpcoptError
+    naming the holder when another job holds the directory the run is to write (``out``, else
+    the checkpoint's own), as it may be pruning that very checkpoint (``claim`` takes the lock
+    later); then a child process reads the file whole (``hpcopt.io.vet``)."""
+    from ..io.vet import vet_checkpoint
+
+    directory = Path(out) if out else ckpt_io.run_directory(ckpt_io.find_checkpoint(resume))
+    if directory is not None:
+        check_free(directory)
+    vet_checkpoint(resume)
 
 
 def claim(out: Path | None, run_id: str, resumed: bool, verbose: bool) -> RunLock | None:

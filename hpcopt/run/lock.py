@@ -14,8 +14,9 @@ host's boot id (Linux ``/proc``), the run id and when it was taken; the holder r
 modification time every ``HEARTBEAT_SECONDS``. It is removed when the job ends by any path
 that unwinds (an error, a crash that aborts the job, SIGTERM, Ctrl-C). A job killed outright
 (``kill -9``, MPI_Abort from another rank, a lost node) leaves it behind, and the next job
-takes it over once it is stale: on the same host as soon as that process is gone (or the host
-rebooted, or the process id now names a newer process); from another host, whose processes
+takes it over once it is stale: on the same host as soon as that process is gone (ended, even
+if not yet reaped, or being killed; or the host rebooted, or the process id now names a newer
+process); from another host, whose processes
 cannot be checked, once it has not been refreshed for ``STALE_SECONDS``. Until then a second
 job is refused with one line naming the holder (host, pid) and the file to delete if that job
 is known to be gone. Taking over a stale lock is serialized by a second file created the same
@@ -29,6 +30,7 @@ import contextlib
 import datetime
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -82,6 +84,8 @@ class Holder:
             return False
         except PermissionError:  # another user's process
             pass
+        if _ending(self.pid):
+            return False
         return not (self.started and self.started != _process_start(self.pid))  # a reused pid
 
 
@@ -106,17 +110,10 @@ class RunLock:
             found = _read(path)
             if found is None:
                 continue  # deleted since: try again
-            if isinstance(found, str):
-                raise HpcoptError(f"{directory} is locked, but {path} names no holder ({found}); "
-                                  f"if no job uses {directory}, delete {path}")
-            gone = _gone(path, found)
-            if gone is None:
-                raise HpcoptError(f"{directory} is in use by another job ({found.describe()}); a "
-                                  f"lock from another host is taken over once it has not been "
-                                  f"refreshed for {STALE_SECONDS / 60:.0f} minutes, or delete {path} "
-                                  "if that job has ended")
-            if not gone:
-                raise HpcoptError(f"{directory} is in use by another job ({found.describe()})")
+            refusal = _refusal(path, found)
+            if refusal is not None:
+                raise refusal
+            assert isinstance(found, Holder), "a lock naming no holder is refused"
             _break(path, found, holder)
         raise HpcoptError(f"{directory}: its lock {path} keeps changing hands; is another job "
                           "starting there?")
@@ -133,6 +130,33 @@ class RunLock:
         found = _read(self.path)
         if isinstance(found, Holder) and found.token == self.holder.token:
             self.path.unlink(missing_ok=True)
+
+
+def check_free(directory: Path) -> None:
+    """HpcoptError naming the holder if another job holds ``directory``'s lock; takes nothing
+    (a stale lock is left for ``RunLock.acquire`` to take over). A resumed job checks this
+    before it reads a checkpoint that the job in there may be about to prune."""
+    path = directory / FILE_NAME
+    found = _read(path)
+    refusal = None if found is None else _refusal(path, found)
+    if refusal is not None:
+        raise refusal
+
+
+def _refusal(path: Path, found: Holder | str) -> HpcoptError | None:
+    """Why lock file ``path``, naming ``found``, keeps another job out; None when it is stale."""
+    directory = path.parent
+    if isinstance(found, str):
+        return HpcoptError(f"{directory} is locked, but {path} names no holder ({found}); if no "
+                           f"job uses {directory}, delete {path}")
+    gone = _gone(path, found)
+    if gone is None:
+        return HpcoptError(f"{directory} is in use by another job ({found.describe()}); a lock "
+                           f"from another host is taken over once it has not been refreshed for "
+                           f"{STALE_SECONDS / 60:.0f} minutes, or delete {path} if that job has ended")
+    if not gone:
+        return HpcoptError(f"{directory} is in use by another job ({found.describe()})")
+    return None
 
 
 def _gone(path: Path, holder: Holder) -> bool | None:
@@ -220,6 +244,22 @@ def _boot_id() -> str:
         return _BOOT_ID.read_text().strip()
     except OSError:
         return ""
+
+
+def _ending(pid: int) -> bool:
+    """Whether process ``pid`` has ended but is not reaped yet (a zombie: what MPI_Abort leaves
+    for a moment after the launcher exits) or is being killed (SIGKILL pending); Linux
+    ``/proc/PID/status``, False where unknown."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return False
+    fields = {name: value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    try:
+        pending = int(fields.get("SigPnd", "0"), 16) | int(fields.get("ShdPnd", "0"), 16)
+    except ValueError:
+        pending = 0
+    return fields.get("State", "")[:1] in ("Z", "X") or bool(pending >> (signal.SIGKILL - 1) & 1)
 
 
 def _process_start(pid: int) -> str:

@@ -35,8 +35,7 @@ from ..comm import Comm, agreed, node_layout
 from ..comm.staging import prepare_gpu
 from ..config import Config
 from ..io import trace as trace_io
-from ..io.vet import vet_checkpoint
-from .files import StopSignal, claim, header_end, open_trace, run_directory
+from .files import StopSignal, claim, header_end, open_trace, run_directory, vet_resumed
 from .preflight import check_output
 from .progress import Progress
 from .threads import ThreadChoice, configure_threads
@@ -175,9 +174,9 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
     else:
         comm.backend = CPU
     ckpt = None
-    if resume:  # rank 0 has a child process read the whole file (hpcopt.io.vet) and check its
-        # digest; then each rank reads its own part
-        agreed(lambda: vet_checkpoint(resume) if comm.rank == 0 else None, comm)
+    if resume:  # unless another job holds the run directory, rank 0 has a child process read
+        # the whole file (hpcopt.io.vet) and check its digest; then each rank reads its own part
+        agreed(lambda: vet_resumed(resume, config.run.out) if comm.rank == 0 else None, comm)
         ckpt = agreed(lambda: workload.read_checkpoint(resume, comm), comm)
     session = agreed(lambda: workload.build(config, comm, ckpt), comm)
     session.start(comm)

@@ -57,6 +57,20 @@ def test_a_stale_lock_is_taken_over(tmp_path, stale):
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no lock, no break file left
 
 
+def test_a_lock_of_an_ended_but_unreaped_process_is_taken_over(tmp_path):
+    """After MPI_Abort the launcher may exit before rank 0's process is reaped (a zombie)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 60
+        while not lock_module._ending(child.pid):  # not waited for: it stays a zombie
+            assert time.monotonic() < deadline, "the child never ended"
+            time.sleep(0.02)
+        lock_file(tmp_path, host=socket.gethostname(), pid=child.pid)
+        RunLock.acquire(tmp_path, "run-b").release()
+    finally:
+        child.wait()
+
+
 @pytest.mark.parametrize("crafted,fragment", [
     (dict(host="elsewhere", pid=1, age_seconds=5), "from another host is taken over once"),
     (dict(host=socket.gethostname(), pid=1), "in use by another job (host"),  # pid 1 runs
