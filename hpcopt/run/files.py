@@ -73,6 +73,7 @@ def run_directory(config: Config, ckpt: ckpt_io.Checkpoint | None,
 
 
 def _resumed_directory(config: Config, ckpt: ckpt_io.Checkpoint) -> Path:
+    """``--out``, else the checkpoint's own run directory; HpcoptError for a loose checkpoint."""
     if config.run.out:
         return Path(config.run.out)
     home = ckpt_io.run_directory(ckpt.path)
