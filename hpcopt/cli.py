@@ -12,7 +12,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from .algorithms.base import MergedOption, registry
-from .config import ALGORITHM_OPTIONS, SECTIONS, Config, build_config, option_index, read_toml
+from .config import (
+    ALGORITHM_OPTIONS,
+    SECTIONS,
+    Config,
+    build_config,
+    check_resume,
+    option_index,
+    read_toml,
+    require_named_model,
+)
 from .errors import HpcoptError
 
 
@@ -26,6 +35,15 @@ class _Parser(argparse.ArgumentParser):
 #: Defaults of the command line that differ from the config's (the Python API writes no files
 #: unless asked; a command-line run gets a new run directory).
 CLI_DEFAULTS = {"out": "runs/{time}"}
+#: ``resume --help``: where a resumed run writes and what it imports (docs/formats.md).
+RESUME_RULES = (
+    "Continue a run from a checkpoint, on as many ranks as wrote it. Flags may change only where "
+    "files go, how often, what is printed, evaluation, and the number of steps. The run continues "
+    "in the directory that holds the checkpoint's checkpoints/ folder, or in --out DIR (needed for "
+    "a checkpoint anywhere else; the out stored in a checkpoint is never used). A run directory "
+    "holds one run (a checkpoint of another run is refused) and one job at a time (rank 0 holds "
+    "OUT/hpcopt.lock; a lock left by a killed job is taken over). A torch model is imported only "
+    "when named again: --model torch:MODULE:FUNCTION, the checkpoint's.")
 #: Exit code of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM, as if
 #: killed by it): the run is not finished, so job chains must not take it for done.
 STOPPED_EXIT_CODE = 143
@@ -79,7 +97,8 @@ def make_parser() -> argparse.ArgumentParser:
     _add_debug_flags(train)
     resume = sub.add_parser("resume", help="continue a run from a checkpoint, on as many ranks "
                             "as wrote it; flags may change only where files go, how often, "
-                            "what is printed, evaluation, and the number of steps")
+                            "what is printed, evaluation, and the number of steps",
+                            description=RESUME_RULES)
     resume.add_argument("checkpoint", metavar="CKPT",
                         help="a checkpoint file, or a run directory (its newest checkpoint)")
     resume.add_argument("--config", help="TOML file (same rules as flags)")
@@ -121,8 +140,11 @@ def run_config(args: argparse.Namespace) -> Config | None:
     """For ``train`` and ``resume``, the resolved configuration (else None).
 
     Resuming starts from the checkpoint's config; options given in a file or as flags replace
-    its values (``train`` checks they are safe to change), and the run directory defaults to
-    the checkpoint's. ``args.resume`` is then the checkpoint file.
+    its values where they are safe to change (``check_resume``). A torch model is imported only
+    when the user names it again (``require_named_model``), and the stored ``out`` is never
+    used: the run directory is ``--out`` or the one holding the checkpoint's ``checkpoints/``
+    (hpcopt.run.files). Both are refused here, before anything is imported or opened for
+    writing. ``args.resume`` is then the checkpoint file.
     """
     if args.command not in ("train", "resume"):
         return None
@@ -141,7 +163,20 @@ def run_config(args: argparse.Namespace) -> Config | None:
         given.update(table)
     given.update(overrides)
     args.resume, stored = stored_config(args.resume)
-    return build_config(stored.to_dict(), given)
+    require_named_model(stored, "model" in given)
+    config = build_config(stored.to_dict(), given)
+    check_resume(stored, config)
+    return config
+
+
+def _given_out(args: argparse.Namespace) -> str:
+    """The run directory a user gave a resumed run (``--out``, or ``[run] out`` in their own
+    ``--config``); "" for none."""
+    if args.out is not None:
+        return str(args.out)
+    table = (read_toml(args.config) if args.config else {}).get("run")
+    out = table.get("out", "") if isinstance(table, dict) else ""
+    return out if isinstance(out, str) else ""
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -150,10 +185,11 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     comm = Comm()
     args = agreed(lambda: parse(argv), comm)
-    if getattr(args, "resume", None):  # before any rank opens it: a child reads it whole first
-        from .io.vet import vet_checkpoint
+    if getattr(args, "resume", None):  # before any rank opens it: a child reads it whole first,
+        # unless another job holds the run directory
+        from .run.files import vet_resumed
 
-        agreed(lambda: vet_checkpoint(args.resume) if comm.rank == 0 else None, comm)
+        agreed(lambda: vet_resumed(args.resume, _given_out(args)) if comm.rank == 0 else None, comm)
     config = agreed(lambda: run_config(args), comm)
     if args.command == "info":
         from .info import print_info

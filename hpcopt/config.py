@@ -11,6 +11,7 @@ import dataclasses
 import math
 import sys
 import typing
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -298,6 +299,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
+        self._check_text()
         if self.run.network and self.algorithm.algorithm in PIPELINE_ALGORITHMS:
             raise HpcoptError("network applies only to the data-parallel algorithms "
                               "(prsgd, celgc, naive_clip)")
@@ -323,6 +325,16 @@ class Config:
                 and not self.model.keeps_buffers and not self.model.torch):
             raise HpcoptError("buffer_policy applies only to models with batch norm "
                               "(--model resnet, plain_cnn with --batch-norm true, or torch:...)")
+
+    def _check_text(self) -> None:
+        """Every text option is plain text: a control character (a newline in ``--out``) would
+        break error lines and the run's header, an undecodable byte could not be stored."""
+        for section in fields(self):
+            for f in fields(getattr(self, section.name)):
+                value = getattr(getattr(self, section.name), f.name)
+                if isinstance(value, str) and any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+                    raise HpcoptError(f"{f.name} must be text without control characters or "
+                                      f"undecodable bytes, got {value!r}")
 
     def _check_pipeline(self) -> None:
         """Pipeline runs: an MLP (or none, for l1_chain) on an image data set; their options
@@ -493,6 +505,16 @@ def check_resume(stored: Config, config: Config) -> None:
                             f"{_toml_value(before)}, asked for {_toml_value(value)}{why}")
 
 
+def require_named_model(stored: Config, named: bool) -> None:
+    """HpcoptError unless the user names (``named``: ``--model`` as a flag or in their own
+    ``--config``) the torch model of a checkpoint's ``stored`` config: hpcopt imports a module
+    only when the user names it, never because a file does. Imports nothing."""
+    if stored.model.torch and not named:
+        raise HpcoptError(f"--model: the checkpoint's model is a torch module "
+                          f"({_toml_value(stored.model.model)}), and hpcopt never imports what a file "
+                          "names: resume with --model torch:MODULE:FUNCTION, the model you trained")
+
+
 def to_toml(config: Config) -> str:
     """The resolved config as TOML text (stored in traces and checkpoints)."""
     lines = []
@@ -504,15 +526,23 @@ def to_toml(config: Config) -> str:
     return "\n".join(lines)
 
 
+#: TOML's short escapes in a basic string; any other control character is written \uXXXX.
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+                 "\r": "\\r"}
+
+
 def _toml_value(value: Any) -> str:
+    """``value`` as TOML; a string as a basic string that ``tomllib`` reads back as it was."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c)
+                             for c in value) + '"'
     return repr(value)
 
 
 __all__ = ["Config", "DataConfig", "ModelConfig", "AlgorithmConfig", "RunConfig", "build_config",
-           "read_toml", "to_toml", "option_index", "coerce", "check_resume", "RESUME_SAFE"]
+           "read_toml", "to_toml", "option_index", "coerce", "check_resume", "require_named_model",
+           "RESUME_SAFE"]

@@ -115,12 +115,14 @@ def expand(job: dict, train: dict, sweep: dict, out: Path, site: Path) -> list[J
         run_dir = out / "runs" / name
         args = " ".join(f"--{k.replace('_', '-')} {shlex.quote(_flag_value(v))}"
                         for k, v in options.items())
+        resume_args = f"--model {shlex.quote(str(options['model']))}" if "model" in options else ""
         per_node = min(ranks, job["ranks_per_node"])
         values = {
             "name": name, "ranks": ranks, "nodes": math.ceil(ranks / job["ranks_per_node"]),
             "ranks_per_node": per_node, "cpus_per_rank": job["cpus_per_rank"],
             "cpus_per_node": per_node * job["cpus_per_rank"], "time": job["time"],
             "log": out / "logs" / f"{name}.log", "site": site, "out": run_dir, "args": args,
+            "resume_args": resume_args,
             "gpu_directives": f"#SBATCH --gpus-per-node={gpus}" if gpus else "",
             "pbs_gpus": f":ngpus={gpus}" if gpus else "",
             "launcher_flags": _launcher_flags(job["scheduler"], gpus),

@@ -52,6 +52,7 @@ from . import (
     versions,
 )
 from .digest import check_sealed, refuse_damaged, seal
+from .trace import FILE_NAME as TRACE_FILE
 
 FORMAT = "hpcopt-checkpoint"
 VERSION = 3  # 2: the content digest (root attribute content_sha256); 3: the state as declared
@@ -109,15 +110,34 @@ def checkpoint_path(out: Path, tick: int) -> Path:
     return out / SUBDIR / f"step-{tick:09d}.h5"
 
 
-def run_directory(path: Path, config: Config) -> Path:
-    """The run directory of a checkpoint: the folder above ``checkpoints/`` when it lies in
-    one (so a moved run directory still works), else the one its config names."""
+def run_directory(path: Path) -> Path | None:
+    """The run directory of a checkpoint: the folder above the ``checkpoints/`` it lies in (so
+    a moved run directory still works); None for a checkpoint outside one. Never the ``out``
+    its config names: a file does not choose where a run writes."""
     path = Path(path).resolve()
-    return path.parent.parent if path.parent.name == SUBDIR else Path(config.run.out)
+    return path.parent.parent if path.parent.name == SUBDIR else None
 
 
 def has_checkpoints(out: Path) -> bool:
     return bool(_complete(out / SUBDIR))
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """The complete checkpoints of run directory ``out``, oldest first."""
+    return [path for _, path in _complete(out / SUBDIR)]
+
+
+def run_id_of(path: Path) -> str | None:
+    """The ``run_id`` attribute of a checkpoint or trace, read alone; None where it cannot be
+    read (a damaged file: its owner is unknown)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            value = f.attrs.get("run_id")
+    except READ_ERRORS:
+        return None
+    return value if isinstance(value, str) else None
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -132,6 +152,9 @@ def find_checkpoint(path: str | Path) -> Path:
         found = _complete(directory)
         if found:
             return found[-1][1]
+    if (path / TRACE_FILE).is_file():
+        raise HpcoptError(f"no checkpoint in {path}: its run has written none (if it ended "
+                          f"before its first checkpoint, train --out {path} starts a run there)")
     raise HpcoptError(f"no checkpoint in {path}")
 
 
@@ -143,9 +166,12 @@ def _complete(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def prune(directory: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints, and leftovers of interrupted writes."""
-    for _, path in _complete(directory)[:-keep]:
+def prune(directory: Path, keep: int, run_id: str) -> None:
+    """Delete all but the newest ``keep`` checkpoints of run ``run_id``, and leftovers of
+    interrupted writes. A file of another run, or one whose run cannot be read, is never
+    deleted (nor counted)."""
+    ours = [path for _, path in _complete(directory) if run_id_of(path) == run_id]
+    for path in ours[:-keep]:
         path.unlink(missing_ok=True)
     for path in directory.glob(f"*{TMP_SUFFIX}"):
         path.unlink(missing_ok=True)
@@ -552,5 +578,6 @@ def restore_counters(rows: list[CommRow], comm: Comm) -> None:
 
 __all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint",
            "stored_config", "opened", "damaged", "header_attrs", "write_model", "publish", "comm_rows",
-           "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "prune", "save",
+           "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "checkpoints",
+           "run_id_of", "prune", "save",
            "restore", "restore_counters", "Position", "FORMAT", "VERSION"]

@@ -351,7 +351,7 @@ class PipelineSession:
                        before_commit=(self.faults.commit_hook(comm.rank, tick)
                                       if self.faults else None))
         if comm.rank == 0:
-            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints)
+            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
         self.checkpoint = str(path)
 
     def last_rows(self, tick: int) -> list[trace_io.Row]:

@@ -325,7 +325,7 @@ class DataParallelSession:
                      hidden=carried[0]() if carried else None,
                      before_commit=self.guard.commit_hook(tick))
         if comm.rank == 0:
-            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints)
+            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
         self.checkpoint = str(path)
 
     def last_rows(self, tick: int) -> list[trace_io.Row]:

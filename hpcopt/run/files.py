@@ -1,5 +1,6 @@
-"""A run's files and signals: the run directory and id, the trace file, the header's last
-lines, and SIGTERM turned into a flag the runner checks at its ticks."""
+"""A run's files and signals: the run directory and id, claiming it for one job and one run,
+the trace file, the header's last lines, and SIGTERM turned into a flag the runner checks at
+its ticks."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ..comm import Comm
+from ..comm import Comm, agreed
 from ..config import Config, to_toml
 from ..errors import HpcoptError
 from ..io import checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io import versions
+from .lock import RunLock, check_free
 
 
 class StopSignal:
@@ -44,13 +46,15 @@ class StopSignal:
 
 
 def run_directory(config: Config, ckpt: ckpt_io.Checkpoint | None,
-                   comm: Comm) -> tuple[Path | None, str]:
-    """(run directory, run id): for a resumed run from the config or the checkpoint; for a new
-    one rank 0 fills in ``{time}`` (never an existing directory), draws an id, and broadcasts
-    both (label "setup"). (None, "") when no files are written."""
+                  comm: Comm) -> tuple[Path | None, str]:
+    """(run directory, run id). A resumed run continues in ``config.run.out`` (``--out``) or
+    else in the folder that holds the checkpoint's ``checkpoints/``, never in the ``out`` its
+    stored config names: a checkpoint elsewhere needs ``--out`` (HpcoptError on every rank).
+    For a new run rank 0 fills in ``{time}`` (never an existing directory), draws an id, and
+    broadcasts both (label "setup"). (None, "") when no files are written."""
     if ckpt is not None:
-        out = Path(config.run.out) if config.run.out else ckpt_io.run_directory(ckpt.path, ckpt.config)
-        return out, ckpt.run_id
+        resumed = ckpt
+        return agreed(lambda: _resumed_directory(config, resumed), comm), ckpt.run_id
     if not config.run.out:
         return None, ""
     text = ""
@@ -68,6 +72,85 @@ def run_directory(config: Config, ckpt: ckpt_io.Checkpoint | None,
     return Path(out_text), run_id
 
 
+def _resumed_directory(config: Config, ckpt: ckpt_io.Checkpoint) -> Path:
+    """``--out``, else the checkpoint's own run directory; HpcoptError for a loose checkpoint."""
+    if config.run.out:
+        return Path(config.run.out)
+    home = ckpt_io.run_directory(ckpt.path)
+    if home is None:
+        raise HpcoptError(f"{ckpt.path} is not in a run directory's {ckpt_io.SUBDIR}/ folder: give "
+                          "the run directory to continue in (--out DIR)")
+    return home
+
+
+def vet_resumed(resume: str | Path, out: str) -> None:
+    """Rank 0, before any rank of a resumed run opens its checkpoint ``resume``: HpcoptError
+    naming the holder when another job holds the directory the run is to write (``out``, else
+    the checkpoint's own), as it may be pruning that very checkpoint (``claim`` takes the lock
+    later); then a child process reads the file whole (``hpcopt.io.vet``)."""
+    from ..io.vet import vet_checkpoint
+
+    directory = Path(out) if out else ckpt_io.run_directory(ckpt_io.find_checkpoint(resume))
+    if directory is not None:
+        check_free(directory)
+    vet_checkpoint(resume)
+
+
+def claim(out: Path | None, run_id: str, resumed: bool, verbose: bool) -> RunLock | None:
+    """Rank 0: make the run directory and lock it for this job (``hpcopt.run.lock``), then check
+    that it holds no other run. A resumed run's directory may hold only its own run's trace and
+    checkpoints; a new run's none, or only the trace of a run that ended before its first
+    checkpoint, which is kept aside under another name (with a line saying so when
+    ``verbose``). HpcoptError otherwise, the lock released. None when there is no directory."""
+    if out is None:
+        return None
+    try:
+        (out / ckpt_io.SUBDIR).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HpcoptError(f"cannot create the run directory {out}: {exc.strerror}") from None
+    lock = RunLock.acquire(out, run_id)
+    try:
+        if resumed:
+            _check_one_run(out, run_id)
+        else:
+            _check_unused(out, verbose)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _check_one_run(out: Path, run_id: str) -> None:
+    """HpcoptError if the trace or a checkpoint in ``out`` is of another run than ``run_id``."""
+    trace = out / trace_io.FILE_NAME
+    for path in ([trace] if trace.exists() else []) + ckpt_io.checkpoints(out):
+        found = ckpt_io.run_id_of(path)
+        if found is not None and found != run_id:
+            raise HpcoptError(f"{out} holds another run: {path} is of run {found!r}, the checkpoint "
+                              f"of run {run_id!r}; a run directory holds one run: choose another --out")
+
+
+def _check_unused(out: Path, verbose: bool) -> None:
+    """HpcoptError if ``out`` holds a run that can be resumed; the trace of one that cannot (it
+    ended before its first checkpoint) is renamed out of this run's way."""
+    if ckpt_io.has_checkpoints(out):
+        raise HpcoptError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
+                          "or choose another --out")
+    trace = out / trace_io.FILE_NAME
+    if not trace.exists():
+        return
+    found = ckpt_io.run_id_of(trace)
+    kept = unused_path(out / f"trace-{found if found and found.isalnum() else 'unknown'}.h5")
+    try:
+        trace.rename(kept)
+    except OSError as exc:
+        raise HpcoptError(f"{out} holds the trace of a run that ended before its first checkpoint, "
+                          f"and it cannot be moved aside: {exc.strerror}") from None
+    if verbose:
+        print(f"hpcopt: {out} held a run that ended before its first checkpoint: its trace is now "
+              f"{kept.name}, and this run starts there", flush=True)
+
+
 def unused_path(path: Path) -> Path:
     """``path``, or ``path-2``, ``path-3``, ...: the first that does not exist."""
     candidate, n = path, 1
@@ -80,21 +163,12 @@ def unused_path(path: Path) -> Path:
 def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parameters: int,
                resume_at: tuple[int, int] | None, extra_columns: Sequence[str] = (),
                network: dict[str, Any] | None = None) -> trace_io.TraceWriter | None:
-    """Rank 0 makes the run directory and, when tracing, opens the trace with ``extra_columns``
-    (and modelled communication columns when ``network`` describes a profile); HpcoptError if a
-    new run would overwrite another run's files. None on the other ranks."""
-    if comm.rank != 0 or out is None:
+    """Rank 0, in the run directory ``claim`` made: when tracing, the trace, opened with
+    ``extra_columns`` (and modelled communication columns when ``network`` describes a
+    profile). None on the other ranks."""
+    if comm.rank != 0 or out is None or not config.run.trace:
         return None
-    try:
-        (out / ckpt_io.SUBDIR).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise HpcoptError(f"cannot create the run directory {out}: {exc.strerror}") from None
     path = out / trace_io.FILE_NAME
-    if resume_at is None and (path.exists() or ckpt_io.has_checkpoints(out)):
-        raise HpcoptError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
-                          "or choose another --out")
-    if not config.run.trace:
-        return None
     attrs = {**versions(), "run_id": run_id, "world_size": comm.size, **(network or {}),
              "algorithm": config.algorithm.algorithm, "config": to_toml(config),
              "parameters": parameters,

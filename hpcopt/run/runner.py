@@ -2,8 +2,9 @@
 
 It owns what every run shares: threads and the GPU, reading the checkpoint to resume from,
 agreement across ranks on each set-up step (``hpcopt.comm.agreed``: a problem found on one
-rank ends every rank with the same message), the run directory and trace file, SIGTERM, the
-stall watchdog, progress lines and the summary. A workload builds a :class:`Session` on each
+rank ends every rank with the same message), the run directory (locked for the job, holding
+one run: ``hpcopt.run.files.claim``) and trace file, SIGTERM, the stall watchdog, progress
+lines and the summary. A workload builds a :class:`Session` on each
 rank; the runner drives it through the ticks of the run (the points every rank passes in the
 same order), and at a tick t:
 
@@ -36,8 +37,7 @@ from ..comm import Comm, agreed, node_layout
 from ..comm.staging import prepare_gpu
 from ..config import Config
 from ..io import trace as trace_io
-from ..io.vet import vet_checkpoint
-from .files import StopSignal, header_end, open_trace, run_directory
+from .files import StopSignal, claim, header_end, open_trace, run_directory, vet_resumed
 from .preflight import check_output
 from .progress import Progress
 from .threads import ThreadChoice, configure_threads
@@ -165,8 +165,10 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
         resume: str | Path | None = None) -> tuple[Any, Session]:
     """Run ``workload`` on every rank of ``comm``, continuing from checkpoint ``resume`` when
     given; the summary and this rank's session. Files go to ``config.run.out`` (``{time}`` in
-    it becomes the start time; empty: no files). With a run directory, SIGTERM makes the ranks
-    agree at the next trace row, write a checkpoint and stop (``summary.stopped``)."""
+    it becomes the start time; empty: no files, or for a resumed run the directory holding the
+    checkpoint's ``checkpoints/``); rank 0 holds the directory's lock until the run ends. With a
+    run directory, SIGTERM makes the ranks agree at the next trace row, write a checkpoint and
+    stop (``summary.stopped``)."""
     local_rank, local_size = node_layout(comm.mpi)
     threads = configure_threads(local_size)
     if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
@@ -174,9 +176,9 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
     else:
         comm.backend = CPU
     ckpt = None
-    if resume:  # rank 0 has a child process read the whole file (hpcopt.io.vet) and check its
-        # digest; then each rank reads its own part
-        agreed(lambda: vet_checkpoint(resume) if comm.rank == 0 else None, comm)
+    if resume:  # unless another job holds the run directory, rank 0 has a child process read
+        # the whole file (hpcopt.io.vet) and check its digest; then each rank reads its own part
+        agreed(lambda: vet_resumed(resume, config.run.out) if comm.rank == 0 else None, comm)
         ckpt = agreed(lambda: workload.read_checkpoint(resume, comm), comm)
     session = agreed(lambda: workload.build(config, comm, ckpt), comm)
     session.start(comm)
@@ -184,19 +186,22 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
         agreed(lambda: session.restore(ckpt), comm)
     out, run_id = run_directory(config, ckpt, comm)
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out or "")))
-    columns, attrs = session.trace_columns()
-    writer = agreed(lambda: open_trace(config, out, run_id, comm, session.parameters(),
-                                       (ckpt.trace_rows, ckpt.tick) if ckpt else None,
-                                       columns, attrs), comm)
-    agreed(lambda: check_output(out, session.checkpoint_bytes(), comm), comm)
-    files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0)
-    show = verbose and config.run.progress and comm.rank == 0
-    resumed = f"{ckpt.path} at {workload.noun} {ckpt.tick}" if ckpt else ""
-    if show:
-        print(f"{session.header(threads)}\n{header_end(out, resumed, comm)}", flush=True)
-    elif resumed and verbose and comm.rank == 0:  # without progress lines, still say what resumed
-        print(f"hpcopt: resuming from {resumed} (run directory {out})", flush=True)
+    # rank 0 locks the run directory for the job's life and checks it holds no other run
+    lock = agreed(lambda: claim(out, run_id, ckpt is not None, verbose) if comm.rank == 0 else None, comm)
+    writer = None
     try:
+        columns, attrs = session.trace_columns()
+        writer = agreed(lambda: open_trace(config, out, run_id, comm, session.parameters(),
+                                           (ckpt.trace_rows, ckpt.tick) if ckpt else None,
+                                           columns, attrs), comm)
+        agreed(lambda: check_output(out, session.checkpoint_bytes(), comm), comm)
+        files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0)
+        show = verbose and config.run.progress and comm.rank == 0
+        resumed = f"{ckpt.path} at {workload.noun} {ckpt.tick}" if ckpt else ""
+        if show:
+            print(f"{session.header(threads)}\n{header_end(out, resumed, comm)}", flush=True)
+        elif resumed and verbose and comm.rank == 0:  # without progress lines, still say what resumed
+            print(f"hpcopt: resuming from {resumed} (run directory {out})", flush=True)
         with StopSignal(out is not None) as stop_signal, \
                 watching(comm, config.run.stall_timeout, session.progress), \
                 np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # NaN/Inf: nonfinite.py
@@ -205,6 +210,8 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
         comm.stats.delay = None  # the network delay mode ends with the run
         if writer is not None:
             writer.close()
+        if lock is not None:
+            lock.release()
     if show:
         print("summary\n  " + "\n  ".join(summary.lines()), flush=True)
     if summary.stopped and verbose and comm.rank == 0:

@@ -9,9 +9,10 @@
 set -euo pipefail
 cd "$${PBS_O_WORKDIR:-.}"
 source "$${HPCOPT_SITE:-${site}}"
-# A run directory that already holds checkpoints (a resubmitted job) is resumed.
+# A run directory that already holds checkpoints (a resubmitted job) is resumed (a torch
+# model named again: hpcopt imports none a checkpoint names).
 if ls "${out}"/checkpoints/step-*.h5 >/dev/null 2>&1; then
-    mpiexec -n ${ranks} ${launcher_flags} python -m hpcopt resume "${out}"
+    mpiexec -n ${ranks} ${launcher_flags} python -m hpcopt resume "${out}" ${resume_args}
 else
     mpiexec -n ${ranks} ${launcher_flags} python -m hpcopt train ${args} --out "${out}"
 fi

@@ -12,9 +12,10 @@ ${gpu_directives}
 # environment, account) belong in the site file, not here.
 set -euo pipefail
 source "$${HPCOPT_SITE:-${site}}"
-# A run directory that already holds checkpoints (a requeued or resubmitted job) is resumed.
+# A run directory that already holds checkpoints (a requeued or resubmitted job) is resumed
+# (a torch model named again: hpcopt imports none a checkpoint names).
 if ls "${out}"/checkpoints/step-*.h5 >/dev/null 2>&1; then
-    srun ${launcher_flags} python -m hpcopt resume "${out}"
+    srun ${launcher_flags} python -m hpcopt resume "${out}" ${resume_args}
 else
     srun ${launcher_flags} python -m hpcopt train ${args} --out "${out}"
 fi

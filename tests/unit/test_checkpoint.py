@@ -67,7 +67,7 @@ def test_newest_complete_checkpoint_is_found_and_old_ones_pruned(tmp_path):
     (directory / "step-000000016.h5.tmp").write_bytes(b"partial")
     assert find_checkpoint(tmp_path) == directory / "step-000000012.h5"
     assert find_checkpoint(directory) == directory / "step-000000012.h5"
-    prune(directory, keep=2)
+    prune(directory, keep=2, run_id="abc")
     assert sorted(p.name for p in directory.iterdir()) == ["step-000000008.h5", "step-000000012.h5"]
     (tmp_path / "empty").mkdir()
     with pytest.raises(HpcoptError, match="no checkpoint"):
@@ -131,7 +131,7 @@ def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_p
     np.testing.assert_array_equal(previous.rows["x"][0], np.full(6, 7.0))
     with pytest.raises(HpcoptError, match="incomplete checkpoint"):
         read_checkpoint(tmp)
-    prune(tmp_path, keep=1)  # the next successful write removes the leftover
+    prune(tmp_path, keep=1, run_id="abc")  # the next successful write removes the leftover
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000001.h5"]
 
 

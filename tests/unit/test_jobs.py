@@ -61,6 +61,18 @@ def test_every_template_renders_to_valid_bash(tmp_path, scheduler, gpus):
         assert "select=2:" in three.script and "mpiexec -n 3" in three.script
 
 
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_a_resubmitted_torch_job_names_its_model_again(tmp_path, scheduler):
+    """hpcopt imports no module a checkpoint names: the resume branch repeats --model."""
+    text = BASIC.format(scheduler=scheduler, per_node=2, gpus=0).replace(
+        'dataset = "digits"', 'dataset = "digits"\nmodel = "torch:tests.torch_models:bn_cnn"')
+    jobs = sweep.expand(*sweep.load_sweep(write_sweep(tmp_path, text)), tmp_path / "out",
+                        ROOT / "jobs" / "site.sh")
+    for job in jobs:
+        (resume,) = [line for line in job.script.splitlines() if "python -m hpcopt resume" in line]
+        assert resume.endswith(" --model torch:tests.torch_models:bn_cnn"), resume
+
+
 @pytest.mark.parametrize("text,message", [
     ("[job]\nscheduler = 'lsf'\n[sweep]\nranks = [1]\n", "scheduler"),
     ("[job]\nqueue = 'x'\n", "unknown [job] key"),

@@ -1,0 +1,141 @@
+"""The run directory's lock (hpcopt.run.lock): one job at a time, stale locks taken over."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hpcopt.errors import HpcoptError
+from hpcopt.run import lock as lock_module
+from hpcopt.run.lock import FILE_NAME, RunLock
+from tests.crafted import lock_file
+
+
+def _dead_pid() -> int:
+    """The id of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_second_job_is_refused_with_the_holder_named_until_the_first_releases(tmp_path):
+    first = RunLock.acquire(tmp_path, "run-a")
+    assert (tmp_path / FILE_NAME).is_file()
+    with pytest.raises(HpcoptError) as refused:
+        RunLock.acquire(tmp_path, "run-b")
+    message = str(refused.value)
+    assert "\n" not in message and "in use by another job" in message
+    assert f"host {socket.gethostname()}, pid {os.getpid()}" in message
+    first.release()
+    assert not (tmp_path / FILE_NAME).exists()
+    RunLock.acquire(tmp_path, "run-b").release()
+
+
+@pytest.mark.parametrize("stale", ["dead pid", "pid reused", "rebooted", "other host, unrefreshed"])
+def test_a_stale_lock_is_taken_over(tmp_path, stale):
+    host = socket.gethostname()
+    crafted = {
+        "dead pid": dict(host=host, pid=_dead_pid()),
+        "pid reused": dict(host=host, pid=os.getpid(), started="1"),  # this pid, another process
+        "rebooted": dict(host=host, pid=os.getpid(), boot="another-boot"),
+        "other host, unrefreshed": dict(host="elsewhere", pid=1, age_seconds=lock_module.STALE_SECONDS + 60),
+    }[stale]
+    if stale == "rebooted" and not lock_module._boot_id():
+        pytest.skip("no boot id on this system")
+    if stale == "pid reused" and not lock_module._process_start(os.getpid()):
+        pytest.skip("no process start times on this system")
+    lock_file(tmp_path, **crafted)
+    taken = RunLock.acquire(tmp_path, "run-b")
+    assert lock_module._read(tmp_path / FILE_NAME) == taken.holder
+    taken.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no lock, no break file left
+
+
+def test_a_lock_of_an_ended_but_unreaped_process_is_taken_over(tmp_path):
+    """After MPI_Abort the launcher may exit before rank 0's process is reaped (a zombie)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 60
+        while not lock_module._ending(child.pid):  # not waited for: it stays a zombie
+            assert time.monotonic() < deadline, "the child never ended"
+            time.sleep(0.02)
+        lock_file(tmp_path, host=socket.gethostname(), pid=child.pid)
+        RunLock.acquire(tmp_path, "run-b").release()
+    finally:
+        child.wait()
+
+
+@pytest.mark.parametrize("crafted,fragment", [
+    (dict(host="elsewhere", pid=1, age_seconds=5), "from another host is taken over once"),
+    (dict(host=socket.gethostname(), pid=1), "in use by another job (host"),  # pid 1 runs
+])
+def test_a_live_or_unknowable_holder_is_refused_in_one_line(tmp_path, crafted, fragment):
+    path = lock_file(tmp_path, **crafted)
+    before = path.read_bytes()
+    with pytest.raises(HpcoptError, match="in use by another job") as refused:
+        RunLock.acquire(tmp_path, "run-b")
+    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+    assert path.read_bytes() == before  # the holder's lock is left alone
+
+
+@pytest.mark.parametrize("content", [b"", b"{", b'{"host": "a\\nb"}', b"x" * 10000,
+                                     b'{"host": "h", "pid": true, "started": "", "boot": "", '
+                                     b'"run_id": "", "since": "", "token": ""}'])
+def test_a_lock_file_naming_no_holder_is_refused_and_kept(tmp_path, content):
+    (tmp_path / FILE_NAME).write_bytes(content)
+    with pytest.raises(HpcoptError, match="names no holder") as refused:
+        RunLock.acquire(tmp_path, "run-b")
+    assert "\n" not in str(refused.value) and f"delete {tmp_path / FILE_NAME}" in str(refused.value)
+    assert (tmp_path / FILE_NAME).read_bytes() == content
+
+
+def test_release_leaves_a_lock_that_is_no_longer_its_own(tmp_path):
+    held = RunLock.acquire(tmp_path, "run-a")
+    (tmp_path / FILE_NAME).unlink()  # the user deleted it, and another job took the directory
+    other = lock_file(tmp_path, host="elsewhere", pid=1)
+    held.release()
+    assert other.is_file()
+
+
+def test_the_holder_refreshes_its_lock(tmp_path, monkeypatch):
+    monkeypatch.setattr(lock_module, "HEARTBEAT_SECONDS", 0.05)
+    held = RunLock.acquire(tmp_path, "run-a")
+    path = tmp_path / FILE_NAME
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    deadline = time.monotonic() + 30
+    while path.stat().st_mtime < old + 1800:
+        assert time.monotonic() < deadline, "the lock was never refreshed"
+        time.sleep(0.05)
+    held.release()
+
+
+def test_two_jobs_taking_over_one_stale_lock_never_both_win(tmp_path):
+    """Many threads (each posing as a job of its own) find the same stale lock at once: exactly
+    one holds the directory, every other one is refused."""
+    lock_file(tmp_path, host=socket.gethostname(), pid=_dead_pid())
+    results: list[object] = []
+    start = threading.Barrier(8)
+
+    def contend() -> None:
+        start.wait()
+        try:
+            results.append(RunLock.acquire(tmp_path, "run"))
+        except HpcoptError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=contend) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [r for r in results if isinstance(r, RunLock)]
+    assert len(winners) == 1, results
+    assert lock_module._read(tmp_path / FILE_NAME) == winners[0].holder
+    winners[0].release()
