@@ -150,6 +150,11 @@ class ScheduledSGD:
         (here never reset: every step so far)."""
         return state.step + 1, state.step + 1
 
+    def state_vectors(self) -> tuple[int, int]:
+        """(per-rank, shared) vectors of d values the state holds besides x: the momentum
+        buffer or AdamW's two moments."""
+        return (2 if self.adamw else int(self.momentum > 0)), 0
+
     def steps_for(self, total_steps: int, rank: int, size: int) -> int:
         """Every rank runs all T steps."""
         return total_steps
@@ -234,6 +239,11 @@ class Rounds(ScheduledSGD):
         since_reset, since_start = state.steps_in_round + 1, state.step + 1
         return (since_reset if self.momentum_policy == "reset" else since_start,
                 since_reset if self.second_moment_policy == "reset" else since_start)
+
+    def state_vectors(self) -> tuple[int, int]:
+        """ScheduledSGD's, and the outer optimizer's anchor and buffer (shared)."""
+        per_rank, _ = super().state_vectors()
+        return per_rank, int(self.outer.has_anchor) + int(self.outer.has_buffer)
 
     def outer_step(self, state: DataParallelState, eta: float) -> None:
         """The outer optimizer's step from the round's average in ``state.x`` (``state.grad``,
