@@ -2,13 +2,16 @@
 
 It shares the gradient oracles (whose gradients are checked against finite differences in
 tests/unit) and the data order with the distributed code, but implements each update rule on
-its own, in the plainest form, from ALGORITHMS.md.
+its own, in the plainest form, from ALGORITHMS.md: the inner optimizers (sgd with momentum,
+adamw) in ``Worker``, what a round does to their state in ``round_policies``, the outer
+optimizers in ``Outer``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,48 +34,137 @@ def worker_parts(config, workers: int):
     return [build_run(config, SimpleNamespace(rank=i, size=workers)) for i in range(workers)]
 
 
+@dataclass(frozen=True)
+class InnerOptions:
+    """The inner optimizer: sgd (momentum mu, nesterov) or adamw, weight decay, and what a round
+    does to its state (momentum_policy: b or m; second_moment_policy: v)."""
+
+    inner_optimizer: str = "sgd"
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    momentum_policy: str = "keep"
+    second_moment_policy: str = "keep"
+
+    @classmethod
+    def of(cls, options) -> InnerOptions:
+        """From an object with these attributes (a config's [algorithm] section)."""
+        return cls(**{f.name: getattr(options, f.name, f.default) for f in dataclasses.fields(cls)})
+
+
+class Worker:
+    """One worker's inner optimizer state, plainly: sgd's b, adamw's m and v, and the steps each
+    of adamw's moments has accumulated since it was last zeroed."""
+
+    def __init__(self, x, options: InnerOptions):
+        self.options = options
+        self.b, self.m, self.v = (np.zeros_like(x) for _ in range(3))
+        self.k1 = self.k2 = 0
+
+    def step(self, x, g, lr):
+        """x after one inner step with step size lr from the gradient g."""
+        o = self.options
+        if o.inner_optimizer == "adamw":
+            self.k1, self.k2 = self.k1 + 1, self.k2 + 1
+            x = x * (1 - lr * o.weight_decay)
+            self.m = o.adam_beta1 * self.m + (1 - o.adam_beta1) * g
+            self.v = o.adam_beta2 * self.v + (1 - o.adam_beta2) * g * g
+            m_hat = self.m / (1 - o.adam_beta1 ** self.k1)
+            v_hat = self.v / (1 - o.adam_beta2 ** self.k2)
+            return x - lr * m_hat / (np.sqrt(v_hat) + o.adam_eps)
+        d = g + o.weight_decay * x
+        if o.momentum:
+            self.b = o.momentum * self.b + d
+            d = d + o.momentum * self.b if o.nesterov else self.b
+        return x - lr * d
+
+
+def round_policies(workers, members=None):
+    """At a round: each moment kept, averaged over ``members`` (all workers by default) or
+    zeroed, by its policy (b and m: momentum_policy; v: second_moment_policy); a zeroed adamw
+    moment starts counting its steps again."""
+    members = list(range(len(workers))) if members is None else list(members)
+    options = workers[0].options
+    for names, count, policy in ((("b", "m"), "k1", options.momentum_policy),
+                                 (("v",), "k2", options.second_moment_policy)):
+        for name in names:
+            if policy == "average":
+                mean = sum(getattr(workers[j], name) for j in members) / len(members)
+                for w in workers:
+                    setattr(w, name, mean.copy())
+            elif policy == "reset":
+                for w in workers:
+                    setattr(w, name, np.zeros_like(getattr(w, name)))
+                    setattr(w, count, 0)
+
+
+class Outer:
+    """The outer optimizer on the pseudo-gradient Delta = anchor - mean (average | sgd | nesterov
+    | slowmo), with its momentum buffer."""
+
+    def __init__(self, x0, kind="average", lr=1.0, momentum=0.0):
+        self.kind, self.lr, self.momentum = kind, lr, momentum
+        self.anchor, self.buffer = x0.copy(), np.zeros_like(x0)
+
+    @classmethod
+    def of(cls, x0, options) -> Outer:
+        """The outer optimizer of a config's [algorithm] section (slowmo: its slow options)."""
+        if options.algorithm == "slowmo":
+            return cls(x0, "slowmo", options.slow_lr, options.slow_momentum)
+        return cls(x0, options.outer_optimizer, options.outer_lr, options.outer_momentum)
+
+    def step(self, mean, eta):
+        """The model every worker continues from after a round whose average is ``mean``;
+        eta: the base step size at the round's last step (slowmo)."""
+        delta = self.anchor - mean
+        if self.kind == "average":
+            return mean.copy()
+        if self.kind == "slowmo":
+            self.buffer = self.momentum * self.buffer + delta / eta
+            self.anchor = self.anchor - self.lr * eta * self.buffer
+        elif self.kind == "nesterov":
+            self.buffer = self.momentum * self.buffer + delta
+            self.anchor = self.anchor - self.lr * (delta + self.momentum * self.buffer)
+        else:
+            if self.momentum:
+                self.buffer = self.momentum * self.buffer + delta
+                delta = self.buffer
+            self.anchor = self.anchor - self.lr * delta
+        return self.anchor.copy()
+
+
 def prsgd_reference(config, workers: int) -> np.ndarray:
-    """Final averaged model of PR-SGD, serially: local (momentum) steps, mean every I_i steps.
-    For SlowMo (``--algorithm slowmo``), each mean is followed by the slow step from the round's
-    start: u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u."""
+    """Final averaged model of PR-SGD, serially: local steps of the inner optimizer (sgd with
+    momentum, or adamw), the mean every I_i steps, then the outer optimizer's step from the
+    round's start (``--outer-optimizer``; for ``--algorithm slowmo`` its slow step:
+    u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u)."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
     schedule = parts[0].algorithm.lr_at
     intervals = list(algo.local_steps) or [algo.interval] * workers
     x = [p.workload.x0.astype(np.float64).copy() for p in parts]
-    b = [np.zeros_like(x[0]) for _ in parts]
+    inner = [Worker(x[0], InnerOptions.of(algo)) for _ in parts]
+    outer = Outer.of(x[0], algo)
     steps = [p.local_steps for p in parts]
     done = [0] * workers
     total_rounds = parts[0].total_steps // algo.interval
     g = np.zeros_like(x[0])
-    anchor, slow = x[0].copy(), np.zeros_like(x[0])
 
     def local_step(i):
         parts[i].workload.problem.oracle(x[i], g)
-        if algo.momentum:
-            b[i] = algo.momentum * b[i] + g
-            d = g + algo.momentum * b[i] if algo.nesterov else b[i]
-        else:
-            d = g
-        x[i] = x[i] - schedule(done[i]) * d
+        x[i] = inner[i].step(x[i], g.copy(), schedule(done[i]))
         done[i] += 1
 
     for r in range(total_rounds):
         for i in range(workers):
             for _ in range(intervals[i]):
                 local_step(i)
-        mean = sum(x) / workers
-        if algo.algorithm == "slowmo":
-            eta = schedule((r + 1) * algo.interval - 1)
-            slow = algo.slow_momentum * slow + (anchor - mean) / eta
-            anchor = anchor - algo.slow_lr * eta * slow
-            mean = anchor.copy()
+        mean = outer.step(sum(x) / workers, schedule((r + 1) * algo.interval - 1))
         x = [mean.copy() for _ in range(workers)]
-        if algo.momentum and algo.momentum_policy == "average":
-            mb = sum(b) / workers
-            b = [mb.copy() for _ in range(workers)]
-        elif algo.momentum and algo.momentum_policy == "reset":
-            b = [np.zeros_like(mb_) for mb_ in b]
+        round_policies(inner)
     for i in range(workers):
         while done[i] < steps[i]:
             local_step(i)
@@ -94,42 +186,41 @@ def minibatch_sgd_reference(config, workers: int) -> np.ndarray:
     return x
 
 
-def _clipped_steps(x, grads, norms, b, t, lr, gamma, base_lr, momentum, nesterov, weight_decay):
-    """One clipped (momentum) step on each model: x <- x - min(eta_t, gamma_t/(n + 1e-10)) d,
-    gamma_t = gamma * eta_t / base_lr (gamma decays with the learning rate).
-
-    The norm is taken on the raw gradient; weight decay and momentum shape only the direction.
-    Returns the new models, the new momentum buffers and whether each step was clipped.
-    """
+def _clipped_steps(x, grads, norms, inner, t, lr, gamma, base_lr):
+    """One clipped inner step on each model: the inner optimizer's step with step size
+    min(eta_t, gamma_t/(n + 1e-10)), gamma_t = gamma * eta_t / base_lr (gamma decays with the
+    learning rate). The norm is taken on the raw gradient; weight decay and momentum shape only
+    the direction. Returns the new models and whether each step was clipped."""
     eta = lr(t)
     gamma_t = gamma * eta / base_lr
-    new_x, new_b, clipped = [], [], []
-    for xi, gi, ni, bi in zip(x, grads, norms, b):
-        d = gi + weight_decay * xi
-        if momentum:
-            bi = momentum * bi + d
-            d = d + momentum * bi if nesterov else bi
+    new_x, clipped = [], []
+    for xi, gi, ni, worker in zip(x, grads, norms, inner):
         size = min(eta, gamma_t / (ni + 1e-10))
-        new_x.append(xi - size * d)
-        new_b.append(bi)
+        new_x.append(worker.step(xi, gi, size))
         clipped.append(size < eta)
-    return new_x, new_b, clipped
+    return new_x, clipped
 
 
-def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, momentum=0.0,
-                    nesterov=False, weight_decay=0.0, momentum_policy="keep", participation=1.0,
-                    seed=0, clip_norm="local"):
-    """CELGC with N = len(oracles) simulated workers; ``lr(t)`` is eta_t.
+def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, participation=1.0, seed=0,
+                    clip_norm="local", outer_optimizer="average", outer_lr=1.0, outer_momentum=0.0,
+                    finish=False, **inner):
+    """CELGC with N = len(oracles) simulated workers; ``lr(t)`` is eta_t; ``inner``: the
+    ``InnerOptions`` (momentum, nesterov, weight_decay, momentum_policy, inner_optimizer, ...).
 
-    Every step t: if t % I == 0, every model (and with policy "average" every momentum buffer)
-    becomes the mean over this round's participants S_r (all workers, or ceil(p N) of them drawn
-    by ``stream(seed, "participation", r).choice(N, k, replace=False)``); "reset" zeroes the
-    buffers. Then each worker takes its own clipped step. Returns (the N models after T steps,
-    the N counts of clipped steps).
+    Every step t: if t % I == 0, every model becomes the mean over this round's participants S_r
+    (all workers, or ceil(p N) of them drawn by ``stream(seed, "participation", r).choice(N, k,
+    replace=False)``) and the inner optimizer's moments follow their policies over S_r; after
+    t = 0, the outer optimizer steps from the round's start to that mean and every worker
+    continues from its result. Then each worker takes its own clipped step. With ``finish``, the
+    N models are then averaged over all workers (the training loop's final average), followed by
+    the outer step when the last round is complete (I divides T). Returns (the N models after T
+    steps, the N counts of clipped steps).
     """
     workers = len(oracles)
     x = [np.array(x0, dtype=np.float64) for _ in range(workers)]
-    b = [np.zeros_like(x[0]) for _ in range(workers)]
+    options = InnerOptions(**inner)
+    workers_state = [Worker(x[0], options) for _ in range(workers)]
+    outer = Outer(x[0], outer_optimizer, outer_lr, outer_momentum)
     counts = [0] * workers
     for t in range(steps):
         if t % interval == 0:
@@ -139,12 +230,12 @@ def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, momentum=0
                 draw = stream(seed, "participation", t // interval)
                 members = draw.choice(workers, k, replace=False)
             mean = sum(x[j] for j in members) / len(members)
+            if t == 0:
+                outer.anchor = mean.copy()
+            else:
+                mean = outer.step(mean, lr(t - 1))
             x = [mean.copy() for _ in range(workers)]
-            if momentum_policy == "average":
-                mean_b = sum(b[j] for j in members) / len(members)
-                b = [mean_b.copy() for _ in range(workers)]
-            elif momentum_policy == "reset":
-                b = [np.zeros_like(bi) for bi in b]
+            round_policies(workers_state, members)
         grads = []
         for i in range(workers):
             g = np.zeros_like(x[i])
@@ -153,18 +244,22 @@ def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, momentum=0
         norms = [float(np.sqrt(np.sum(g * g))) for g in grads]
         if clip_norm == "global":
             norms = [math.sqrt(sum(n * n for n in norms) / workers)] * workers
-        x, b, clipped = _clipped_steps(x, grads, norms, b, t, lr, gamma, base_lr, momentum,
-                                       nesterov, weight_decay)
+        x, clipped = _clipped_steps(x, grads, norms, workers_state, t, lr, gamma, base_lr)
         counts = [c + k for c, k in zip(counts, clipped)]
+    if finish:
+        mean = sum(x) / workers
+        if steps and steps % interval == 0:
+            mean = outer.step(mean, lr(steps - 1))
+        x = [mean.copy() for _ in range(workers)]
     return x, counts
 
 
-def naive_clip_reference(x0, oracles, steps, lr, gamma, base_lr, momentum=0.0, nesterov=False,
-                         weight_decay=0.0):
-    """Naive parallel clipping: one model; each step g = mean_i g_i(x), one clipped step on g.
-    Returns (the model after T steps, the number of clipped steps)."""
+def naive_clip_reference(x0, oracles, steps, lr, gamma, base_lr, **inner):
+    """Naive parallel clipping: one model; each step g = mean_i g_i(x), one clipped step on g
+    (``inner``: the ``InnerOptions``). Returns (the model after T steps, the number of clipped
+    steps)."""
     x = np.array(x0, dtype=np.float64)
-    b = np.zeros_like(x)
+    worker = Worker(x, InnerOptions(**inner))
     count = 0
     for t in range(steps):
         mean = np.zeros_like(x)
@@ -172,12 +267,11 @@ def naive_clip_reference(x0, oracles, steps, lr, gamma, base_lr, momentum=0.0, n
             g = np.zeros_like(x)
             oracle(x, g)
             mean += g / len(oracles)
-        (x,), (b,), (clipped,) = _clipped_steps([x], [mean], [float(np.sqrt(np.sum(mean * mean)))],
-                                                [b], t, lr, gamma, base_lr, momentum, nesterov,
-                                                weight_decay)
+        (x,), (clipped,) = _clipped_steps([x], [mean], [float(np.sqrt(np.sum(mean * mean)))],
+                                          [worker], t, lr, gamma, base_lr)
         count += clipped
     return x, count
 
 
 __all__ = ["prsgd_reference", "minibatch_sgd_reference", "worker_parts", "celgc_reference",
-           "naive_clip_reference"]
+           "naive_clip_reference", "InnerOptions", "Worker", "Outer", "round_policies"]

@@ -1,12 +1,17 @@
-"""What the data-parallel algorithms share: their state, the step-size options, the checks of
-momentum and batch-norm policy, and the end of a run.
+"""What the data-parallel algorithms share: their state, the step-size and inner-optimizer
+options, the rounds (interval, what a round does to the inner optimizer's state, the outer
+optimizer), the checks of momentum and batch-norm policy, and the end of a run.
 
 A data-parallel rank holds its own model x_i in one flat buffer; ranks agree at averaging
-rounds. The state's fields declare what a checkpoint holds (``hpcopt.algorithms.state``).
+rounds. The local step is the inner optimizer's (``hpcopt.algorithms.inner``: sgd or adamw);
+a round's average is followed by the outer optimizer's step (``hpcopt.algorithms.outer``). The
+state's fields declare what a checkpoint holds (``hpcopt.algorithms.state``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,9 +19,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import HpcoptError
 from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
-from .momentum import MOMENTUM_POLICIES, check_momentum_policy
+from .inner import ADAMW_DEFAULTS, INNER_OPTIMIZERS, adamw_step, check_adamw
+from .momentum import (
+    MOMENTUM_LABEL,
+    MOMENTUM_POLICIES,
+    SECOND_MOMENT_LABEL,
+    apply_momentum_policy,
+    check_momentum_policy,
+    momentum_direction,
+)
+from .outer import OUTER_OPTIMIZERS, OuterOptimizer, check_outer
 from .schedules import SCHEDULES, Schedule
-from .state import counter, model, scratch, vector
+from .state import counter, model, scratch, shared, vector
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -36,28 +50,17 @@ class DataParallelState:
     rounds: int = counter()          # averaging rounds completed
     steps_in_round: int = counter()  # local steps since the last averaging
     buffers: Array | None = vector()  # batch-norm running statistics (None: the model has none)
-
-
-def interval_option() -> Any:
-    """I, of the algorithms that average every I local steps (one option, one help text)."""
-    return option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
-
-
-def momentum_policy_option() -> Any:
-    return option("keep", f"momentum buffers at a round: {' | '.join(MOMENTUM_POLICIES)}")
-
-
-def check_rounds(interval: int, momentum_policy: str) -> None:
-    """The checks of ``interval_option`` and ``momentum_policy_option``."""
-    if interval < 1:
-        raise HpcoptError(f"interval I must be >= 1, got {interval}")
-    check_momentum_policy(momentum_policy)
+    exp_avg: Array | None = vector()     # AdamW's first moment m (None: inner sgd)
+    exp_avg_sq: Array | None = vector()  # AdamW's second moment v (None: inner sgd)
+    anchor: Array | None = shared()        # the round's start x_0 (None: outer average)
+    outer_buffer: Array | None = shared()  # the outer optimizer's momentum (None: it has none)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduledSGD:
-    """Options every data-parallel algorithm has: the step size lr_t and its schedule, momentum
-    and the batch-norm buffer policy; context: the world size and run length (sqrt_nt)."""
+    """Options every data-parallel algorithm has: the step size lr_t and its schedule, the inner
+    optimizer (sgd with momentum, or adamw), weight decay and the batch-norm buffer policy;
+    context: the world size and run length (sqrt_nt)."""
 
     workload: ClassVar[str] = DATA_PARALLEL
     clips: ClassVar[bool] = False
@@ -71,6 +74,13 @@ class ScheduledSGD:
                                              "multiplied by decay")
     momentum: float = option(0.0, "heavy-ball momentum mu; 0 = plain SGD")
     nesterov: bool = option(False, "Nesterov momentum instead of heavy ball")
+    inner_optimizer: str = option("sgd", f"the local step: {' | '.join(INNER_OPTIMIZERS)} "
+                                         "(momentum and nesterov are sgd's)")
+    adam_beta1: float = option(ADAMW_DEFAULTS["adam_beta1"], "adamw: decay of the first moment m")
+    adam_beta2: float = option(ADAMW_DEFAULTS["adam_beta2"], "adamw: decay of the second moment v")
+    adam_eps: float = option(ADAMW_DEFAULTS["adam_eps"], "adamw: eps added to sqrt(v)")
+    weight_decay: float = option(0.0, "weight decay wd: sgd adds wd x to each local gradient (L2), "
+                                      "adamw multiplies x by 1 - lr wd (decoupled)")
     buffer_policy: str = option("average", f"batch-norm statistics at a round: "
                                            f"{', '.join(BUFFER_POLICIES)}")
     workers: int = context(1)
@@ -83,6 +93,23 @@ class ScheduledSGD:
         check_momentum(self.momentum, self.nesterov)
         check_buffer_policy(self.buffer_policy)
         self.lr_schedule  # noqa: B018 - the schedule's own checks (decay, milestones)
+        if self.inner_optimizer not in INNER_OPTIMIZERS:
+            raise HpcoptError(f"unknown inner_optimizer {self.inner_optimizer!r} "
+                              f"(choose from {', '.join(INNER_OPTIMIZERS)})")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise HpcoptError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.adamw:
+            check_adamw(self.adam_beta1, self.adam_beta2, self.adam_eps)
+            if self.momentum:
+                raise HpcoptError("momentum applies only to inner_optimizer sgd "
+                                  "(adamw's first moment decays with adam_beta1)")
+        for key, default in ADAMW_DEFAULTS.items():
+            if not self.adamw and getattr(self, key) != default:
+                raise HpcoptError(f"{key} applies only to inner_optimizer adamw, not sgd")
+
+    @property
+    def adamw(self) -> bool:
+        return self.inner_optimizer == "adamw"
 
     @cached_property
     def lr_schedule(self) -> Schedule:
@@ -99,7 +126,34 @@ class ScheduledSGD:
         comm.bcast_(x0, root=0, label="init")
         xp = comm.backend.xp
         momentum = xp.zeros_like(x0) if self.momentum > 0 else None
-        return state_type(x=x0, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers)
+        moments = ({"exp_avg": xp.zeros_like(x0), "exp_avg_sq": xp.zeros_like(x0)}
+                   if self.adamw else {})
+        return state_type(x=x0, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers,
+                          **moments)
+
+    def inner_step(self, state: DataParallelState, lr: Any) -> None:
+        """x <- the inner optimizer's step from the gradient in ``state.grad`` (overwritten)
+        with step size ``lr``: a float, or a 0-d device array in x's dtype."""
+        if self.adamw:
+            k1, k2 = self.moment_steps(state)
+            adamw_step(state.x, state.grad, state.exp_avg, state.exp_avg_sq, lr,
+                       beta1=self.adam_beta1, beta2=self.adam_beta2, eps=self.adam_eps,
+                       weight_decay=self.weight_decay, k1=k1, k2=k2)
+            return
+        if self.weight_decay:
+            state.grad += self.weight_decay * state.x
+        direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
+        state.x -= lr * direction
+
+    def moment_steps(self, state: DataParallelState) -> tuple[int, int]:
+        """AdamW's k1, k2: the steps its moments m, v have accumulated, this one included
+        (here never reset: every step so far)."""
+        return state.step + 1, state.step + 1
+
+    def state_vectors(self) -> tuple[int, int]:
+        """(per-rank, shared) vectors of d values the state holds besides x: the momentum
+        buffer or AdamW's two moments."""
+        return (2 if self.adamw else int(self.momentum > 0)), 0
 
     def steps_for(self, total_steps: int, rank: int, size: int) -> int:
         """Every rank runs all T steps."""
@@ -127,3 +181,92 @@ class ScheduledSGD:
     def describe(self) -> str:
         """The settings that matter, for the run's header."""
         return f"lr {self.lr:g}"
+
+    def describe_inner(self) -> str:
+        """The inner optimizer, for ``describe`` (empty for plain sgd)."""
+        if not self.adamw:
+            return ""
+        return f", adamw (betas {self.adam_beta1:g}, {self.adam_beta2:g}, wd {self.weight_decay:g})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rounds(ScheduledSGD):
+    """Options of the algorithms that average every I local steps, and what a round does: the
+    momentum policies on the inner optimizer's state, then the outer optimizer's step."""
+
+    #: The state field holding the outer optimizer's buffer (SlowMo's checkpoints name it).
+    outer_buffer_field: ClassVar[str] = "outer_buffer"
+
+    interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
+    momentum_policy: str = option("keep", f"momentum buffers (sgd's b, adamw's m) at a round: "
+                                          f"{' | '.join(MOMENTUM_POLICIES)}")
+    second_moment_policy: str = option("keep", f"adamw's second moment v at a round: "
+                                               f"{' | '.join(MOMENTUM_POLICIES)}")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.interval < 1:
+            raise HpcoptError(f"interval I must be >= 1, got {self.interval}")
+        check_momentum_policy(self.momentum_policy)
+        check_momentum_policy(self.second_moment_policy, "second_moment_policy")
+        if not self.adamw and self.second_moment_policy != "keep":
+            raise HpcoptError("second_moment_policy applies only to inner_optimizer adamw, not sgd")
+        self.outer  # noqa: B018 - its checks
+
+    @property
+    def outer(self) -> OuterOptimizer:
+        """The outer optimizer a round applies (``OuterOptions``: the options'; SlowMo: its own)."""
+        raise NotImplementedError
+
+    def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
+        """ScheduledSGD's state and the outer optimizer's: the anchor (x0) and its buffer."""
+        state = super().new_state(x0, comm, buffers, state_type)
+        state.anchor, buffer = self.outer.new_state(state.x)
+        setattr(state, self.outer_buffer_field, buffer)
+        return state
+
+    def round_policies(self, state: DataParallelState, average: Callable[[Array, str], Any]) -> None:
+        """``momentum_policy`` on the first moment (sgd's b or adamw's m, label "momentum") and
+        ``second_moment_policy`` on adamw's v (label "second_moment"); ``average(buffer,
+        label)`` averages a buffer in place."""
+        first = state.momentum if state.momentum is not None else state.exp_avg
+        apply_momentum_policy(first, self.momentum_policy, lambda b: average(b, MOMENTUM_LABEL))
+        apply_momentum_policy(state.exp_avg_sq, self.second_moment_policy,
+                              lambda b: average(b, SECOND_MOMENT_LABEL))
+
+    def moment_steps(self, state: DataParallelState) -> tuple[int, int]:
+        """A moment reset at each round has accumulated this round's steps, another all of them."""
+        since_reset, since_start = state.steps_in_round + 1, state.step + 1
+        return (since_reset if self.momentum_policy == "reset" else since_start,
+                since_reset if self.second_moment_policy == "reset" else since_start)
+
+    def state_vectors(self) -> tuple[int, int]:
+        """ScheduledSGD's, and the outer optimizer's anchor and buffer (shared)."""
+        per_rank, _ = super().state_vectors()
+        return per_rank, int(self.outer.has_anchor) + int(self.outer.has_buffer)
+
+    def outer_step(self, state: DataParallelState, eta: float) -> None:
+        """The outer optimizer's step from the round's average in ``state.x`` (``state.grad``,
+        free between steps, as scratch); ``eta``: the base lr at the round's last step."""
+        self.outer.step(state.x, state.anchor, getattr(state, self.outer_buffer_field), state.grad, eta)
+
+    def describe_optimizers(self) -> str:
+        """The inner and outer optimizers, for ``describe`` (empty for sgd and the average)."""
+        outer = self.outer.describe()
+        return self.describe_inner() + (f", {outer}" if outer else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OuterOptions(Rounds):
+    """The outer optimizer chosen by options (PR-SGD, CELGC)."""
+
+    outer_optimizer: str = option("average", f"what a round does with the ranks' mean: "
+                                             f"{' | '.join(OUTER_OPTIMIZERS)} (hpcopt.algorithms.outer)")
+    outer_lr: float = option(1.0, "the outer optimizer's learning rate (sgd, nesterov, slowmo)")
+    outer_momentum: float = option(0.0, "the outer optimizer's momentum (sgd: heavy ball, "
+                                        "nesterov: > 0, slowmo: its beta)")
+
+    @cached_property
+    def outer(self) -> OuterOptimizer:
+        return check_outer(self.outer_optimizer, self.outer_lr, self.outer_momentum,
+                           ("outer_optimizer", "outer_lr", "outer_momentum"))

@@ -24,6 +24,14 @@ With gamma = inf CELGC is PR-SGD (``LocalSGD``) with the same I: PR-SGD averages
 when (t + 1) % I == 0, CELGC before step t + 1, the same point; they differ only by CELGC's
 no-op average of the common x_0 at t = 0 and by the last average, which PR-SGD takes inside the
 run when I divides T and the training loop takes (label "final") otherwise.
+
+The step above is the inner optimizer's with step size min(eta_t, gamma_t / (n_i + 1e-10))
+(``inner_optimizer``: this SGD, or AdamW with that step size as its lr,
+``hpcopt.algorithms.inner``). Each average but the first (of the common x_0, which starts the
+first round) is followed by the outer optimizer's step (``outer_optimizer``,
+``hpcopt.algorithms.outer``; eta there is eta_{t-1}, the round's last step's), and so is the
+training loop's final average when the run ends on a complete round (I steps since the last
+average, as when I divides T); evaluations and checkpoints between rounds see the plain mean.
 """
 
 from __future__ import annotations
@@ -40,15 +48,8 @@ from ..errors import HpcoptError
 from ..rng import stream
 from .base import context, option
 from .buffers import sync_buffers
-from .data_parallel import (
-    DataParallelState,
-    ScheduledSGD,
-    check_rounds,
-    interval_option,
-    momentum_policy_option,
-)
-from .local_sgd import AVERAGE_LABEL, MOMENTUM_LABEL
-from .momentum import apply_momentum_policy, momentum_direction
+from .data_parallel import DataParallelState, OuterOptions, ScheduledSGD
+from .local_sgd import AVERAGE_LABEL
 from .state import counter, flag, scalar
 
 if TYPE_CHECKING:
@@ -82,14 +83,11 @@ class _ClippedSGD(ScheduledSGD):
     gamma: float = option(math.inf, "step-length bound: the step is "
                           "min(lr, gamma / ||g||) g, so a gradient is clipped when ||g|| > gamma / lr; "
                           "inf = no clipping")
-    weight_decay: float = option(0.0, "L2 weight decay: wd x is added to each local gradient")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.gamma > 0:  # inf is allowed (no clipping), nan is not
             raise HpcoptError(f"clipping gamma must be > 0 (inf disables clipping), got {self.gamma}")
-        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
-            raise HpcoptError(f"weight_decay must be >= 0, got {self.weight_decay}")
 
     def step_size(self, t: int, norm: Any) -> Any:
         """min(eta_t, gamma_t / (norm + 1e-10)) with gamma_t = gamma * eta_t / eta_0.
@@ -114,15 +112,13 @@ class _ClippedSGD(ScheduledSGD):
         return self.new_state(x0, comm, buffers, LocalClipState)
 
     def _update(self, state: LocalClipState, norm: Any) -> None:
-        """x <- x - min(eta_t, gamma_t / (norm + eps)) d, d from state.grad (overwritten)."""
-        if self.weight_decay:
-            state.grad += self.weight_decay * state.x
-        direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
+        """The inner step with step size min(eta_t, gamma_t / (norm + eps)), from state.grad
+        (overwritten)."""
         lr = self.lr_at(state.step)
         step_size = self.step_size(state.step, norm)
         on_host = isinstance(step_size, float)
         # a device step size enters in x's dtype, as a float does (NumPy's weak scalars)
-        state.x -= (step_size if on_host else step_size.astype(state.x.dtype)) * direction
+        self.inner_step(state, step_size if on_host else step_size.astype(state.x.dtype))
         state.clipped = step_size < lr
         state.clip_count += state.clipped
         state.grad_norm = float(norm) if on_host else norm
@@ -130,20 +126,17 @@ class _ClippedSGD(ScheduledSGD):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LocalClip(_ClippedSGD):
+class LocalClip(_ClippedSGD, OuterOptions):
     """CELGC hyper-parameters (see the module docstring), validated at construction."""
 
     name: ClassVar[str] = "celgc"
 
-    interval: int = interval_option()
     clip_norm: str = option("local", "the norm clipped: local ||g_i|| or global sqrt(mean_j ||g_j||^2)")
-    momentum_policy: str = momentum_policy_option()
     participation: float = option(1.0, "fraction of ranks in each round's average")
     seed: int = context(0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_rounds(self.interval, self.momentum_policy)
         if self.clip_norm not in CLIP_NORMS:
             raise HpcoptError(f"unknown clipping norm {self.clip_norm!r} "
                               f"(choose from {', '.join(CLIP_NORMS)})")
@@ -175,15 +168,26 @@ class LocalClip(_ClippedSGD):
         return loss
 
     def average(self, state: LocalClipState, comm: Comm) -> None:
-        """x_i <- mean of x_j over this round's participants, and the momentum policy."""
+        """x_i <- mean of x_j over this round's participants, the momentum policies, and (after
+        the first) the outer step from the round's start."""
         members = self.participants(state.rounds, comm.size)
         self._mean_over(state.x, members, comm, AVERAGE_LABEL)
-        apply_momentum_policy(state.momentum, self.momentum_policy,
-                              lambda b: self._mean_over(b, members, comm, MOMENTUM_LABEL))
+        self.round_policies(state, lambda buffer, label: self._mean_over(buffer, members, comm, label))
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
         state.rounds += 1
         state.steps_in_round = 0
+        if state.step > 0:
+            self.outer_step(state, eta=self.lr_at(state.step - 1))
+        elif state.anchor is not None:  # the common start: the first round begins here
+            state.anchor[...] = state.x
+
+    def finish(self, state: DataParallelState, comm: Comm, label: str) -> None:
+        """The training loop's final average; after a complete round also its outer step."""
+        complete = state.steps_in_round == self.interval
+        super().finish(state, comm, label)
+        if complete:
+            self.outer_step(state, eta=self.lr_at(state.step - 1))
 
     @staticmethod
     def _mean_over(buf: Array, members: np.ndarray, comm: Comm, label: str) -> None:
@@ -199,7 +203,7 @@ class LocalClip(_ClippedSGD):
         buf /= members.size
 
     def describe(self) -> str:
-        return f"I={self.interval}, gamma={self.gamma:g} ({self.clip_norm} norm)"
+        return f"I={self.interval}, gamma={self.gamma:g} ({self.clip_norm} norm){self.describe_optimizers()}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,4 +225,4 @@ class NaiveParallelClip(_ClippedSGD):
         return loss
 
     def describe(self) -> str:
-        return f"gamma={self.gamma:g}"
+        return f"gamma={self.gamma:g}{self.describe_inner()}"

@@ -14,6 +14,15 @@ round follow ``momentum_policy``: ``keep`` (local, as PyTorch and the authors' c
 ``average`` (one more allreduce, label "momentum") or ``reset`` (zeroed). A model with batch norm
 has a flat buffer of running statistics (``state.buffers``); right after x is averaged it follows
 ``buffer_policy`` (``hpcopt.algorithms.buffers.sync_buffers``, label "buffers").
+
+The local step is the inner optimizer's (``inner_optimizer``: the SGD above, or AdamW,
+``hpcopt.algorithms.inner``; adamw's m follows ``momentum_policy``, its v
+``second_moment_policy``, label "second_moment"). The round's average is followed by the outer
+optimizer's step (``outer_optimizer``, ``hpcopt.algorithms.outer``; eta_t there is lr_t at the
+round's last nominal step, t = rounds * I - 1, the same on every rank): ``average``, the
+default, is the restart above; ``nesterov`` with AdamW inside is DiLoCo (``--algorithm
+diloco``), ``slowmo`` is SlowMo (``--algorithm slowmo``). A run that ends mid-round ends with
+the plain average (the training loop's "final"), without an outer step.
 """
 
 from __future__ import annotations
@@ -25,14 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
-from .data_parallel import (
-    DataParallelState,
-    ScheduledSGD,
-    check_rounds,
-    interval_option,
-    momentum_policy_option,
-)
-from .momentum import apply_momentum_policy, momentum_direction
+from .data_parallel import DataParallelState, OuterOptions, Rounds
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -41,26 +43,17 @@ Array = Any
 Oracle = Callable[[Array, Array], Any]
 
 AVERAGE_LABEL = "average"
-MOMENTUM_LABEL = "momentum"
-
-#: PR-SGD's state: the shared data-parallel one.
-LocalSGDState = DataParallelState
 
 
 @dataclass(frozen=True, kw_only=True)
-class LocalSGD(ScheduledSGD):
-    """PR-SGD hyper-parameters, validated at construction."""
+class RestartedSGD(Rounds):
+    """PR-SGD's rounds, with the outer optimizer a subclass chooses (``LocalSGD``, ``SlowMo``)."""
 
-    name: ClassVar[str] = "prsgd"
-
-    interval: int = interval_option()
-    momentum_policy: str = momentum_policy_option()
     local_steps: tuple[int, ...] = option((), "local steps per round of each rank (one value "
                                               "per rank); none = interval")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_rounds(self.interval, self.momentum_policy)
         if any(k < 1 for k in self.local_steps):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
 
@@ -104,8 +97,7 @@ class LocalSGD(ScheduledSGD):
         Returns the minibatch loss at the point where the gradient was taken.
         """
         loss = oracle(state.x, state.grad)
-        direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
-        state.x -= self.lr_at(state.step) * direction
+        self.inner_step(state, self.lr_at(state.step))
         state.step += 1
         state.steps_in_round += 1
         if state.steps_in_round == self.interval_of(comm.rank):
@@ -113,14 +105,22 @@ class LocalSGD(ScheduledSGD):
         return loss
 
     def average(self, state: DataParallelState, comm: Comm) -> None:
-        """The restart: x_i <- mean_j x_j, the buffer policy, and the momentum policy."""
+        """The round: x_i <- mean_j x_j, the buffer policy, the momentum policies, then the
+        outer step from the round's start."""
         comm.average_(state.x, label=AVERAGE_LABEL)
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
-        apply_momentum_policy(state.momentum, self.momentum_policy,
-                              lambda b: comm.average_(b, label=MOMENTUM_LABEL))
+        self.round_policies(state, lambda buffer, label: comm.average_(buffer, label=label))
         state.rounds += 1
         state.steps_in_round = 0
+        self.outer_step(state, eta=self.lr_at(state.rounds * self.interval - 1))
 
     def describe(self) -> str:
-        return f"I={self.interval}"
+        return f"I={self.interval}{self.describe_optimizers()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalSGD(RestartedSGD, OuterOptions):
+    """PR-SGD hyper-parameters, validated at construction."""
+
+    name: ClassVar[str] = "prsgd"

@@ -1,4 +1,5 @@
-"""Momentum shared by the data-parallel algorithms: the step direction and the round policy."""
+"""Momentum shared by the data-parallel algorithms: the step direction and the round policy
+(of sgd's momentum buffer and of adamw's moments, ``hpcopt.algorithms.inner``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from ..errors import HpcoptError
 Array = Any
 
 MOMENTUM_POLICIES = ("keep", "average", "reset")
+#: The labels of a round's averages of the first moment (sgd's b, adamw's m) and of adamw's v.
+MOMENTUM_LABEL, SECOND_MOMENT_LABEL = "momentum", "second_moment"
 
 
-def check_momentum_policy(policy: str) -> None:
+def check_momentum_policy(policy: str, name: str = "momentum_policy") -> None:
     if policy not in MOMENTUM_POLICIES:
-        raise HpcoptError(f"unknown momentum_policy {policy!r} (choose from {', '.join(MOMENTUM_POLICIES)})")
+        raise HpcoptError(f"unknown {name} {policy!r} (choose from {', '.join(MOMENTUM_POLICIES)})")
 
 
 def momentum_direction(grad: Array, buffer: Array | None, mu: float, nesterov: bool) -> Array:
@@ -34,8 +37,8 @@ def momentum_direction(grad: Array, buffer: Array | None, mu: float, nesterov: b
 
 
 def apply_momentum_policy(buffer: Array | None, policy: str, average: Callable[[Array], Any]) -> None:
-    """At an averaging round: ``keep`` the local buffer, ``average`` it (with the given
-    averaging function, one allreduce) or ``reset`` it to zero."""
+    """At an averaging round: ``keep`` the local buffer (None: this run has none), ``average``
+    it (with the given averaging function, one allreduce) or ``reset`` it to zero."""
     if buffer is None:
         return
     if policy == "average":

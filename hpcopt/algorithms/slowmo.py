@@ -13,18 +13,22 @@ eta_t is the base step size at the round's last nominal step. beta = ``slow_mome
 alpha = ``slow_lr``; with beta = 0 and alpha = 1 it is PR-SGD (up to rounding: the round's
 average is taken apart and put back together). No extra communication: u and x_{t,0} are the
 same on every rank. A run that ends mid-round ends with the plain average (no slow step).
+
+It is PR-SGD with the outer optimizer ``slowmo`` of ``hpcopt.algorithms.outer`` (``--algorithm
+prsgd --outer-optimizer slowmo --outer-lr alpha --outer-momentum beta`` computes the same), under
+its own option names, with u saved as ``slow_buffer``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import HpcoptError
 from .base import option
 from .data_parallel import DataParallelState
-from .local_sgd import LocalSGD
+from .local_sgd import RestartedSGD
+from .outer import OuterOptimizer, check_outer
 from .state import shared
 
 if TYPE_CHECKING:
@@ -35,49 +39,30 @@ Array = Any
 
 @dataclass
 class SlowMoState(DataParallelState):
-    """PR-SGD's state, the round's starting point x_{t,0} and the slow momentum u_t."""
+    """PR-SGD's state (with the round's starting point x_{t,0} as ``anchor``) and the slow
+    momentum u_t."""
 
-    anchor: Array = shared()
     slow_buffer: Array = shared()
 
 
 @dataclass(frozen=True, kw_only=True)
-class SlowMo(LocalSGD):
+class SlowMo(RestartedSGD):
     """SlowMo hyper-parameters: PR-SGD's, and the slow momentum beta and step alpha."""
 
     name: ClassVar[str] = "slowmo"
+    outer_buffer_field: ClassVar[str] = "slow_buffer"
 
     slow_momentum: float = option(0.5, "slow momentum beta on the averaged model (0 = none)")
     slow_lr: float = option(1.0, "slow learning rate alpha (1, with slow_momentum 0: prsgd)")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.slow_momentum < 1:
-            raise HpcoptError(f"slow_momentum must be in [0, 1), got {self.slow_momentum}")
-        if not (self.slow_lr > 0 and math.isfinite(self.slow_lr)):
-            raise HpcoptError(f"slow_lr must be > 0, got {self.slow_lr}")
+    @cached_property
+    def outer(self) -> OuterOptimizer:
+        return check_outer("slowmo", self.slow_lr, self.slow_momentum,
+                           ("outer", "slow_lr", "slow_momentum"))
 
     def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> SlowMoState:
-        state = self.new_state(x0, comm, buffers, SlowMoState)
-        state.anchor = state.x.copy()
-        state.slow_buffer = comm.backend.xp.zeros_like(state.x)
-        return state
-
-    def average(self, state: DataParallelState, comm: Comm) -> None:
-        """PR-SGD's round, then the slow step from the round's start to the new average."""
-        assert isinstance(state, SlowMoState)
-        super().average(state, comm)
-        eta = self.lr_at(state.rounds * self.interval - 1)
-        delta = state.grad  # free between steps: (x_{t,0} - x_{t,I}) / eta
-        delta[...] = state.anchor
-        delta -= state.x
-        delta /= eta
-        state.slow_buffer *= self.slow_momentum
-        state.slow_buffer += delta
-        delta[...] = state.slow_buffer
-        delta *= self.slow_lr * eta
-        state.anchor -= delta
-        state.x[...] = state.anchor
+        return self.new_state(x0, comm, buffers, SlowMoState)
 
     def describe(self) -> str:
-        return f"{super().describe()}, beta={self.slow_momentum:g}, alpha={self.slow_lr:g}"
+        return (f"I={self.interval}{self.describe_inner()}, beta={self.slow_momentum:g}, "
+                f"alpha={self.slow_lr:g}")

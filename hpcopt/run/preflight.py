@@ -41,17 +41,19 @@ def agree_ticks(ticks: int, local_steps: int, comm: Any) -> None:
 
 def estimate(parts: Any, size: int) -> int:
     """Upper bound of one checkpoint's size in bytes for ``parts`` on ``size`` ranks: the
-    averaged model twice (flat and per layer), and per rank its model (mid-round), momentum,
-    batch-norm statistics and LSTM state."""
+    averaged model twice (flat and per layer), the algorithm's shared vectors (an outer
+    optimizer's), and per rank its model (mid-round), the inner optimizer's state (momentum,
+    AdamW's moments), batch-norm statistics and LSTM state."""
     itemsize = np.dtype(parts.config.run.dtype).itemsize
     workload = parts.workload
     d = workload.layout.size
-    per_rank = d * (1 + (parts.config.algorithm.momentum > 0))
+    per_rank_vectors, shared_vectors = parts.algorithm.state_vectors()
+    per_rank = d * (1 + per_rank_vectors)
     if workload.buffers is not None:
         per_rank += int(workload.buffers.size)
     if workload.carried is not None:
         per_rank += int(workload.carried[0]().size)
-    return itemsize * (2 * d + size * per_rank) + CHECKPOINT_OVERHEAD
+    return itemsize * ((2 + shared_vectors) * d + size * per_rank) + CHECKPOINT_OVERHEAD
 
 
 def check_output(out: Path | None, checkpoint_bytes: int, comm: Any) -> None:

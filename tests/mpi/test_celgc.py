@@ -109,6 +109,32 @@ def test_gamma_inf_is_prsgd_bit_for_bit(comm, case, device):
         + (1 if steps % interval else 0)
 
 
+@pytest.mark.parametrize("steps, options", [
+    (12, {"inner_optimizer": "adamw", "outer_optimizer": "nesterov", "outer_lr": 0.7,
+          "outer_momentum": 0.9, "weight_decay": 0.1, "second_moment_policy": "reset"}),
+    (13, {"outer_optimizer": "sgd", "outer_lr": 1.3, "outer_momentum": 0.5, "momentum": 0.9,
+          "momentum_policy": "average"}),
+])
+def test_gamma_inf_with_inner_and_outer_optimizers_is_prsgd_bit_for_bit(comm, steps, options):
+    """The identity above with AdamW inside and an outer step after each average: CELGC takes
+    the outer step of a round at the next step's average, or, for the last complete round (I
+    divides T), in the training loop's final average (``finish``); PR-SGD right after the
+    round. A partial last round ends both with the plain average. (After the last round PR-SGD
+    also applies the moments' policies, which the final average does not: they differ there.)"""
+    interval, lr = 4, 0.01
+    celgc = LocalClip(lr=lr, gamma=math.inf, interval=interval, **options)
+    prsgd = LocalSGD(lr=lr, interval=interval, **options)
+    states = []
+    for algorithm in (celgc, prsgd):
+        state, _ = run(algorithm, comm, steps)
+        if not algorithm.synchronized(state):
+            algorithm.finish(state, comm, label="final")
+        states.append(state)
+    assert states[0].anchor is not None and int(states[0].clip_count) == 0
+    for name in ("x", "anchor", "outer_buffer"):
+        np.testing.assert_array_equal(getattr(states[0], name), getattr(states[1], name), err_msg=name)
+
+
 # -- agreement with the serial float64 reference ----------------------------------------------
 
 CELGC_CASES = [

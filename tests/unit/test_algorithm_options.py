@@ -86,4 +86,4 @@ def test_help_names_the_algorithms_an_option_applies_to_and_their_defaults():
     helps = {a.dest: " ".join(a.help.split()) for a in train._actions if a.help}
     assert "[algorithm: pprs; default: 10]" in helps["samples"]
     assert "[algorithm: celgc, naive_clip; default: inf]" in helps["gamma"]
-    assert "[algorithm; default: 0.1; 0.001 for pprs, pipelined_gd, pipelined_agd]" in helps["lr"]
+    assert "[algorithm; default: 0.1; 0.001 for pprs, pipelined_gd, pipelined_agd, diloco]" in helps["lr"]

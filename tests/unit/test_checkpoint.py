@@ -343,17 +343,46 @@ def test_a_version_2_checkpoint_resumes_bit_for_bit(tmp_path, algorithm):
     equals the one the old version's uninterrupted run reached (digits, MLP 64-12-10, I = 4,
     momentum 0.9, checkpoint at step 6, mid-round)."""
     from hpcopt.io.checkpoint import VERSION
+
+    old = _resume_old_checkpoint(tmp_path, "checkpoint-v2", algorithm)
+    assert VERSION == 3 and old.counters["step"].tolist() == [6]
+    if algorithm == "celgc":
+        assert set(old.scalars) == {"clipped", "grad_norm"} and "clip_count" in old.counters
+
+
+def test_a_slowmo_checkpoint_from_before_the_outer_optimizers_resumes_bit_for_bit(tmp_path):
+    """SlowMo, written when it was its own update rule (before hpcopt.algorithms.outer: its
+    stored config names only slow_momentum and slow_lr, its state anchor and slow_buffer),
+    resumes exactly: the model after 10 steps is the one the old version's uninterrupted run
+    reached (digits, MLP 64-12-10, I = 4, momentum 0.9 averaged, beta 0.6, alpha 0.9, lr halved
+    at step 5, checkpoint at step 6: mid-round, after one slow step); and a new run to step 6
+    holds the state the old one wrote, bit for bit."""
     from tests.runs import fresh_train
 
-    data = ROOT / "tests" / "data" / "checkpoint-v2"
+    old = _resume_old_checkpoint(tmp_path, "checkpoint-v3", "slowmo")
+    assert sorted(old.shared) == ["anchor", "slow_buffer"] and old.counters["rounds"].tolist() == [1]
+    _, state = fresh_train(dataclasses.replace(old.config, run=dataclasses.replace(
+        old.config.run, steps=6, out="", progress=False)))  # 1 rank: its final average is exact
+    for name, stored in (("x", old.rows["x"][0]), ("momentum", old.rows["momentum"][0]),
+                         ("anchor", old.shared["anchor"]), ("slow_buffer", old.shared["slow_buffer"])):
+        np.testing.assert_array_equal(getattr(state, name), stored, err_msg=name)
+    with h5py.File(ROOT / "tests" / "data" / "checkpoint-v3" / "slowmo-step-6.h5", "r") as f:
+        stored = f.attrs["config"]
+    assert "slow_momentum = 0.6" in stored and "outer_optimizer" not in stored
+
+
+def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str):
+    """Resume tests/data/DIRECTORY/ALGORITHM-step-6.h5 to step 10 and check the model against
+    ALGORITHM-step-10-x.npy, the old version's uninterrupted run; returns the old checkpoint."""
+    from tests.runs import fresh_train
+
+    data = ROOT / "tests" / "data" / directory
     path = tmp_path / "checkpoints" / "step-000000006.h5"
     path.parent.mkdir()
     shutil.copy(data / f"{algorithm}-step-6.h5", path)
     old = read_checkpoint(path)
-    assert VERSION == 3 and old.counters["step"].tolist() == [6]
-    if algorithm == "celgc":
-        assert set(old.scalars) == {"clipped", "grad_norm"} and "clip_count" in old.counters
     config = dataclasses.replace(old.config, run=dataclasses.replace(
         old.config.run, steps=10, out=str(tmp_path), progress=False))
     _, state = fresh_train(config, resume=path)
     np.testing.assert_array_equal(state.x, np.load(data / f"{algorithm}-step-10-x.npy"))
+    return old

@@ -1,0 +1,60 @@
+"""Inner optimizers: the local step every data-parallel rank takes on its own model.
+
+With step size s_t (lr_t, or CELGC's clipped min(lr_t, gamma_t / ||g||)) and weight decay wd::
+
+    sgd    d = g + wd x;  b <- mu b + d;  d = b | d + mu b | d;  x <- x - s_t d
+           (heavy ball | nesterov | mu = 0: hpcopt.algorithms.momentum)
+    adamw  x <- x (1 - s_t wd)
+           m <- beta1 m + (1 - beta1) g
+           v <- beta2 v + (1 - beta2) g^2
+           x <- x - s_t (m / (1 - beta1^k1)) / (sqrt(v / (1 - beta2^k2)) + eps)
+
+AdamW: Loshchilov, Hutter, "Decoupled Weight Decay Regularization", ICLR 2019, in PyTorch's
+form (``torch.optim.AdamW``: decay first, eps added after the bias correction of v). DiLoCo's
+inner optimizer (Douillard et al., arXiv 2311.08105). m and v are per rank; k1 and k2 count
+the steps since each was last zeroed (at the start, and at each round when its policy is
+``reset``), this one included, so the bias correction is that of a fresh AdamW after a reset.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..backend import array_module
+from ..errors import HpcoptError
+
+Array = Any
+
+INNER_OPTIMIZERS = ("sgd", "adamw")
+#: AdamW's options and their defaults (PyTorch's): refused with sgd unless left at these.
+ADAMW_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8}
+
+
+def check_adamw(beta1: float, beta2: float, eps: float) -> None:
+    for name, beta in (("adam_beta1", beta1), ("adam_beta2", beta2)):
+        if not 0 <= beta < 1:
+            raise HpcoptError(f"{name} must be in [0, 1), got {beta}")
+    if not (eps > 0 and math.isfinite(eps)):
+        raise HpcoptError(f"adam_eps must be > 0, got {eps}")
+
+
+def adamw_step(x: Array, grad: Array, m: Array, v: Array, lr: Any, *, beta1: float,
+               beta2: float, eps: float, weight_decay: float, k1: int, k2: int) -> None:
+    """One AdamW step on x in place (module docstring); ``grad`` is overwritten. ``lr`` is a
+    float or a 0-d device array in x's dtype. No new array of size d is kept."""
+    xp = array_module(x)
+    if weight_decay:
+        x *= 1 - lr * weight_decay
+    m *= beta1
+    m += (1 - beta1) * grad
+    grad *= grad
+    grad *= 1 - beta2
+    v *= beta2
+    v += grad
+    denominator = xp.sqrt(v, out=grad)
+    denominator /= math.sqrt(1 - beta2 ** k2)
+    denominator += eps
+    step = xp.divide(m, denominator, out=grad)
+    step *= lr / (1 - beta1 ** k1)
+    x -= step

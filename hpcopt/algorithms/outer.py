@@ -1,0 +1,116 @@
+"""Outer optimizers: what a data-parallel round does with the ranks' average.
+
+A round ends with the mean of the ranks' models, xbar = (1/N) sum_i x_i (the round's one
+allreduce). The outer optimizer treats the round's starting point x_0 (the anchor) as its
+parameters and the pseudo-gradient Delta = x_0 - xbar as their gradient; every rank continues
+from the new anchor::
+
+    average   x_0 <- xbar                                        (PR-SGD, CELGC; no state)
+    sgd       b <- mu b + Delta (mu > 0);  x_0 <- x_0 - lr (Delta | b)
+    nesterov  b <- mu b + Delta;           x_0 <- x_0 - lr (Delta + mu b)
+    slowmo    u <- mu u + Delta / eta;     x_0 <- x_0 - lr eta u
+
+lr = ``outer_lr``, mu = ``outer_momentum``. ``sgd`` with mu = 0 and lr = 1 is ``average`` up to
+rounding; with mu > 0 it is heavy-ball momentum on the pseudo-gradient (FedAvgM: Hsu, Qi,
+Brown, "Measuring the Effects of Non-Identical Data Distribution for Federated Visual
+Classification", 2019). ``nesterov`` is DiLoCo's outer step (Douillard et al., "DiLoCo:
+Distributed Low-Communication Training of Language Models", arXiv 2311.08105, 2023: lr 0.7,
+mu 0.9), PyTorch's ``SGD(nesterov=True)`` on Delta. ``slowmo`` is SlowMo's slow momentum
+(Wang, Tantia, Ballas, Rabbat, ICLR 2020, Algorithm 1: beta = mu, alpha = lr) with eta the
+base step size at the round's last nominal step; ``--algorithm slowmo`` is this step.
+
+The anchor and the buffer b (u) are the same on every rank (every rank applies the same
+update to the same average), so the outer step adds no communication; they are ``shared``
+state fields, saved once per checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..backend import array_module
+from ..errors import HpcoptError
+
+Array = Any
+
+OUTER_OPTIMIZERS = ("average", "sgd", "nesterov", "slowmo")
+
+
+@dataclass(frozen=True)
+class OuterOptimizer:
+    """One outer optimizer (``kind`` of ``OUTER_OPTIMIZERS``), its lr and momentum mu."""
+
+    kind: str = "average"
+    lr: float = 1.0
+    momentum: float = 0.0
+
+    @property
+    def has_anchor(self) -> bool:
+        """Whether it keeps the round's starting point (every kind but ``average``)."""
+        return self.kind != "average"
+
+    @property
+    def has_buffer(self) -> bool:
+        """Whether it keeps a momentum buffer (``slowmo`` always, as SlowMo's state has)."""
+        return self.kind in ("nesterov", "slowmo") or (self.kind == "sgd" and self.momentum > 0)
+
+    def new_state(self, x: Array) -> tuple[Array | None, Array | None]:
+        """The anchor (a copy of the common x) and the zero buffer, None where it has none."""
+        anchor = x.copy() if self.has_anchor else None
+        buffer = array_module(x).zeros_like(x) if self.has_buffer else None
+        return anchor, buffer
+
+    def step(self, x: Array, anchor: Array | None, buffer: Array | None, scratch: Array,
+             eta: float) -> None:
+        """x holds the round's average: move the anchor from it (module docstring) and set
+        x to the new anchor. ``scratch`` (like x) is overwritten; ``eta`` is used by slowmo."""
+        if anchor is None:
+            return
+        delta = scratch
+        delta[...] = anchor
+        delta -= x
+        if self.kind == "slowmo":
+            assert buffer is not None
+            delta /= eta
+            buffer *= self.momentum
+            buffer += delta
+            delta[...] = buffer
+            delta *= self.lr * eta
+        else:
+            if buffer is not None:
+                buffer *= self.momentum
+                buffer += delta
+                if self.kind == "nesterov":
+                    delta += self.momentum * buffer
+                else:
+                    delta[...] = buffer
+            delta *= self.lr
+        anchor -= delta
+        x[...] = anchor
+
+    def describe(self) -> str:
+        if self.kind == "average":
+            return ""
+        momentum = f", mu {self.momentum:g}" if self.has_buffer else ""
+        return f"outer {self.kind} (lr {self.lr:g}{momentum})"
+
+
+def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, str]) -> OuterOptimizer:
+    """The outer optimizer of these option values, or a HpcoptError naming the options
+    (``names``: those of kind, lr and momentum)."""
+    kind_name, lr_name, momentum_name = names
+    if kind not in OUTER_OPTIMIZERS:
+        raise HpcoptError(f"unknown {kind_name} {kind!r} (choose from {', '.join(OUTER_OPTIMIZERS)})")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise HpcoptError(f"{lr_name} must be > 0, got {lr}")
+    if not 0 <= momentum < 1:
+        raise HpcoptError(f"{momentum_name} must be in [0, 1), got {momentum}")
+    if kind == "average" and (lr != 1 or momentum != 0):
+        changed = lr_name if lr != 1 else momentum_name
+        raise HpcoptError(f"{changed} applies only to {kind_name} "
+                          f"{', '.join(OUTER_OPTIMIZERS[1:])}, not average")
+    if kind == "nesterov" and momentum == 0:
+        raise HpcoptError(f"{kind_name} nesterov needs {momentum_name} > 0")
+    return OuterOptimizer(kind, lr, momentum)

@@ -1,0 +1,125 @@
+"""The inner and outer optimizers without MPI: AdamW and the Nesterov outer step are PyTorch's
+(torch.optim.AdamW, torch.optim.SGD on the pseudo-gradient), the outer step's state is shared
+and allocated only where it is used, and options that do not apply are refused with one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hpcopt.algorithms.inner import adamw_step
+from hpcopt.algorithms.outer import OuterOptimizer
+from hpcopt.config import build_config
+from hpcopt.errors import HpcoptError
+
+
+def gradients(count: int, d: int = 7) -> list[np.ndarray]:
+    rng = np.random.default_rng(5)
+    return [rng.standard_normal(d) * 10.0 ** rng.integers(-3, 2) for _ in range(count)]
+
+
+@pytest.mark.parametrize("lr, weight_decay, betas, eps", [
+    (1e-2, 0.0, (0.9, 0.999), 1e-8),
+    (3e-3, 0.1, (0.8, 0.95), 1e-6),
+])
+def test_adamw_is_pytorchs(lr, weight_decay, betas, eps):
+    torch = pytest.importorskip("torch")
+    x = np.linspace(-1, 1, 7)
+    m, v = np.zeros_like(x), np.zeros_like(x)
+    param = torch.nn.Parameter(torch.tensor(x.copy()))
+    reference = torch.optim.AdamW([param], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    for k, g in enumerate(gradients(12), start=1):
+        param.grad = torch.tensor(g.copy())
+        reference.step()
+        adamw_step(x, g.copy(), m, v, lr, beta1=betas[0], beta2=betas[1], eps=eps,
+                   weight_decay=weight_decay, k1=k, k2=k)
+    np.testing.assert_allclose(x, param.detach().numpy(), rtol=1e-13, atol=1e-15)
+    state = reference.state[param]
+    np.testing.assert_allclose(m, state["exp_avg"].numpy(), rtol=1e-13)
+    np.testing.assert_allclose(v, state["exp_avg_sq"].numpy(), rtol=1e-13)
+
+
+@pytest.mark.parametrize("kind, nesterov", [("nesterov", True), ("sgd", False)])
+def test_the_outer_step_is_pytorchs_sgd_on_the_pseudo_gradient(kind, nesterov):
+    """DiLoCo's outer step: torch.optim.SGD(nesterov=True) on the anchor, with the gradient
+    anchor - mean; sgd with momentum: the same with heavy ball."""
+    torch = pytest.importorskip("torch")
+    x0 = np.linspace(-1, 1, 7)
+    outer = OuterOptimizer(kind, lr=0.7, momentum=0.9)
+    anchor, buffer = outer.new_state(x0)
+    param = torch.nn.Parameter(torch.tensor(x0.copy()))
+    reference = torch.optim.SGD([param], lr=0.7, momentum=0.9, nesterov=nesterov)
+    for g in gradients(6):
+        mean = anchor - g * 1e-2  # the round's average, as the ranks' models moved from anchor
+        param.grad = torch.tensor(param.detach().numpy() - mean)
+        reference.step()
+        x = mean.copy()
+        outer.step(x, anchor, buffer, np.empty_like(x), eta=0.1)
+        np.testing.assert_array_equal(x, anchor)  # every rank continues from the new anchor
+        np.testing.assert_allclose(anchor, param.detach().numpy(), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("kind, momentum, has_anchor, has_buffer", [
+    ("average", 0.0, False, False),
+    ("sgd", 0.0, True, False),
+    ("sgd", 0.5, True, True),
+    ("nesterov", 0.9, True, True),
+    ("slowmo", 0.0, True, True),  # SlowMo's state always held its slow momentum buffer
+])
+def test_the_outer_state_is_allocated_only_where_it_is_used(kind, momentum, has_anchor, has_buffer):
+    x = np.arange(4.0)
+    anchor, buffer = OuterOptimizer(kind, 1.0, momentum).new_state(x)
+    assert (anchor is not None, buffer is not None) == (has_anchor, has_buffer)
+    if anchor is not None:
+        np.testing.assert_array_equal(anchor, x)
+        assert anchor is not x
+    if buffer is not None:
+        assert not buffer.any() and buffer.dtype == x.dtype
+
+
+def test_sgd_with_unit_lr_and_no_momentum_is_the_average_to_rounding():
+    anchor, mean = np.linspace(-1, 1, 9), np.linspace(-0.5, 2, 9)
+    x = mean.copy()
+    OuterOptimizer("sgd", 1.0, 0.0).step(x, anchor, None, np.empty_like(x), eta=0.1)
+    np.testing.assert_allclose(x, mean, rtol=0, atol=1e-15)
+
+
+def test_diloco_is_a_preset_of_prsgd():
+    diloco = build_config(None, {"algorithm": "diloco"}).algorithm
+    prsgd = build_config(None, {"outer_optimizer": "nesterov", "outer_lr": "0.7",
+                                "outer_momentum": "0.9", "inner_optimizer": "adamw",
+                                "lr": "0.001", "weight_decay": "0.01"}).algorithm
+    assert {k: v for k, v in diloco.__dict__.items() if k != "algorithm"} == \
+        {k: v for k, v in prsgd.__dict__.items() if k != "algorithm"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"outer_optimizer": "adam"}, "unknown outer_optimizer 'adam' "
+                                  r"\(choose from average, sgd, nesterov, slowmo\)"),
+    ({"outer_lr": 0.7}, "outer_lr applies only to outer_optimizer sgd, nesterov, slowmo, not average"),
+    ({"outer_momentum": 0.9}, "outer_momentum applies only to outer_optimizer sgd, nesterov"),
+    ({"outer_optimizer": "nesterov"}, "outer_optimizer nesterov needs outer_momentum > 0"),
+    ({"outer_optimizer": "sgd", "outer_lr": 0}, "outer_lr must be > 0, got 0.0"),
+    ({"outer_optimizer": "sgd", "outer_lr": "inf"}, "outer_lr must be > 0, got inf"),
+    ({"outer_optimizer": "sgd", "outer_momentum": 1}, r"outer_momentum must be in \[0, 1\)"),
+    ({"algorithm": "celgc", "outer_optimizer": "slowmo", "outer_momentum": -0.1},
+     r"outer_momentum must be in \[0, 1\), got -0.1"),
+    ({"algorithm": "slowmo", "outer_lr": 2}, "outer_lr applies only to --algorithm prsgd or celgc or "
+                                             "diloco, not slowmo"),
+    ({"algorithm": "naive_clip", "interval": 1, "outer_optimizer": "sgd"},
+     "outer_optimizer applies only to --algorithm prsgd or celgc or diloco, not naive_clip"),
+    ({"inner_optimizer": "adam"}, r"unknown inner_optimizer 'adam' \(choose from sgd, adamw\)"),
+    ({"adam_beta1": 0.8}, "adam_beta1 applies only to inner_optimizer adamw, not sgd"),
+    ({"algorithm": "celgc", "adam_eps": 1e-6}, "adam_eps applies only to inner_optimizer adamw"),
+    ({"inner_optimizer": "adamw", "adam_beta2": 1}, r"adam_beta2 must be in \[0, 1\), got 1.0"),
+    ({"inner_optimizer": "adamw", "adam_eps": 0}, "adam_eps must be > 0, got 0.0"),
+    ({"inner_optimizer": "adamw", "momentum": 0.9}, "momentum applies only to inner_optimizer sgd"),
+    ({"second_moment_policy": "average"}, "second_moment_policy applies only to inner_optimizer adamw"),
+    ({"inner_optimizer": "adamw", "second_moment_policy": "drop"}, "unknown second_moment_policy 'drop'"),
+    ({"algorithm": "slowmo", "weight_decay": -1}, "weight_decay must be >= 0, got -1.0"),
+    ({"algorithm": "pprs", "inner_optimizer": "adamw"},
+     "inner_optimizer applies only to --algorithm prsgd or celgc or naive_clip or diloco or slowmo"),
+])
+def test_options_that_do_not_apply_are_refused(options, message):
+    with pytest.raises(HpcoptError, match=message):
+        build_config(None, {k: str(v) for k, v in options.items()})
