@@ -110,7 +110,9 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = option("mlp", "mlp | resnet | plain_cnn | lstm | torch:MODULE:FUNCTION (your "
-                               "torch.nn.Module, from an importable function; docs/torch.md)")
+                               "torch.nn.Module, from an importable function: called with no argument "
+                               "on an image data set, with the vocabulary size on a text corpus; "
+                               "docs/torch.md)")
     hidden: tuple[int, ...] = option((512, 256), "lstm: one equal size per layer")
     activation: str = option("relu", "mlp: relu | tanh")
     embed: int = option(0, "lstm: embedding size; 0 = the hidden size")
@@ -304,8 +306,10 @@ class Config:
             raise HpcoptError("network applies only to the data-parallel algorithms "
                               "(prsgd, celgc, naive_clip)")
         text, lstm = self.data.dataset in TEXT_CORPORA, self.model.model == "lstm"
-        if text and not lstm:
-            raise HpcoptError(f"{self.data.dataset} is a text corpus: train it with --model lstm")
+        if text and not (lstm or self.model.torch):
+            raise HpcoptError(f"{self.data.dataset} is a text corpus: train it with --model lstm, or with "
+                              "your own --model torch:package.module:function (called with the "
+                              "vocabulary size)")
         if lstm and not text:
             raise HpcoptError(f"--model lstm needs a text corpus ({', '.join(TEXT_CORPORA)}), "
                             f"not {self.data.dataset}")

@@ -57,3 +57,8 @@ class LogitsOutput(nn.Module):
 
 def logits_output() -> nn.Module:
     return LogitsOutput()
+
+
+def tiny_lm(vocab: int) -> nn.Module:
+    """A language model for a ``vocab``-token corpus: (batch, time) ids to (batch, time, vocab)."""
+    return nn.Sequential(nn.Embedding(vocab, 8), nn.Linear(8, vocab))

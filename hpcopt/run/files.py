@@ -134,8 +134,10 @@ def _check_unused(out: Path, verbose: bool) -> None:
     """HpcoptError if ``out`` holds a run that can be resumed; the trace of one that cannot (it
     ended before its first checkpoint) is renamed out of this run's way."""
     if ckpt_io.has_checkpoints(out):
-        raise HpcoptError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}) "
-                          "or choose another --out")
+        raise HpcoptError(f"{out} already holds a run: resume it (python -m hpcopt resume {out}; from "
+                          f"Python, with your own workload: hpcopt.train(config, workload=..., "
+                          f"resume={str(out)!r})) or choose another run directory (--out, "
+                          "config.run.out)")
     trace = out / trace_io.FILE_NAME
     if not trace.exists():
         return

@@ -4,7 +4,9 @@ the command line's ``--model torch:package.module:factory`` on an image data set
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -13,10 +15,11 @@ import torch
 
 from ..backend import CPU, Backend
 from ..build import Workload
-from ..config import Config
+from ..config import TEXT_CORPORA, Config
 from ..data.datasets import as_images, load_dataset
 from ..data.partition import partition_indices
 from ..data.sampler import MinibatchSampler
+from ..data.text import load_corpus
 from ..errors import HpcoptError
 from ..problems.classification import Evaluation
 from .adapter import TorchModel
@@ -110,12 +113,16 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
 
 
 def config_workload(config: Config, comm: Any, backend: Backend) -> Workload:
-    """``--model torch:package.module:factory`` on the config's image data set: NCHW float
-    images in [0, 1] and integer labels, cross-entropy loss, sharded by ``partition``. A module
-    that cannot train on it (``torch_workload``; it must give a score per class) is an
-    HpcoptError naming the spec and the data set."""
+    """``--model torch:package.module:factory`` on the config's data set. An image data set:
+    ``factory()``, NCHW float images in [0, 1] and integer labels, cross-entropy loss, sharded
+    by ``partition``. A text corpus: ``factory(vocab_size)``, a language model mapping (batch,
+    time) token ids to (batch, time, vocab) scores, on windows of ``bptt`` training tokens
+    (``language_workload``), evaluated on the test split in perplexity. A module that cannot
+    train on it (``torch_workload``) is an HpcoptError naming the spec and the data set."""
     data, spec = config.data, config.model.model
     factory = load_factory(spec)
+    if data.dataset in TEXT_CORPORA:
+        return _language_config_workload(config, comm, backend, factory)
     dataset = load_dataset(data.dataset, data.path or None, data.test_fraction, config.run.seed)
     images = as_images(dataset.x_train, dataset.image_shape)
     try:
@@ -129,6 +136,34 @@ def config_workload(config: Config, comm: Any, backend: Backend) -> Workload:
         shape = "x".join(map(str, images.shape[1:]))
         raise HpcoptError(f"--model {spec} on {data.dataset} ({shape} images, {dataset.num_classes} "
                           f"classes): {exc}") from None
+
+
+def _language_config_workload(config: Config, comm: Any, backend: Backend,
+                              factory: Callable[..., torch.nn.Module]) -> Workload:
+    """``factory(vocab_size)`` on the config's text corpus (see ``config_workload``)."""
+    from .text import language_workload
+
+    data, spec = config.data, config.model.model
+    if data.partition not in ("iid", "block"):
+        raise HpcoptError(f"--model {spec} on {data.dataset}: a torch language model's windows are "
+                          f"sharded iid or block, not {data.partition}")
+    corpus = load_corpus(data.dataset, data.path or None, train_fraction=data.corpus_fraction)
+    try:
+        inspect.signature(factory).bind(corpus.vocab_size)
+    except TypeError as exc:
+        raise HpcoptError(f"--model {spec} on {data.dataset}: on a text corpus the factory takes the "
+                          f"vocabulary size as its one argument ({exc})") from None
+    except ValueError:  # no signature to read (a builtin): the call itself says what is wrong
+        pass
+    try:
+        workload = language_workload(lambda: factory(corpus.vocab_size), corpus.train, corpus.test, comm,
+                                     bptt=data.bptt, batch_size=data.batch_size, seed=config.run.seed,
+                                     dtype=config.run.dtype, backend=backend, partition=data.partition)
+    except HpcoptError as exc:
+        raise HpcoptError(f"--model {spec} on {data.dataset} ({corpus.vocab_size:,}-token vocabulary, "
+                          f"windows of {data.bptt}): {exc}") from None
+    return dataclasses.replace(workload, description=f"{data.dataset} (vocabulary {corpus.vocab_size:,}), "
+                                                     f"{workload.description}")
 
 
 def load_factory(spec: str) -> Callable[[], torch.nn.Module]:

@@ -93,3 +93,36 @@ def test_celgc_trains_the_word_lstm_through_hpcopt_train(comm):
     summary, _ = hpcopt.train(config, comm, verbose=False, workload=run)
     assert summary.unit == "tokens" and summary.clip_fraction is not None
     assert summary.final.perplexity < 0.5 * before < VOCAB
+
+
+def test_the_command_line_trains_a_torch_language_model_on_a_corpus(tmp_path):
+    """``--model torch:...`` on a text corpus: the factory gets the vocabulary size, the run
+    trains on windows of bptt tokens and reports perplexity on the test split."""
+    from hpcopt.comm import Comm
+    from hpcopt.data.text import load_corpus
+    from hpcopt.run import train
+
+    options = {"model": "torch:tests.torch_models:tiny_lm", "dataset": "shakespeare", "steps": "4",
+               "corpus_fraction": "0.002", "batch_size": "4", "bptt": "8", "interval": "2",
+               "progress": "false"}
+    summary, state = train(build_config(None, options), Comm(), verbose=False)
+    vocab = load_corpus("shakespeare").vocab_size
+    assert state.x.size == vocab * 8 + 8 * vocab + vocab  # tiny_lm(vocab): embedding, linear
+    assert summary.unit == "tokens" and summary.steps == 4
+    assert math.isfinite(summary.final.perplexity) and summary.final.perplexity < 2 * vocab
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"partition": "dirichlet", "alpha": "0.5"}, "sharded iid or block, not dirichlet"),
+    ({"model": "torch:tests.torch_models:bn_cnn"}, "takes the vocabulary size as its one argument"),
+])
+def test_a_torch_language_model_that_cannot_train_is_one_error(overrides, match):
+    from hpcopt.comm import Comm
+    from hpcopt.errors import HpcoptError
+    from hpcopt.run import train
+
+    options = {"model": "torch:tests.torch_models:tiny_lm", "dataset": "ptb", "steps": "2",
+               "corpus_fraction": "0.01", "batch_size": "4", "bptt": "8", "progress": "false",
+               **overrides}
+    with pytest.raises(HpcoptError, match=match):
+        train(build_config(None, options), Comm(), verbose=False)
