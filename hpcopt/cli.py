@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
+import signal
 import sys
-import time
 import traceback
 import typing
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from .config import (
     read_toml,
     require_named_model,
 )
-from .errors import HpcoptError
+from .errors import HpcoptError, abort_job
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,9 +43,6 @@ RESUME_RULES = (
     "holds one run (a checkpoint of another run is refused) and one job at a time (rank 0 holds "
     "OUT/hpcopt.lock; a lock left by a killed job is taken over). A torch model is imported only "
     "when named again: --model torch:MODULE:FUNCTION, the checkpoint's.")
-#: Exit code of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM, as if
-#: killed by it): the run is not finished, so job chains must not take it for done.
-STOPPED_EXIT_CODE = 143
 
 
 def _shown(default: Any) -> str:
@@ -82,7 +78,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 def _add_debug_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug-fail-at", metavar="RANK:STEP[:KIND]",
                         help="debug option for fault-injection tests: fail rank RANK in its step "
-                        "STEP; KIND raise (default), kill, hang, nan or checkpoint (hpcopt.run.faults)")
+                        "STEP; KIND raise (default), kill, sigterm, sigint, hang, nan, checkpoint, "
+                        "checkpoint-sigterm or checkpoint-sigint (hpcopt.run.faults)")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -209,46 +206,39 @@ def run(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path}", flush=True)
         return 0
     from .run import train
+    from .run.signals import exit_code
 
     summary, _ = train(config, comm, resume=args.resume, faults=args.faults)
-    return STOPPED_EXIT_CODE if summary.stopped else 0
+    # stopped (143 for SIGTERM, 130 for SIGINT): the run is not finished, so job chains must not
+    # take it for done
+    return exit_code(signal.Signals[summary.stop_signal]) if summary.stopped else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: user errors exit 2 with one line from rank 0; crashes abort every rank."""
-    try:
-        return run(argv)
-    except HpcoptError as exc:
-        if exc.everywhere or _world_size() == 1:
-            if _rank() == 0:
-                print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)
+    """Entry point: user errors exit 2 with one line from rank 0; crashes abort every rank;
+    SIGTERM and SIGINT stop the run at a checkpoint or end the job (``hpcopt.run.signals``)."""
+    from .run.signals import JobSignals
+
+    with JobSignals() as signals:
+        try:
+            return signals.exit_code(run(argv))
+        except HpcoptError as exc:
+            if exc.everywhere or _world_size() == 1:
+                if _rank() == 0:
+                    print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)
+                return exc.exit_code
+            abort_job(f"hpcopt: error on rank {_rank()}: {exc}\n", exc.exit_code)
             return exc.exit_code
-        _abort(f"hpcopt: error on rank {_rank()}: {exc}\n", exc.exit_code)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except BaseException as exc:  # noqa: BLE001 - any crash must end every rank
-        if isinstance(exc, SystemExit):
-            raise
-        rank = _rank()
-        text = "".join(traceback.format_exception(exc))
-        _abort("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()), 1)
-        return 1
+        except BaseException as exc:  # noqa: BLE001 - any crash must end every rank
+            if isinstance(exc, SystemExit):
+                raise
+            rank = _rank()
+            text = "".join(traceback.format_exception(exc))
+            abort_job("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()), 1)
+            return 1
 
 
 def _world_size() -> int:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.Get_size() if MPI.Is_initialized() else 1
-
-
-def _abort(text: str, code: int) -> None:
-    """Write ``text`` to stderr and end the whole MPI job with exit status ``code``."""
-    sys.stderr.write(text)
-    sys.stderr.flush()
-    time.sleep(0.2)  # let the launcher forward the message before MPI_Abort tears the job down
-    from mpi4py import MPI
-
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        MPI.COMM_WORLD.Abort(code)
-    os._exit(code)

@@ -1,6 +1,11 @@
-"""The one error type of the library: input it cannot use, for the caller to fix."""
+"""The one error type of the library (input it cannot use, for the caller to fix), and how a
+failure on one rank ends the whole job."""
 
 from __future__ import annotations
+
+import os
+import sys
+import time
 
 
 class HpcoptError(Exception):
@@ -18,3 +23,20 @@ class HpcoptError(Exception):
     def __init__(self, message: str, everywhere: bool = False) -> None:
         super().__init__(message)
         self.everywhere = everywhere
+
+
+def abort_job(text: str, code: int) -> None:
+    """Write ``text`` to stderr and end the whole MPI job with exit status ``code`` (from any
+    thread; MPI_Abort where MPI runs on several ranks, else this process alone)."""
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    time.sleep(0.2)  # let the launcher forward the message before MPI_Abort tears the job down
+    mpi = sys.modules.get("mpi4py.MPI")  # MPI is never started here, only used if it runs
+    try:
+        several = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
+            and mpi.COMM_WORLD.Get_size() > 1
+    except AttributeError:  # mpi4py.MPI is being imported right now: MPI is not running yet
+        several = False
+    if mpi is not None and several:
+        mpi.COMM_WORLD.Abort(code)
+    os._exit(code)

@@ -73,13 +73,14 @@ Oracle = Callable[[Any, Any], Any]
 
 @dataclass(frozen=True)
 class WindowStats:
-    """A window reduced over ranks: means and maxima of each rank's value, and the stop flag."""
+    """A window reduced over ranks: means and maxima of each rank's value, and the stop signal
+    (the highest number any rank sent; 0: none)."""
 
     loss_mean: float
     loss_max: float
     grad_norm: float
     grad_norm_max: float
-    stop: bool
+    stop: int
     clip_fraction: float = math.nan  # clipped steps / steps over all ranks (clipping runs only)
 
     def columns(self, clipping: bool = False) -> dict[str, float]:
@@ -118,7 +119,7 @@ class Window:
     after a resume gives the same bits as one fold.
 
     A row's reduction over ranks is one non-blocking collective (label "trace"): ``post``
-    starts an Iallgather of each rank's (mean loss, gradient norm, stop flag), 24 bytes a
+    starts an Iallgather of each rank's (mean loss, gradient norm, stop signal), 24 bytes a
     rank (with ``clipping`` also the window's clipped steps and steps: 40 bytes), and
     ``complete`` finishes it, normally at the next row tick, so no rank ever waits
     for it on the step path. Every rank then takes means and maxima in rank order: the same
@@ -175,12 +176,13 @@ class Window:
         self.loss_sum, self.steps = float(folded[0]), int(folded[1])
         self.clips = int(folded[2]) if self.clipping else 0
 
-    def post(self, comm: Comm, stop: bool, row: Row) -> None:
-        """End the window: start its reduction over ranks (collective) for ``row``."""
+    def post(self, comm: Comm, stop: int, row: Row) -> None:
+        """End the window: start its reduction over ranks (collective) for ``row``, with this
+        rank's stop signal (0: none)."""
         self.fold()
         mean = self.loss_sum / self.steps if self.steps else math.nan
         norm = math.sqrt(self._grad_sq) if self._grad_sq is not None else math.nan
-        values = [mean, norm, 1.0 if stop else 0.0]
+        values = [mean, norm, float(stop)]
         if self.clipping:  # clipped steps and steps: the fraction over all ranks is their ratio
             values += [float(self.clips), float(self.steps)]
         mine = np.array(values)
@@ -200,7 +202,7 @@ class Window:
             if self.clipping:
                 totals = p.everyone.sum(axis=0)
                 clip_fraction = totals[3] / totals[4] if totals[4] else math.nan
-            p.row.stats = WindowStats(means[0], maxima[0], means[1], maxima[1], bool(maxima[2] > 0),
+            p.row.stats = WindowStats(means[0], maxima[0], means[1], maxima[1], int(maxima[2]),
                                       clip_fraction)
         return [p.row for p in posted]
 

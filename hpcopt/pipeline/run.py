@@ -15,16 +15,16 @@ At an iteration t (every rank passes the same ones, in order):
 1. ``eval_every`` divides t: f(x_t) without smoothing, by one forward pass (label ``eval``);
 2. ``trace_every`` or ``eval_every`` divides t: a trace row, from one small allgather (label
    ``trace``) of each stage's window: loss (last stage), ||g|| of its block, busy and idle
-   seconds, messages sent, the SIGTERM flag. The row: loss, ||g||, per-stage busy/idle, the
+   seconds, messages sent, the stop signal. The row: loss, ||g||, per-stage busy/idle, the
    measured bubble (mean over stages of idle / (busy + idle)) against the ideal
    (Delta - 1) / (K + Delta - 1), tau (the slowest stage's busy seconds per forward or
    backward of one sample), the modelled pipeline time sum of 2 tau (K + Delta - 1) per
    iteration, and the messages sent so far by all stages;
-3. a checkpoint (``checkpoint_every``, the last iteration, or SIGTERM): each stage's block and
+3. a checkpoint (``checkpoint_every``, the last iteration, or a stop): each stage's block and
    optimizer state (``hpcopt.pipeline.checkpoint``).
 
 The runner (``hpcopt.run.runner``) does the rest, as for every workload: set-up agreed by all
-ranks, the run directory, SIGTERM, the stall watchdog, progress lines and the summary.
+ranks, the run directory, SIGTERM and SIGINT, the stall watchdog, progress lines and the summary.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class PipelineSummary:
     samples: int                 # K per iteration
     stages: int                  # Delta
     train_loss: float            # the last row's mean loss over its window
-    final_loss: float | None     # f(x_T) without smoothing; None when stopped by SIGTERM
+    final_loss: float | None     # f(x_T) without smoothing; None when stopped by a signal
     bubble: float                # measured idle share, mean over stages, whole run
     bubble_ideal: float
     tau: float                   # seconds per forward or backward of one sample, slowest stage
@@ -80,12 +80,14 @@ class PipelineSummary:
     out: str = ""
     checkpoint: str = ""
     stopped: bool = False
+    stop_signal: str = ""        # what stopped it: "SIGTERM" or "SIGINT" ("" when not stopped)
     history: list[dict[str, float]] = field(default_factory=list)  # every trace row
 
     def lines(self) -> list[str]:
         first = (f"final loss        {self.final_loss:.6g} (f(x) without smoothing)"
                  if self.final_loss is not None else
-                 "stopped           by SIGTERM before the end; resume from the checkpoint below")
+                 f"stopped           by {self.stop_signal} before the end; resume from the "
+                 "checkpoint below")
         return [
             first,
             f"train loss        {self.train_loss:.6g} (last trace row)",
@@ -267,7 +269,7 @@ class PipelineSession:
         return sum(stats.totals(label=f"{self.label}.{kind}", op="send").calls
                    for kind in ("activation", "gradient"))
 
-    def row(self, tick: int, evaluation: float | None, stop: bool) -> list[trace_io.Row]:
+    def row(self, tick: int, evaluation: float | None, stop: int) -> list[trace_io.Row]:
         """One allgather (label "trace") of each stage's window; the row, finished at once."""
         comm, timing = self.comm, self.pipe.timing
         sends = self._sends()
@@ -293,7 +295,7 @@ class PipelineSession:
             loss_mean=col["loss_sum"][last] / iterations if iterations else math.nan,
             loss_max=col["loss_max"][last] if iterations else math.nan,
             grad_norm=math.sqrt(col["grad_sq"].sum()), grad_norm_max=math.sqrt(col["grad_sq"].max()),
-            stop=bool(col["stop"].max() > 0))
+            stop=int(col["stop"].max()))
         fields: dict[str, Any] = {
             "step": tick, "rounds": 0, "lr": self.built.algorithm.step_size(self.state),
             "wall": self._files().wall(),
@@ -355,13 +357,13 @@ class PipelineSession:
         self.checkpoint = str(path)
 
     def last_rows(self, tick: int) -> list[trace_io.Row]:
-        return self.row(self.state.step, None, False) if self.iterations else []
+        return self.row(self.state.step, None, 0) if self.iterations else []
 
     def final(self) -> float:
         return self.comm.allreduce_scalar(self.evaluator.loss(self.state.x), label=EVAL_LABEL)
 
     def summarize(self, final: float | None, train_loss: float, threads: ThreadChoice,
-                  stopped: bool, show: bool) -> PipelineSummary:
+                  stopped: str, show: bool) -> PipelineSummary:
         files = self._files()
         wall = float(self.comm.allreduce_host_(np.array([files.wall()]), op=MPI.MAX,
                                                label="summary")[0])
@@ -372,7 +374,8 @@ class PipelineSession:
             bubble=self.idle_total / spent if spent else 0.0, bubble_ideal=self.ideal,
             tau=self.tau, modelled_seconds=self.modelled, wall_seconds=wall,
             messages=self.messages, threads=threads, out=str(files.out or ""),
-            checkpoint=self.checkpoint, stopped=stopped, history=self.history)
+            checkpoint=self.checkpoint, stopped=bool(stopped), stop_signal=stopped,
+            history=self.history)
 
     def trace_summary(self, final: float, summary: PipelineSummary) -> dict[str, Any]:
         return {"step": self.state.step, "wall": summary.wall_seconds, "final_loss": final,

@@ -32,7 +32,7 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     At the end of a data-parallel run every rank holds the averaged model. Failure handling
     (docs/failures.md): checks before the first step (hpcopt.run.preflight), the stall watchdog
     (``stall_timeout``), NaN/Inf (``on_nonfinite``), SIGTERM (a checkpoint, then
-    ``summary.stopped``).
+    ``summary.stopped``; on the command line also SIGINT, ``hpcopt.run.signals``).
     """
     from ..build import Workload
     from ..comm import Comm

@@ -71,7 +71,8 @@ class Summary:
     threads: ThreadChoice
     out: str = ""
     checkpoint: str = ""           # the newest checkpoint written
-    stopped: bool = False          # stopped early by SIGTERM (a checkpoint was written)
+    stopped: bool = False          # stopped early by a signal (a checkpoint was written)
+    stop_signal: str = ""          # which: "SIGTERM" or "SIGINT" ("" when not stopped)
     history: list[tuple[int, Evaluation | LMEvaluation]] = field(default_factory=list)
     unit: str = "samples"          # what samples_per_second counts: samples or tokens
     clip_fraction: float | None = None  # clipping algorithms: clipped steps / steps, all ranks
@@ -90,7 +91,8 @@ class Summary:
             first = (f"test accuracy     {final.accuracy:.4f} (loss {final.loss:.4f}, "
                      f"{final.samples} samples)")
         else:
-            first = "stopped           by SIGTERM before the end; resume from the checkpoint below"
+            first = (f"stopped           by {self.stop_signal} before the end; resume from the "
+                     "checkpoint below")
         clipped = ([f"clipped           {100 * self.clip_fraction:.1f}% of the steps (all ranks)"]
                    if self.clip_fraction is not None else [])
         modelled = ([f"network model     {self.network}: {self.modelled_seconds:.3f} s of communication "
@@ -272,7 +274,7 @@ class DataParallelSession:
         return evaluation
 
     def row(self, tick: int, evaluation: Evaluation | LMEvaluation | None,
-            stop: bool) -> list[trace_io.Row]:
+            stop: int) -> list[trace_io.Row]:
         """Finish the previous row's reduction and start this tick's."""
         finished = self.window.complete(self.comm)
         state = self.state
@@ -330,7 +332,7 @@ class DataParallelSession:
 
     def last_rows(self, tick: int) -> list[trace_io.Row]:
         window = self.window
-        rows = self.row(tick, None, False) if window.steps or window.losses or self.guard.window_skips else []
+        rows = self.row(tick, None, 0) if window.steps or window.losses or self.guard.window_skips else []
         return rows + self.finish_rows()
 
     def final(self) -> Evaluation | LMEvaluation:
@@ -340,7 +342,7 @@ class DataParallelSession:
         return evaluate_average(self.parts, self.state, self.scratch, self.comm)
 
     def summarize(self, final: Evaluation | LMEvaluation | None, train_loss: float,
-                  threads: ThreadChoice, stopped: bool, show: bool) -> Summary:
+                  threads: ThreadChoice, stopped: str, show: bool) -> Summary:
         self.guard.report(self.comm, show)
         comm, state, parts, files = self.comm, self.state, self.parts, self._files()
         totals = comm.stats.totals()
@@ -359,7 +361,8 @@ class DataParallelSession:
                        average_bytes_per_rank=local[2] / size, parameters=self.parameters(),
                        workers=size, samples_per_second=local[3] / wall if wall else 0.0,
                        threads=threads, out=str(files.out or ""), checkpoint=self.checkpoint,
-                       stopped=stopped, history=self.history, unit=self.workload.unit,
+                       stopped=bool(stopped), stop_signal=stopped, history=self.history,
+                       unit=self.workload.unit,
                        network=self.network.name if self.network else "",
                        modelled_seconds=local[6] / size,
                        clip_fraction=((float(local[4] / local[5]) if local[5] else 0.0)

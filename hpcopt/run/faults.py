@@ -8,10 +8,13 @@ checkpoint being written. Kinds:
 
 - ``raise``: a RuntimeError (the crash path: traceback prefixed with the rank, MPI_Abort);
 - ``kill``: the rank sends itself SIGKILL (as ``kill -9`` from outside would);
+- ``sigterm``, ``sigint``: the rank sends itself SIGTERM or SIGINT (as ``kill -TERM PID`` or
+  ``kill -INT PID`` would; ``hpcopt.run.signals``) and goes on;
 - ``hang``: the rank sleeps for ever (what the stall watchdog is for);
 - ``nan``: the gradient of that step gets a NaN (divergence: ``--on-nonfinite``);
 - ``checkpoint``: rank 0 sends itself SIGKILL in the middle of writing that tick's checkpoint,
-  after its temporary file is complete and before the rename that publishes it.
+  after its temporary file is complete and before the rename that publishes it;
+  ``checkpoint-sigterm``, ``checkpoint-sigint``: SIGTERM or SIGINT there, and it goes on.
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ from typing import Any
 
 from ..errors import HpcoptError
 
-KINDS = ("raise", "kill", "hang", "nan", "checkpoint")
+#: The signal each kind that sends one sends, in a step or in a checkpoint's write.
+STEP_SIGNALS = {"kill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT}
+CHECKPOINT_SIGNALS = {"checkpoint": signal.SIGKILL, "checkpoint-sigterm": signal.SIGTERM,
+                      "checkpoint-sigint": signal.SIGINT}
+KINDS = ("raise", "hang", "nan", *STEP_SIGNALS, *CHECKPOINT_SIGNALS)
 
 
 @dataclass(frozen=True)
@@ -52,37 +59,37 @@ class FaultPlan:
             raise HpcoptError(f"--debug-fail-at: unknown kind {kind!r} (choose from {', '.join(KINDS)})")
         if rank < 0 or step < 1:
             raise HpcoptError(f"--debug-fail-at needs RANK >= 0 and STEP >= 1, got {text!r}")
-        if kind == "checkpoint" and rank != 0:
-            raise HpcoptError("--debug-fail-at R:K:checkpoint: only rank 0 writes checkpoints (R = 0)")
+        if kind in CHECKPOINT_SIGNALS and rank != 0:
+            raise HpcoptError(f"--debug-fail-at R:K:{kind}: only rank 0 writes checkpoints (R = 0)")
         return cls(rank, step, kind)
 
     def before_gradient(self, rank: int, step: int, grad: Any) -> bool:
         """Called before the gradient of ``rank``'s ``step``-th step (1-based): fire ``raise``,
-        ``kill`` or ``hang``; True when the gradient must be poisoned (``nan``)."""
-        if rank != self.rank or step != self.step or self.kind == "checkpoint":
+        a signal or ``hang``; True when the gradient must be poisoned (``nan``)."""
+        if rank != self.rank or step != self.step or self.kind in CHECKPOINT_SIGNALS:
             return False
         _announce(self.kind, rank, f"step {step}")
         if self.kind == "raise":
             raise RuntimeError(f"--debug-fail-at: injected failure on rank {rank} at step {step}")
-        if self.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind in STEP_SIGNALS:
+            os.kill(os.getpid(), STEP_SIGNALS[self.kind])
         if self.kind == "hang":
             while True:
                 time.sleep(60)
-        return True
+        return self.kind == "nan"
 
     def commit_hook(self, rank: int, tick: int) -> Callable[[], None] | None:
         """What a checkpoint writer on ``rank`` runs before publishing ``tick``'s file (None:
-        nothing: this plan is not a ``checkpoint`` fault)."""
-        if self.kind != "checkpoint":
+        nothing: this plan is not a checkpoint fault)."""
+        if self.kind not in CHECKPOINT_SIGNALS:
             return None
         return lambda: self.before_commit(rank, tick)
 
     def before_commit(self, rank: int, tick: int) -> None:
         """Called by the checkpoint writer before the rename that publishes the file of ``tick``."""
-        if self.kind == "checkpoint" and rank == self.rank and tick == self.step:
+        if self.kind in CHECKPOINT_SIGNALS and rank == self.rank and tick == self.step:
             _announce(self.kind, rank, f"the checkpoint of tick {tick}")
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), CHECKPOINT_SIGNALS[self.kind])
 
 
 def _announce(kind: str, rank: int, where: str) -> None:

@@ -1,12 +1,9 @@
-"""A run's files and signals: the run directory and id, claiming it for one job and one run,
-the trace file, the header's last lines, and SIGTERM turned into a flag the runner checks at
-its ticks."""
+"""A run's files: the run directory and id, claiming it for one job and one run, the trace
+file, the header's last lines."""
 
 from __future__ import annotations
 
 import datetime
-import signal
-import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,28 +18,6 @@ from ..io import checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io import versions
 from .lock import RunLock, check_free
-
-
-class StopSignal:
-    """While training (and when there is a run directory to checkpoint to), SIGTERM (what
-    Slurm sends before the time limit) only sets a flag."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.raised = False
-        self._previous: Any = None
-
-    def __enter__(self) -> StopSignal:
-        if self.enabled and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.raised = True
-
-    def __exit__(self, *_: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
 
 
 def run_directory(config: Config, ckpt: ckpt_io.Checkpoint | None,

@@ -3,17 +3,18 @@
 It owns what every run shares: threads and the GPU, reading the checkpoint to resume from,
 agreement across ranks on each set-up step (``hpcopt.comm.agreed``: a problem found on one
 rank ends every rank with the same message), the run directory (locked for the job, holding
-one run: ``hpcopt.run.files.claim``) and trace file, SIGTERM, the stall watchdog, progress
-lines and the summary. A workload builds a :class:`Session` on each
-rank; the runner drives it through the ticks of the run (the points every rank passes in the
-same order), and at a tick t:
+one run: ``hpcopt.run.files.claim``) and trace file, SIGTERM and SIGINT
+(``hpcopt.run.signals``), the stall watchdog, progress lines and the summary. A workload builds
+a :class:`Session` on each rank; the runner drives it through the ticks of the run (the points
+every rank passes in the same order), and at a tick t:
 
 1. ``session.evaluate`` when ``eval_every`` divides t;
 2. ``session.row`` when ``trace_every`` or ``eval_every`` divides t: a trace row carrying
-   the SIGTERM flag, so the ranks agree to stop at the first finished row that shows it,
-   without an extra collective;
+   this rank's stop signal, so the ranks agree to stop at the first finished row that shows
+   one, without an extra collective;
 3. ``session.save`` when ``checkpoint_every`` divides t, at the last tick, or when stopping
-   (the rows in flight are finished first, so a checkpoint counts every row before it).
+   (the rows in flight are finished first, so a checkpoint counts every row before it, and a
+   stop signal in them is seen there).
 
 After the last tick, ``session.last_rows`` and ``session.final`` (the partial last window,
 the end of a partial round, the final evaluation), then ``session.summarize``. A resumed run
@@ -37,9 +38,10 @@ from ..comm import Comm, agreed, node_layout
 from ..comm.staging import prepare_gpu
 from ..config import Config
 from ..io import trace as trace_io
-from .files import StopSignal, claim, header_end, open_trace, run_directory, vet_resumed
+from .files import claim, header_end, open_trace, run_directory, vet_resumed
 from .preflight import check_output
 from .progress import Progress
+from .signals import StopSignal, signal_name
 from .threads import ThreadChoice, configure_threads
 from .watchdog import watching
 
@@ -120,8 +122,9 @@ class Session(Protocol):
     def evaluate(self, tick: int) -> Any:
         """Collective: evaluate the model at ``tick``."""
 
-    def row(self, tick: int, evaluation: Any, stop: bool) -> list[trace_io.Row]:
-        """Collective: start the trace row of ``tick``; the rows finished by now."""
+    def row(self, tick: int, evaluation: Any, stop: int) -> list[trace_io.Row]:
+        """Collective: start the trace row of ``tick`` with this rank's stop signal (0: none);
+        the rows finished by now."""
 
     def finish_rows(self) -> list[trace_io.Row]:
         """Collective: finish the rows in flight; they are returned."""
@@ -142,8 +145,9 @@ class Session(Protocol):
         """Collective: end the run (e.g. a partial round's average) and evaluate its model."""
 
     def summarize(self, final: Any, train_loss: float, threads: ThreadChoice,
-                  stopped: bool, show: bool) -> Any:
-        """Collective: the summary, the same on every rank."""
+                  stopped: str, show: bool) -> Any:
+        """Collective: the summary, the same on every rank; ``stopped``: the signal that
+        stopped the run ("SIGTERM", "SIGINT"; "" when it ran to the end)."""
 
     def trace_summary(self, final: Any, summary: Any) -> dict[str, Any]:
         """The trace's attributes at the end of a finished run."""
@@ -167,8 +171,8 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
     given; the summary and this rank's session. Files go to ``config.run.out`` (``{time}`` in
     it becomes the start time; empty: no files, or for a resumed run the directory holding the
     checkpoint's ``checkpoints/``); rank 0 holds the directory's lock until the run ends. With a
-    run directory, SIGTERM makes the ranks agree at the next trace row, write a checkpoint and
-    stop (``summary.stopped``)."""
+    run directory, SIGTERM (and on the command line SIGINT) makes the ranks agree at a trace row,
+    write a checkpoint and stop (``summary.stopped``, ``summary.stop_signal``)."""
     local_rank, local_size = node_layout(comm.mpi)
     threads = configure_threads(local_size)
     if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
@@ -215,17 +219,23 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
     if show:
         print("summary\n  " + "\n  ".join(summary.lines()), flush=True)
     if summary.stopped and verbose and comm.rank == 0:
-        print(f"hpcopt: SIGTERM: stopped at {workload.noun} {session.progress()} after writing "
-              f"{summary.checkpoint}; continue with: mpiexec -n {comm.size} python -m hpcopt "
-              f"resume {summary.checkpoint}", flush=True)
+        print(f"hpcopt: {summary.stop_signal}: stopped at {workload.noun} {session.progress()} "
+              f"after writing {summary.checkpoint}; continue with: mpiexec -n {comm.size} "
+              f"python -m hpcopt resume {summary.checkpoint}{_named_model(config)}", flush=True)
     return summary, session
+
+
+def _named_model(config: Config) -> str:
+    """The ``--model`` a resume must repeat (a torch model is never imported because a
+    checkpoint names it), or ""."""
+    return f" --model {config.model.model}" if config.model.torch else ""
 
 
 def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal: StopSignal,
           threads: ThreadChoice, show: bool) -> Any:
     ticks = session.ticks
     progress = Progress(ticks.total, show)
-    train_loss, report_due, stopped = math.nan, False, False
+    train_loss, report_due, stop = math.nan, False, 0
     tick = ckpt.tick if ckpt else 0
     comm.barrier(label="start")
     session.begin(files, ckpt)
@@ -239,31 +249,37 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
         report_due = progress.due(tick) or report_due
         evaluation = session.evaluate(tick) if ticks.evaluation_due(tick) else None
         rows = session.row(tick, evaluation, stop_signal.raised) if ticks.row_due(tick) else []
-        stopped = tick < ticks.total and any(_stats(row).stop for row in rows)
-        save = files.out is not None and (stopped or ticks.checkpoint_due(tick))
-        if save or stopped:
+        checkpoint = files.out is not None and ticks.checkpoint_due(tick)
+        if checkpoint or _stop(rows):
             rows += session.finish_rows()
+        stop = _stop(rows) if tick < ticks.total else 0  # rows finished just now count too
         session.check_rows(rows, tick)
         for row in rows:
             train_loss = _stats(row).loss_mean
             if report_due:
                 progress.report(row.tick, session.note(row))
                 report_due = False
-        if save:
+        if checkpoint or stop:
             session.save(tick)
-        if stopped:
+        if stop:
+            stop_signal.settle()
             break
     final = None
-    if not stopped:
+    if not stop:
         rows = session.last_rows(tick)
         session.check_rows(rows, tick)
         for row in rows:
             train_loss = _stats(row).loss_mean
         final = session.final()
-    summary = session.summarize(final, train_loss, threads, stopped, show)
+    summary = session.summarize(final, train_loss, threads, signal_name(stop) if stop else "", show)
     if files.writer is not None and final is not None:
         files.writer.finish(session.trace_summary(final, summary))
     return summary
+
+
+def _stop(rows: list[trace_io.Row]) -> int:
+    """The stop signal the finished ``rows`` show (the same on every rank; 0: none)."""
+    return max((_stats(row).stop for row in rows), default=0)
 
 
 def _stats(row: trace_io.Row) -> trace_io.WindowStats:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import HpcoptError
+from ..errors import HpcoptError, abort_job
 
 EXIT_CODE = 4
 #: ``Comm`` methods that block until other ranks take part.
@@ -149,7 +149,7 @@ class Watchdog:
         if min(waiting) != self.rank and self._deferred_until == 0.0:
             self._deferred_until = time.monotonic() + 2 * self.answer_within
             return request
-        _abort(self.report(answers))
+        abort_job(self.report(answers), EXIT_CODE)
         return request  # pragma: no cover - Abort does not return
 
     def report(self, answers: dict[int, dict[str, Any]]) -> str:
@@ -173,13 +173,6 @@ class Watchdog:
             lines.append(f"  rank {r}: {state}")
         lines.append(f"hpcopt: aborting the job (exit code {EXIT_CODE})")
         return "\n".join(lines) + "\n"
-
-
-def _abort(text: str) -> None:
-    sys.stderr.write(text)
-    sys.stderr.flush()
-    time.sleep(0.2)  # let the launcher forward the report before the job is torn down
-    MPI.COMM_WORLD.Abort(EXIT_CODE)
 
 
 @contextmanager

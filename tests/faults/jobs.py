@@ -31,20 +31,35 @@ class Job:
     stdout: str
     stderr: str
     seconds: float                       # launch to exit
-    after_fault: float | None = None     # the fault's announcement (or SIGTERM) to exit
+    after_fault: float | None = None     # the fault's announcement (or the signal sent) to exit
 
     def describe(self) -> str:
         return f"exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
 
+    def hpcopt_lines(self) -> list[str]:
+        """The lines hpcopt printed about the job's end (not progress, not debug faults)."""
+        return [line for line in (self.stdout + self.stderr).splitlines()
+                if line.startswith("hpcopt: ") and not line.startswith("hpcopt: debug:")]
+
+
+@dataclass(frozen=True)
+class Send:
+    """A signal for a running job: ``signum`` to the launcher (``rank`` None) or to one rank's
+    process, ``after`` seconds after ``when``: "start" (every rank's hpcopt handles signals:
+    its handlers are installed, ``hpcopt.run.signals``), "header" (the run header appeared:
+    training starts) or "fault" (a debug fault announced itself)."""
+
+    signum: int
+    after: float = 0.0
+    rank: int | None = None
+    when: str = "header"
+
 
 def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
-            sigterm_after: float | None = None, timeout: float = HARD_TIMEOUT) -> Job:
-    """``mpiexec -n ranks python -m hpcopt ARGS`` (or ``python -c CODE``) from the repository.
-
-    ``sigterm_after``: send SIGTERM to the launcher that many seconds after the run header
-    appears. The launcher runs in its own session; past ``timeout`` the whole session is
-    SIGKILLed and the test fails, so no job can hang the suite.
-    """
+            send: Send | None = None, timeout: float = HARD_TIMEOUT) -> Job:
+    """``mpiexec -n ranks python -m hpcopt ARGS`` (or ``python -c CODE``) from the repository,
+    sending ``send`` while it runs. The launcher runs in its own session; past ``timeout`` the
+    whole session is SIGKILLed and the test fails, so no job can hang the suite."""
     command = ["mpiexec", "-n", str(ranks), sys.executable]
     command += ["-c", python_code] if python_code else ["-m", "hpcopt", *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT=str(int(timeout) + 10))
@@ -68,13 +83,13 @@ def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
     for reader in readers:
         reader.start()
     try:
-        if sigterm_after is not None:
-            while "header" not in marks:
-                assert process.poll() is None and time.monotonic() - start < timeout, "".join(err)
-                time.sleep(0.01)
-            time.sleep(sigterm_after)
+        if send is not None:
+            pids = _send(send, process, ranks, marks, start + timeout, err)
             marks["fault"] = time.monotonic()
-            process.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
+            if send.rank is None:
+                process.send_signal(send.signum)  # the launcher forwards it to every rank
+            else:
+                os.kill(pids[send.rank], send.signum)
         process.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the job did not end within {timeout} s: {' '.join(command)}\n"
@@ -90,8 +105,50 @@ def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
     return Job(process.returncode, "".join(out), "".join(err), end - start, after)
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it (the ranks run in sessions of their own)."""
+def _send(send: Send, process: subprocess.Popen, ranks: int, marks: dict[str, float],
+          deadline: float, err: list[str]) -> dict[int, int]:
+    """Wait until ``send`` is due; rank -> pid of the job's ranks."""
+    pids: dict[int, int] = {}
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, "".join(err)
+        pids = _rank_pids(process.pid)
+        if send.when == "start":
+            due = len(pids) == ranks and all(map(_handles_sigterm, pids.values()))
+        else:
+            due = send.when in marks
+        if due:
+            break
+        time.sleep(0.01)
+    time.sleep(send.after)
+    return pids
+
+
+def _rank_pids(launcher: int) -> dict[int, int]:
+    """rank -> pid of the processes below ``launcher`` that the launcher told their rank."""
+    pids = {}
+    for pid in _tree(launcher):
+        try:
+            environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"PMI_RANK="):
+                pids[int(entry.split(b"=", 1)[1])] = pid
+    return pids
+
+
+def _handles_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGTERM (hpcopt's are installed)."""
+    try:
+        status = (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -105,7 +162,12 @@ def _kill_tree(pid: int) -> None:
         current = queue.pop()
         tree.append(current)
         queue += children.get(current, [])
-    for member in tree:
+    return tree
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it (the ranks run in sessions of their own)."""
+    for member in _tree(pid):
         try:
             os.kill(member, signal.SIGKILL)
         except ProcessLookupError:

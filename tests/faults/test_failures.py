@@ -5,12 +5,13 @@ an uninterrupted run ends (real ``mpiexec`` jobs on 2 ranks; docs/results/reliab
 from __future__ import annotations
 
 import shutil
+import signal
 
 import numpy as np
 import pytest
 
 from hpcopt.io.checkpoint import find_checkpoint, read_checkpoint
-from tests.faults.jobs import SMALL, STEPS, assert_fault_ended_the_job, assert_same_run, run_job
+from tests.faults.jobs import SMALL, STEPS, Send, assert_fault_ended_the_job, assert_same_run, run_job
 from tests.unit.test_cli import assert_one_line_error
 
 #: fault -> (flags, exit code (None: any non-zero), what stderr says, seconds from the fault to
@@ -64,7 +65,7 @@ def test_nan_with_skip_drops_the_step_and_finishes(tmp_path):
 def test_sigterm_to_the_launcher_checkpoints_and_resumes_bitwise(tmp_path):
     out, reference = tmp_path / "run", tmp_path / "reference"
     job = run_job(["train", *SMALL, "--steps", "100000", "--out", str(out), "--progress", "true"],
-                  sigterm_after=0.5)
+                  send=Send(signal.SIGTERM, 0.5))
     assert job.returncode == 143, job.describe()  # stopped (128 + SIGTERM), not finished
     assert "hpcopt: SIGTERM: stopped at step" in job.stdout
     assert job.after_fault is not None and job.after_fault < 5, job.after_fault

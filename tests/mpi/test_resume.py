@@ -12,7 +12,6 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcopt.algorithms import state as fields
 from hpcopt.config import build_config
 from hpcopt.io import digest
 from hpcopt.io.checkpoint import read_checkpoint
@@ -21,7 +20,7 @@ from hpcopt.io.trace import COLUMNS, read_trace
 from hpcopt.problems.classification import ClassificationProblem
 from tests.conftest import host, on_devices
 from tests.mpi.lm_corpus import write_tiny_ptb
-from tests.runs import fresh_train
+from tests.runs import assert_same_state, fresh_train
 
 pytestmark = pytest.mark.mpi
 
@@ -37,17 +36,8 @@ def config(out, **overrides):
 
 
 def assert_same_run(a_state, b_state, a_dir, b_dir, rank):
-    """Every field the state declares for checkpoints (model, momentum, batch-norm statistics,
-    shared vectors, counters, clipping numbers) is bitwise the same, and so is the trace."""
-    assert type(a_state) is type(b_state)
-    arrays = fields.present(a_state, fields.MODEL, fields.VECTOR, fields.SHARED)
-    assert arrays == fields.present(b_state, fields.MODEL, fields.VECTOR, fields.SHARED)
-    for name in arrays:
-        np.testing.assert_array_equal(host(getattr(a_state, name)), host(getattr(b_state, name)),
-                                      err_msg=name)
-    for kind in (fields.COUNTER, fields.SCALAR, fields.FLAG):
-        np.testing.assert_array_equal(list(fields.numbers(a_state, kind).values()),
-                                      list(fields.numbers(b_state, kind).values()), err_msg=kind)
+    """The states are bitwise the same (``assert_same_state``), and so are the traces."""
+    assert_same_state(a_state, b_state)
     if rank != 0:
         return
     a, b = read_trace(a_dir / "trace.h5"), read_trace(b_dir / "trace.h5")

@@ -47,6 +47,7 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
 @pytest.mark.parametrize("args,fragments", [
     (["train", "--algorithm", "sgdx"], ["unknown algorithm 'sgdx'"]),
     (["train", "--interval", "0"], ["interval", ">= 1"]),
+    (["train", "--trace-every", "0"], ["trace_every must be >= 1"]),
     (["train", "--lr", "0"], ["lr"]),
     (["train", "--lr", "-0.5"], ["lr"]),
     (["train", "--lr", "fast"], ["lr must be a number"]),

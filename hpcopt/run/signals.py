@@ -1,0 +1,260 @@
+"""SIGTERM and SIGINT: the ranks stop together at a checkpoint, or the job ends at once.
+
+In the training loop, with a run directory to checkpoint to, either signal only sets a flag
+(:class:`StopSignal`). The flag travels with the rank's next trace row; every rank sees it
+when that row's reduction finishes (at the next row, or at once at a checkpoint tick; a
+pipeline's rows finish at once), so all ranks stop at the same tick, within two rows of the
+signal, even when only one rank received it. They write a checkpoint there and exit with
+128 + the signal's number: 143 for SIGTERM, 130 for SIGINT (stopped, not finished). Where ranks
+received different signals, the higher number (SIGTERM) is the one reported.
+
+On the command line :class:`JobSignals`, around the whole job on every rank, makes sure that
+the job ends. A thread of its own learns of each signal at once, whatever the main thread is
+doing (waiting in MPI for another rank, say):
+
+- outside the training loop (set-up, after the last step, no run directory), where no
+  checkpoint can be agreed, the job ends at once: one line, MPI_Abort with 143 or 130;
+- SIGINT in the loop: the same when the ranks have not agreed on a checkpoint within
+  ``GRACE_SECONDS``, so that Ctrl-C always ends the job within seconds. SIGTERM waits for its
+  row (a batch system's grace period before SIGKILL is for that).
+
+So that a signal which reached every rank prints one line, rank 0 acts at once and the other
+ranks ``STAGGER_SECONDS`` later, by when rank 0's MPI_Abort has ended them. Launchers: MPICH's
+Hydra ``mpiexec`` forwards every SIGTERM and the first SIGINT to every rank (it prints that it
+does; a second Ctrl-C ends ``mpiexec`` itself), Slurm sends SIGTERM to every task at the time
+limit, ``kill PID`` reaches one rank. Each rank runs in a session of its own under Hydra, so a
+terminal's Ctrl-C reaches the ranks only through ``mpiexec``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, ClassVar
+
+from ..errors import abort_job
+
+#: The signals that stop a run.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Seconds from a SIGINT in the loop until the job is aborted if no checkpoint was agreed.
+GRACE_SECONDS = 3.0
+#: Seconds the ranks other than 0 wait before they end the job themselves (one line, not N).
+STAGGER_SECONDS = 1.0
+#: Where MPICH's Hydra, Open MPI, PMIx and Slurm tell a process its rank.
+LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def exit_code(signum: int) -> int:
+    """The exit code of a job that ``signum`` stopped: 128 + its number, as if it had killed
+    the process (143 for SIGTERM, 130 for SIGINT)."""
+    return 128 + signum
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class StopSignal:
+    """This rank's stop request in the training loop: ``raised`` is the signal it received (0:
+    none), which the runner sends with its next trace row. Requests count only when ``enabled``
+    (there is a run directory to checkpoint to). Under :class:`JobSignals` that thread watches
+    SIGTERM and SIGINT; otherwise (the Python API) a handler of its own watches SIGTERM."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.raised = 0
+        self._previous: Any = None
+
+    def __enter__(self) -> StopSignal:
+        job = JobSignals.active
+        if job is not None:
+            job.enter_loop(self)
+        elif self.enabled and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, lambda signum, _: self.request(signum))
+        return self
+
+    def request(self, signum: int) -> None:
+        """Stop at the next row (the first signal counts)."""
+        if self.enabled and not self.raised:
+            self.raised = signum
+
+    def settle(self) -> None:
+        """The checkpoint of an agreed stop is written on this rank: only the summary is left,
+        so the SIGINT deadline is off."""
+        if JobSignals.active is not None:
+            JobSignals.active.settle()
+
+    def __exit__(self, *_: Any) -> None:
+        if JobSignals.active is not None:
+            JobSignals.active.leave_loop()
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+class JobSignals:
+    """SIGTERM and SIGINT for a whole command-line job on this rank (see the module's
+    docstring); ``grace`` and ``stagger`` in seconds. Installed only from the main thread."""
+
+    active: ClassVar[JobSignals | None] = None
+
+    def __init__(self, grace: float = GRACE_SECONDS, stagger: float = STAGGER_SECONDS) -> None:
+        self.grace, self.stagger = grace, stagger
+        self.received: list[int] = []
+        self._loop: StopSignal | None = None
+        self._settled = False
+        self._deadline: threading.Timer | None = None
+        self._ending: threading.Thread | None = None  # the thread that ends the job
+        self._lock = threading.Lock()
+        self._installed = False
+
+    # -- installing ---------------------------------------------------------------------------
+
+    def __enter__(self) -> JobSignals:
+        """Install; inside another JobSignals, that one (``python -m hpcopt`` installs one
+        before it imports the rest, so a signal during start-up is handled too)."""
+        if JobSignals.active is not None:
+            return JobSignals.active
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._handlers = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
+        # the C-level handler writes each signal's number here at once, for the thread below
+        self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._listen, name="hpcopt-signals", daemon=True)
+        self._thread.start()
+        self._installed = True
+        JobSignals.active = self
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        """Restore the previous handlers. The SIGINT deadline is off (the job is ending), but
+        an end of the job under way (a rank waiting its stagger) still happens."""
+        if not self._installed:
+            return
+        JobSignals.active = None
+        signal.set_wakeup_fd(self._wakeup)
+        for signum, handler in self._handlers.items():
+            signal.signal(signum, handler)
+        os.write(self._write, b"\0")  # ends the thread
+        self._thread.join()
+        os.close(self._read)
+        os.close(self._write)
+        with self._lock:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            ending = self._ending
+        if ending is not None:
+            ending.join()  # it aborts the job
+
+    def exit_code(self, code: int) -> int:
+        """The job's exit code: ``code``, but 130 for a job that received SIGINT and would exit
+        0 (a run that ended before it could stop: never 0 after Ctrl-C)."""
+        return exit_code(signal.SIGINT) if code == 0 and signal.SIGINT in self.received else code
+
+    # -- the training loop (StopSignal) -------------------------------------------------------
+
+    def enter_loop(self, loop: StopSignal) -> None:
+        with self._lock:
+            self._loop = loop
+
+    def leave_loop(self) -> None:
+        with self._lock:
+            self._loop = None
+
+    def settle(self) -> None:
+        with self._lock:
+            self._settled = True
+            if self._deadline is not None:
+                self._deadline.cancel()
+
+    # -- signals ------------------------------------------------------------------------------
+
+    def _handle(self, signum: int, _: Any) -> None:
+        """The Python-level handler (main thread, between two bytecodes): the loop's flag, at
+        once where the main thread signalled itself (the thread below sets it too)."""
+        loop = self._loop
+        if loop is not None:
+            loop.request(signum)
+
+    def _listen(self) -> None:
+        while True:
+            for signum in os.read(self._read, 64):
+                if signum == 0:
+                    return
+                if signum in SIGNALS:
+                    self._receive(signum)
+
+    def _receive(self, signum: int) -> None:
+        rank = launcher_rank()
+        with self._lock:
+            self.received.append(signum)
+            loop = self._loop
+            if self._ending is not None or self._settled:
+                return  # the job is ending already
+            if loop is not None and loop.enabled:
+                loop.request(signum)
+                if signum == signal.SIGINT and self._deadline is None:
+                    self._deadline = threading.Timer(self.grace, self._expire, (signum, rank))
+                    self._deadline.daemon = True
+                    self._deadline.start()
+                return
+            why = ("no run directory to checkpoint to" if loop else
+                   "outside the training loop, no checkpoint to write")
+            self._end(signum, rank, why)
+
+    def _expire(self, signum: int, rank: int) -> None:
+        with self._lock:
+            if self._ending is None and not self._settled:
+                self._end(signum, rank, f"no checkpoint agreed within {self.grace:g} s")
+
+    def _end(self, signum: int, rank: int, why: str) -> None:
+        """End the job from a thread of its own (holding the lock)."""
+        line = (f"hpcopt: {signal_name(signum)} on rank {rank}: {why}; ending the job "
+                f"(exit code {exit_code(signum)})\n")
+        self._ending = threading.Thread(target=self._end_job, args=(line, signum, rank),
+                                        name="hpcopt-end", daemon=True)
+        self._ending.start()
+
+    def _end_job(self, line: str, signum: int, rank: int) -> None:
+        """``line`` and MPI_Abort, at once on rank 0 and after the stagger elsewhere.
+        While MPI starts (the rest of hpcopt is being imported), first wait for it: under
+        Hydra, a rank that exits before the others' MPI_Init completes leaves them waiting for
+        ever. Where it does not start within the grace, the rank ends by SIGKILL, which Hydra
+        answers by ending the job."""
+        running = _mpi_running(self.grace)
+        if rank != 0:
+            time.sleep(self.stagger)
+        if not running:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        abort_job(line, exit_code(signum))
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher announced it (0 if it did not): known before MPI
+    starts, and read from any thread without calling MPI."""
+    for name in LAUNCHER_RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def _mpi_running(limit: float) -> bool:
+    """Whether MPI runs in this process, waiting up to ``limit`` seconds for it to start."""
+    deadline = time.monotonic() + limit
+    while True:
+        mpi = sys.modules.get("mpi4py.MPI")  # never imported here: MPI_Init stays the main thread's
+        try:
+            if mpi is not None and mpi.Is_initialized():
+                return not mpi.Is_finalized()
+        except AttributeError:  # mpi4py.MPI is being imported right now
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
