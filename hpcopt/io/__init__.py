@@ -63,8 +63,7 @@ def open_for_reading(path: str | Path, what: str, ratio: float = 1.0, slack: int
         check_structure(f, path, what, ratio, slack)
     except READ_ERRORS as exc:
         f.close()
-        reason = (str(exc) or type(exc).__name__).splitlines()[0]
-        raise HpcoptError(f"{path} is a damaged {what} ({type(exc).__name__}: {reason})") from None
+        raise HpcoptError(f"{path} is a damaged {what} ({described(exc)})") from None
     except HpcoptError:
         f.close()
         raise
@@ -83,6 +82,12 @@ def check_format(attrs: Any, path: Path, name: str, version: int | tuple[int, ..
         shown = found_version.item() if hasattr(found_version, "item") else found_version
         raise HpcoptError(f"{path} has {what} format version {shown!r}; "
                           f"this hpcopt reads version {' or '.join(map(str, versions))}")
+
+
+def described(exc: BaseException) -> str:
+    """An exception in one line, ``TypeError: first line`` (HDF5's messages run over several)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def megabytes(nbytes: float) -> str:

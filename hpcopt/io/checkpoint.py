@@ -553,7 +553,10 @@ def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Back
         missing = set(fields.fields_of(state, *kinds)) - set(getattr(ckpt, table))
         if missing:
             raise HpcoptError(f"{path}: /ranks/{table} lacks {', '.join(sorted(missing))}")
-    sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
+    try:
+        sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
+    except HpcoptError as exc:  # the sampler knows the numbers, not the file they came from
+        raise HpcoptError(f"{path}: /ranks/sampler row {rank}: {exc}") from None
     if HIDDEN in ckpt.rows:  # checked before anything else changes: it can refuse too
         if load_hidden is None:
             raise HpcoptError(f"{path}: it holds per-rank problem state (ranks/hidden: an LSTM's "

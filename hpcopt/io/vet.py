@@ -24,8 +24,11 @@ from ..errors import HpcoptError
 if TYPE_CHECKING:
     from ..child import ChildResult
 
-#: Seconds the child may take: a start-up allowance plus hashing at 50 MB/s.
-BASE_SECONDS, BYTES_PER_SECOND = 60.0, 50e6
+#: Seconds the child may take: a start-up allowance plus reading and hashing at 10 MB/s, a rate
+#: any node keeps up even when heavily loaded. What it reads is bounded by the file's size
+#: (``structure.check_structure`` refuses more declared data first), so a genuine file of any
+#: size gets time in proportion to it and a crafted one cannot make the child work longer.
+BASE_SECONDS, BYTES_PER_SECOND = 60.0, 10e6
 
 READING = "reading "  # the child's line before each trace
 
@@ -72,9 +75,13 @@ def vet_traces(paths: Sequence[Path]) -> None:
 
 
 def _refusal(result: ChildResult, path: str | Path, kind: str) -> HpcoptError:
-    """The child's own error (exit 2, already naming the file), or what happened to it."""
+    """The child's own error (exit 2, already naming the file), or what happened to it: a crash
+    is damage; running out of time is not known to be (the node may be overloaded)."""
     if result.returncode == 2:
         return HpcoptError(result.message.removeprefix("hpcopt: error: "))
+    if result.returncode is None:
+        return HpcoptError(f"{path} could not be checked: the process that read it {result.message} "
+                           "(is the node overloaded? a damaged file can also hang a reader)")
     happened = f"crashed reading it ({result.signal})" if result.signal else result.message
     return HpcoptError(f"{path} is a damaged {kind}: the process that checked it {happened}")
 

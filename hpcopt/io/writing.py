@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcoptError
-from . import megabytes
+from . import described, megabytes
 
 #: What h5py raises when HDF5 fails to write (or to read back what it wrote).
 WRITE_ERRORS = (OSError, RuntimeError)
@@ -99,7 +99,8 @@ class HDF5Writing:
 
 def write_failure(path: Path, what: str, exc: BaseException) -> HpcoptError:
     """``cannot write the WHAT PATH: REASON (SPACE free on its file system)``."""
-    reason = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).splitlines()[0]
+    strerror = getattr(exc, "strerror", None)  # the system's words (No space left on device)
+    reason = strerror.splitlines()[0] if isinstance(strerror, str) and strerror else described(exc)
     try:
         free = f"{megabytes(shutil.disk_usage(path.parent).free)} free"
     except OSError:

@@ -36,14 +36,16 @@ class Job:
 
 
 def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
-            sigterm_after: float | None = None, timeout: float = HARD_TIMEOUT) -> Job:
+            sigterm_after: float | None = None, timeout: float = HARD_TIMEOUT,
+            launcher: tuple[str, ...] = ()) -> Job:
     """``mpiexec -n ranks python -m hpcopt ARGS`` (or ``python -c CODE``) from the repository.
 
     ``sigterm_after``: send SIGTERM to the launcher that many seconds after the run header
-    appears. The launcher runs in its own session; past ``timeout`` the whole session is
-    SIGKILLed and the test fails, so no job can hang the suite.
+    appears. ``launcher``: a command that runs the ``mpiexec`` command line given as its
+    arguments (e.g. in a file system of its own). The launcher runs in its own session; past
+    ``timeout`` the whole session is SIGKILLed and the test fails, so no job can hang the suite.
     """
-    command = ["mpiexec", "-n", str(ranks), sys.executable]
+    command = [*launcher, "mpiexec", "-n", str(ranks), sys.executable]
     command += ["-c", python_code] if python_code else ["-m", "hpcopt", *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT=str(int(timeout) + 10))
     start = time.monotonic()
