@@ -3,13 +3,15 @@
 Damaged HDF5 metadata can crash the HDF5 C library itself (a variable-length string attribute
 whose heap address was overwritten did, once in 3,600 random byte edits): no Python handler
 runs, and an MPI job loses a rank with a signal instead of getting an error. So a resumed run's
-rank 0 first runs ``python -m hpcopt.io.vet FILE``, which opens the file and checks its content
-digest and format (reading every attribute and dataset). A crash, a hang or a failed check in
+rank 0 first runs ``python -m hpcopt.io.vet FILE``, which opens the file, checks what it holds
+(``hpcopt.io.structure``: no links out of it, no more declared data than it holds), then its
+content digest and format (reading every attribute and dataset). A crash, a hang or a failed check in
 the child becomes one error line; once the child has read the file cleanly, the job reads the
 same bytes. A checkpoint is vetted once per process (keyed by its path, size and modification
 time). ``hpcopt report`` does the same for the traces it reads (``python -m hpcopt.io.vet
---traces FILE...``, one child for all of them): a run killed while writing its trace can leave
-one behind that HDF5 cannot read safely.
+--traces FILE...``, one child for all of them), and so does a resumed run's rank 0 for the
+trace it appends to: a run killed while writing its trace can leave one behind that HDF5 cannot
+read safely.
 """
 
 from __future__ import annotations

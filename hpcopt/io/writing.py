@@ -28,9 +28,10 @@ WRITE_ERRORS = (OSError, RuntimeError)
 
 
 class HDF5Writing:
-    """One HDF5 file being written: ``mode`` "w" creates ``path`` (and its folder) or truncates
-    it, "r+" opens an existing file; ``what`` names it in messages ("checkpoint"), as ``shown``
-    (default ``path``: a temporary file is shown as the file it becomes).
+    """One HDF5 file being written: ``mode`` "w" creates ``path`` (and its folder), replacing
+    what had that name (never writing through a symbolic link), "r+" opens an existing file;
+    ``what`` names it in messages ("checkpoint"), as ``shown`` (default ``path``: a temporary
+    file is shown as the file it becomes).
 
     ``attempt(step)`` runs ``step(file)`` unless a step has failed; the first failure is kept
     (``failure``), never raised there, so a writer that must go on receiving data (rank 0 of a
@@ -114,7 +115,9 @@ class _Sink:
 
     def __init__(self, path: Path, mode: str) -> None:
         self.error: OSError | None = None
-        self._raw = open(path, "w+b" if mode == "w" else "r+b", buffering=0)  # noqa: SIM115
+        if mode == "w":  # a new file: whatever has this name (a planted symlink) is replaced
+            path.unlink(missing_ok=True)
+        self._raw = open(path, "x+b" if mode == "w" else "r+b", buffering=0)  # noqa: SIM115
         try:
             fcntl.flock(self._raw.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -219,6 +219,15 @@ def test_save_state_dict_replaces_a_symlink_instead_of_writing_through_it(tmp_pa
     assert not link.is_symlink() and load_state_dict(link)["weight"].tolist() == [1.0, 1.0]
 
 
+def test_a_link_planted_at_a_checkpoints_temporary_name_is_not_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours\n")
+    path = tmp_path / "step-000000005.h5"
+    path.with_name(path.name + ".tmp").symlink_to(victim)
+    write_checkpoint(path, synthetic())
+    assert victim.read_text() == "not yours\n" and read_checkpoint(path).tick == 5
+
+
 # -- writes that fail ----------------------------------------------------------------------------
 
 class _FullDisk:
