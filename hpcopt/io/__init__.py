@@ -90,9 +90,11 @@ def described(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def megabytes(nbytes: float) -> str:
-    """A size for messages: ``0.45 MB``."""
-    return f"{nbytes / 1e6:,.2f} MB"
+def human_size(nbytes: float) -> str:
+    """A size for messages: ``4.9 kB``, ``0.45 MB``, ``2.15 GB``."""
+    if nbytes < 1e6:
+        return f"{nbytes / 1e3:.1f} kB"
+    return f"{nbytes / 1e6:.2f} MB" if nbytes < 1e9 else f"{nbytes / 1e9:,.2f} GB"
 
 
 def is_int(value: Any) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcoptError
-from . import megabytes
+from . import human_size
 
 #: The filters hpcopt writes (HDF5's filter ids): Fletcher-32 checksums (``H5Z_FILTER_FLETCHER32``).
 FLETCHER32 = 3
@@ -63,8 +63,8 @@ def check_structure(f: Any, path: Path, what: str, ratio: float = 1.0, slack: in
                 raise HpcoptError(f"{path}: {name} is a named datatype; an hpcopt {what} holds "
                                   "only plain groups and datasets")
     if declared > ratio * size + slack:
-        raise HpcoptError(f"{path}: its datasets declare {megabytes(declared)} of data but the "
-                          f"file holds {megabytes(size)} (a damaged or crafted {what})")
+        raise HpcoptError(f"{path}: its datasets declare {human_size(declared)} of data but the "
+                          f"file holds {human_size(size)} (a damaged or crafted {what})")
 
 
 def _links(group: Any) -> list[tuple[bytes, int]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcoptError
-from . import described, megabytes
+from . import described, human_size
 
 #: What h5py raises when HDF5 fails to write (or to read back what it wrote).
 WRITE_ERRORS = (OSError, RuntimeError)
@@ -103,7 +103,7 @@ def write_failure(path: Path, what: str, exc: BaseException) -> HpcoptError:
     strerror = getattr(exc, "strerror", None)  # the system's words (No space left on device)
     reason = strerror.splitlines()[0] if isinstance(strerror, str) and strerror else described(exc)
     try:
-        free = f"{megabytes(shutil.disk_usage(path.parent).free)} free"
+        free = f"{human_size(shutil.disk_usage(path.parent).free)} free"
     except OSError:
         free = "free space unknown"
     return HpcoptError(f"cannot write the {what} {path}: {reason} ({free} on its file system)")
