@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -52,7 +51,7 @@ from . import (
     versions,
 )
 from .digest import check_sealed, refuse_damaged, seal
-from .writing import HDF5Writing, write_failure
+from .writing import HDF5Writing, publish
 
 FORMAT = "hpcopt-checkpoint"
 VERSION = 3  # 2: the content digest (root attribute content_sha256); 3: the state as declared
@@ -212,11 +211,7 @@ class CheckpointWriter:
             f.flush()
 
         self.writing.attempt(finish)
-        self.writing.close()
-        try:
-            publish(self.tmp, self.path)
-        except OSError as exc:  # fsync or rename: the previous checkpoint is intact
-            raise write_failure(self.path, "checkpoint", exc) from None
+        self.writing.publish()
         self.committed = True
 
     def __exit__(self, *_: Any) -> None:
@@ -247,14 +242,6 @@ def write_model(f: Any, layout: ParamLayout, model: np.ndarray, **filters: Any) 
     group.create_dataset("flat", data=model, **filters)
     for name, view in layout.views(model).items():
         group.create_dataset(f"params/{name}", data=view, **filters)
-
-
-def publish(tmp: Path, path: Path) -> None:
-    """Make a closed temporary file the checkpoint ``path``: fsync it, rename it over ``path``
-    (atomic), fsync the directory so the rename survives a crash."""
-    _fsync(tmp)
-    os.replace(tmp, path)
-    _fsync(path.parent)
 
 
 @contextmanager
@@ -290,14 +277,6 @@ def write_checkpoint(path: Path, ckpt: Checkpoint) -> None:
             for rank in range(ckpt.world_size):
                 writer.row(name, rank, rows[rank])
         writer.commit(ckpt.comm)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- reading -----------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ class HDF5Writing:
     ``attempt(step)`` runs ``step(file)`` unless a step has failed; the first failure is kept
     (``failure``), never raised there, so a writer that must go on receiving data (rank 0 of a
     checkpoint) can. ``check()`` raises it; ``close()`` closes the file and raises it unless
-    ``check()`` did; ``abandon()`` closes quietly and deletes the file.
+    ``check()`` did; ``publish()`` closes and renames it to ``shown``; ``abandon()`` closes
+    quietly and deletes the file.
     """
 
     def __init__(self, path: Path, mode: str, what: str, shown: Path | None = None,
@@ -55,8 +56,8 @@ class HDF5Writing:
         except WRITE_ERRORS as exc:
             self._failed(exc)
 
-    def attempt(self, step: Callable[[Any], None]) -> bool:
-        """``step(file)`` unless an earlier step failed; True while every step has worked."""
+    def attempt(self, step: Callable[[Any], None]) -> None:
+        """``step(file)`` unless an earlier step failed (then nothing)."""
         if self.failure is None:
             try:
                 step(self.file)
@@ -64,7 +65,6 @@ class HDF5Writing:
                 self._failed(exc)
             if self._sink is not None and self._sink.error is not None:
                 self._failed(self._sink.error)
-        return self.failure is None
 
     def check(self) -> None:
         """Raise the first failure (HpcoptError), if there was one."""
@@ -86,6 +86,13 @@ class HDF5Writing:
         if not self._raised:
             self.check()
 
+    def publish(self) -> None:
+        """Close, then make the file the one it is ``shown`` as (``publish``); HpcoptError for
+        a failure in any of it."""
+        self.close()
+        self.check()  # even one raised before: a failed file is never published
+        publish(self.path, self.shown, self.what)
+
     def abandon(self) -> None:
         """Close without raising and delete the file (a write that is not to be published)."""
         self._raised = True
@@ -96,6 +103,27 @@ class HDF5Writing:
         if self.failure is None:  # the sink's error is the cause of whatever h5py raised after it
             sink_error = self._sink.error if self._sink is not None else None
             self.failure = write_failure(self.shown, self.what, sink_error or exc)
+
+
+def publish(tmp: Path, path: Path, what: str = "checkpoint") -> None:
+    """Make the closed file ``tmp`` the file ``path``: fsync it, rename it over ``path``
+    (atomic: a file or symbolic link there is replaced, never written through), fsync the
+    directory so the rename survives a crash. HpcoptError (one line) if any of it fails: then
+    ``path`` is as it was."""
+    try:
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    except OSError as exc:
+        raise write_failure(path, what, exc) from None
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_failure(path: Path, what: str, exc: BaseException) -> HpcoptError:

@@ -40,7 +40,7 @@ from ..flat import ParamLayout
 from ..io import checkpoint as ckpt_io
 from ..io import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
 from ..io.digest import check_sealed, refuse_damaged, seal
-from ..io.writing import HDF5Writing, write_failure
+from ..io.writing import HDF5Writing
 
 FORMAT = "hpcopt-pipeline-checkpoint"
 VERSION = 2  # 2: the content digest (root attribute content_sha256)
@@ -150,10 +150,7 @@ def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows:
         writing.close()
         if before_commit is not None:
             before_commit()
-        try:
-            ckpt_io.publish(writing.path, path)
-        except OSError as exc:  # fsync or rename: the previous checkpoint is intact
-            raise write_failure(path, "checkpoint", exc) from None
+        writing.publish()
     finally:
         writing.abandon()  # nothing left to delete once published
 

@@ -19,8 +19,8 @@ import torch
 
 from ..errors import HpcoptError
 from ..io import READ_ERRORS, described, open_for_reading
-from ..io.checkpoint import TMP_SUFFIX, publish
-from ..io.writing import HDF5Writing, write_failure
+from ..io.checkpoint import TMP_SUFFIX
+from ..io.writing import HDF5Writing, publish, write_failure
 
 SAFETENSORS = ".safetensors"
 STATE_DICT_KIND = "torch state_dict"  # the HDF5 file's "kind" attribute
@@ -44,10 +44,11 @@ def save_state_dict(model: torch.nn.Module | Mapping[str, torch.Tensor], path: s
     if path.suffix == SAFETENSORS:
         from safetensors.torch import save_file
 
+        tmp.unlink(missing_ok=True)  # never written through, as HDF5Writing does
         try:
             save_file(tensors, str(tmp))
-            publish(tmp, path)
-        except OSError as exc:
+            publish(tmp, path, STATE_DICT_KIND)
+        except OSError as exc:  # writing the temporary file
             raise write_failure(path, STATE_DICT_KIND, exc) from None
         finally:
             tmp.unlink(missing_ok=True)
@@ -62,11 +63,7 @@ def save_state_dict(model: torch.nn.Module | Mapping[str, torch.Tensor], path: s
     writing = HDF5Writing(tmp, "w", STATE_DICT_KIND, path, track_order=True)
     try:
         writing.attempt(fill)
-        writing.close()
-        try:
-            publish(tmp, path)
-        except OSError as exc:
-            raise write_failure(path, STATE_DICT_KIND, exc) from None
+        writing.publish()
     finally:
         writing.abandon()  # nothing left to delete once published
     return path

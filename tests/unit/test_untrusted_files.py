@@ -276,3 +276,16 @@ def test_a_disk_full_mid_trace_is_one_error_then_a_quiet_close(tmp_path, monkeyp
     assert message.startswith(f"cannot write the trace {writer.path}: No space left on device")
     writer.close()  # the failure was raised once; closing adds nothing
     assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_a_disk_full_while_exporting_keeps_the_earlier_export(state_dict, monkeypatch):
+    import torch
+
+    from hpcopt.torch import load_state_dict, save_state_dict
+
+    full_disk(monkeypatch, 1000)
+    message = refusal(lambda: save_state_dict({"weight": torch.ones(4)}, state_dict))
+    assert message.startswith(f"cannot write the torch state_dict {state_dict}: No space left on device")
+    monkeypatch.undo()
+    assert load_state_dict(state_dict)["weight"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert sorted(p.name for p in state_dict.parent.iterdir()) == [state_dict.name]
