@@ -267,6 +267,20 @@ def test_a_disk_full_mid_checkpoint_is_one_error_and_the_previous_one_stays(tmp_
     assert "Exception ignored" not in capfd.readouterr().err
 
 
+def test_a_disk_full_mid_pipeline_checkpoint_leaves_the_file_it_would_replace(tmp_path, monkeypatch):
+    from hpcopt.pipeline import checkpoint as pipe
+    from test_checkpoint_digest import pipeline_checkpoint
+
+    path, model = pipeline_checkpoint(tmp_path)
+    before = path.read_bytes()
+    full_disk(monkeypatch, 2000)
+    message = refusal(lambda: pipeline_checkpoint(tmp_path))  # the same tick again
+    assert message.startswith(f"cannot write the checkpoint {path}: No space left on device (")
+    monkeypatch.undo()
+    assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
+    assert pipe.read(path, 2).model.tolist() == model.tolist()
+
+
 def test_a_disk_full_mid_trace_is_one_error_then_a_quiet_close(tmp_path, monkeypatch, capfd):
     full_disk(monkeypatch, 40_000)  # room for the new file, not for its first chunk of rows
     writer = TraceWriter(tmp_path / "trace.h5", ATTRS, flush_rows=8)
