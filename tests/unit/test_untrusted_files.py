@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from test_checkpoint import synthetic  # noqa: E402  (tests/unit is on the path: no package)
+from test_checkpoint_digest import pipeline_checkpoint  # noqa: E402
 
 from hpcopt.config import build_config, to_toml
 from hpcopt.errors import HpcoptError
@@ -267,9 +268,9 @@ def test_a_disk_full_mid_checkpoint_is_one_error_and_the_previous_one_stays(tmp_
     assert "Exception ignored" not in capfd.readouterr().err
 
 
-def test_a_disk_full_mid_pipeline_checkpoint_leaves_the_file_it_would_replace(tmp_path, monkeypatch):
+def test_a_disk_full_mid_pipeline_checkpoint_leaves_the_file_it_would_replace(tmp_path,
+                                                                               monkeypatch):
     from hpcopt.pipeline import checkpoint as pipe
-    from test_checkpoint_digest import pipeline_checkpoint
 
     path, model = pipeline_checkpoint(tmp_path)
     before = path.read_bytes()
