@@ -171,6 +171,9 @@ def _plant(checkpoint: Path, run: Path) -> Path:
     return run
 
 
+PARTS = {"signals": signal_cases, "ctrl-c": ctrl_c_cases, "files": file_cases}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
@@ -184,14 +187,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
         for ranks in args.ranks:
-            parts = {"signals": lambda: signal_cases(ranks, work),
-                     "ctrl-c": lambda: ctrl_c_cases(ranks, work),
-                     "kill": lambda: kill_cases(ranks, args.kills, work, rng),
-                     "files": lambda: file_cases(ranks, work)}
             for part in args.parts:
-                for row in parts[part]():
+                rows = (kill_cases(ranks, args.kills, work, rng) if part == "kill"
+                        else PARTS[part](ranks, work))
+                for row in rows:
                     print("| " + " | ".join(row) + " |", flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ the digest, not of the digest itself.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,4 +78,136 @@ def lock_file(directory: Path, host: str, pid: int, age_seconds: float = 0.0, **
     path.write_text(json.dumps(record))
     when = time.time() - age_seconds
     os.utime(path, (when, when))
+
+
+# -- what a file points at or declares (hpcopt.io.structure refuses each) -----------------------
+
+def _sealed_again(path: Path) -> Path:
+    """``reseal`` a checkpoint (a file with a content digest); other files as they are."""
+    from hpcopt.io.digest import ATTRIBUTE
+
+    with h5py.File(path, "r") as f:
+        sealed = ATTRIBUTE in f.attrs
+    return reseal(path) if sealed else path
+
+
+def _rewrite(path: Path, name: str, make) -> Path:
+    """Dataset ``name`` replaced by ``make(f, name, values)`` (its attributes kept), resealed."""
+    with h5py.File(path, "r+") as f:
+        values, attrs = f[name][()], dict(f[name].attrs)
+        del f[name]
+        make(f, name, values)
+        if isinstance(f.get(name, getlink=True), h5py.HardLink):  # never follow the others
+            f[name].attrs.update(attrs)
+    return _sealed_again(path)
+
+
+def soft_link(path: Path, name: str) -> Path:
+    """``name`` moved to ``/moved`` and replaced by a soft link to it (readers following links
+    read the same values)."""
+    def make(f, name, values):
+        f["moved"] = values
+        f[name] = h5py.SoftLink("/moved")
+    return _rewrite(path, name, make)
+
+
+def external_link(path: Path, name: str, target: Path) -> Path:
+    """``name`` replaced by an external link to the object of that name in the file ``target``
+    (a copy of its values, made there when ``target`` has none: another run's trace has its own)."""
+    def make(f, name, values):
+        with h5py.File(target, "a") as other:
+            if name not in other:
+                other[name] = values
+        f[name] = h5py.ExternalLink(str(target), name)
+    return _rewrite(path, name, make)
+
+
+def fifo_link(path: Path, name: str) -> Path:
+    """``name`` replaced by an external link into a FIFO made next to ``path``: a reader that
+    follows it blocks in open() until something writes to the FIFO."""
+    fifo = path.with_name(path.name + ".fifo")
+    os.mkfifo(fifo)
+
+    def make(f, name, values):
+        f[name] = h5py.ExternalLink(str(fifo), "/x")
+    return _rewrite(path, name, make)
+
+
+def virtual_dataset(path: Path, name: str) -> Path:
+    """``name`` replaced by a virtual dataset of its shape whose source file does not exist
+    (HDF5 reads it as the fill value, zeros)."""
+    def make(f, name, values):
+        layout = h5py.VirtualLayout(shape=values.shape, dtype=values.dtype)
+        layout[...] = h5py.VirtualSource(str(path.with_name("missing.h5")), "x", shape=values.shape)
+        f.create_virtual_dataset(name, layout)
+    return _rewrite(path, name, make)
+
+
+def external_storage(path: Path, name: str) -> Path:
+    """``name`` rewritten with its values in an external raw file next to ``path``."""
+    raw = path.with_name(path.name + ".raw")
+
+    def make(f, name, values):
+        f.create_dataset(name, data=values, external=[(str(raw), 0, values.nbytes)])
+    return _rewrite(path, name, make)
+
+
+def gzip_filter(path: Path, name: str) -> Path:
+    """``name`` rewritten compressed with gzip (a filter hpcopt never writes; the values read
+    back the same)."""
+    def make(f, name, values):
+        f.create_dataset(name, data=values, compression="gzip", chunks=values.shape or None)
+    return _rewrite(path, name, make)
+
+
+def linked_twice(path: Path, name: str, alias: str) -> Path:
+    """A second hard link ``alias`` to the dataset ``name`` (read twice by a reader of both)."""
+    with h5py.File(path, "r+") as f:
+        f[alias] = f[name]
+    return _sealed_again(path)
+
+
+def unwritten(path: Path, name: str, shape: tuple[int, ...]) -> Path:
+    """``name`` replaced by a chunked dataset of ``shape`` (its dtype) none of whose chunks is
+    written: a few bytes of header declaring any amount of data (read as zeros)."""
+    def make(f, name, values):
+        f.create_dataset(name, shape, dtype=values.dtype, chunks=(1 << 16,) + (1,) * (len(shape) - 1),
+                         maxshape=(None,) * len(shape))
+    return _rewrite(path, name, make)
+
+
+def huge_model(path: Path, parameters: int) -> Path:
+    """A checkpoint whose model declares ``parameters`` values (layout, ``/model/flat`` and
+    ``/model/params/w`` consistent, none of them written): its digest and shapes check out."""
+    with h5py.File(path, "r+") as f:
+        dtype = f["model/flat"].dtype
+        del f["model"]
+        model = f.create_group("model")
+        model.attrs["layout"] = f'[["w", [{parameters}]]]'
+        for name in ("flat", "params/w"):
+            model.create_dataset(name, (parameters,), dtype=dtype, chunks=(1 << 16,))
+    return reseal(path)
+
+
+def huge_trace(path: Path, rows: int) -> Path:
+    """A trace whose ``/rows`` and ``/comm/*`` datasets are grown to ``rows`` rows, unwritten."""
+    with h5py.File(path, "r+") as f:
+        for name in ["rows", *(f"comm/{c}" for c in f["comm"])]:
+            f[name].resize(rows, axis=0)
+    return path
+
+
+def contiguous_comm(path: Path) -> Path:
+    """A trace whose ``/comm/*`` datasets are rewritten contiguous (fixed size, cannot grow)."""
+    with h5py.File(path, "r") as f:
+        names = list(f["comm"])
+    for name in names:
+        _rewrite(path, f"comm/{name}", lambda f, name, values: f.create_dataset(name, data=values))
+    return path
+
+
+def state_dict_with_group(path: Path) -> Path:
+    """A state_dict file with a group (holding a dataset) at its root, next to the tensors."""
+    with h5py.File(path, "r+") as f:
+        f.create_group("block").create_dataset("weight", data=[1.0, 2.0])
     return path

@@ -328,19 +328,20 @@ def node_layout(mpi_comm: MPI.Comm) -> tuple[int, int]:
         local.Free()
 
 
-def agreed(build: Callable[[], T], comm: Comm) -> T:
+def agreed(build: Callable[[], T], comm: Comm, label: str = "preflight") -> T:
     """Run ``build`` on every rank; if it raised HpcoptError on any rank, raise it on all ranks.
 
     Used around set-up work that has no collective inside (parsing, loading, building), so that
     a problem found on one rank (a file missing on one node) ends every rank together with
-    exit code 2 instead of leaving the others waiting in the first collective.
+    exit code 2 instead of leaving the others waiting in the first collective. The agreement
+    (an allgather) is counted on ``label``.
     """
     message, result = None, None
     try:
         result = build()
     except HpcoptError as exc:
         message = str(exc)
-    errors = comm.agree_errors(message)
+    errors = comm.agree_errors(message, label)
     if errors:
         rank, text = errors[0]
         everyone_agrees = len(errors) == comm.size and all(m == text for _, m in errors)

@@ -33,12 +33,17 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
 
-def open_for_reading(path: str | Path, what: str) -> h5py.File:
+def open_for_reading(path: str | Path, what: str, ratio: float = 1.0, slack: int = 0) -> h5py.File:
     """Open an HDF5 file read-only, or raise a HpcoptError saying why it cannot be a ``what``.
 
-    File locking is off so that a trace can be read while its run is still writing it.
+    Before anything in it is opened by name, its links and datasets are checked
+    (``structure.check_structure``, with ``ratio`` and ``slack`` bounding the data it may
+    declare): no link is ever followed out of the file, whoever opens it, vetted or not. File
+    locking is off so that a trace can be read while its run is still writing it.
     """
     import h5py
+
+    from .structure import check_structure
 
     path = Path(path)
     if not path.is_file():
@@ -51,9 +56,18 @@ def open_for_reading(path: str | Path, what: str) -> h5py.File:
     if head != HDF5_SIGNATURE:
         raise HpcoptError(f"{path} is not an HDF5 file (expected a {what})")
     try:
-        return h5py.File(path, "r", locking=False)
+        f = h5py.File(path, "r", locking=False)
     except READ_ERRORS:
         raise HpcoptError(f"{path} is a damaged or truncated HDF5 file (expected a {what})") from None
+    try:
+        check_structure(f, path, what, ratio, slack)
+    except READ_ERRORS as exc:
+        f.close()
+        raise HpcoptError(f"{path} is a damaged {what} ({described(exc)})") from None
+    except HpcoptError:
+        f.close()
+        raise
+    return f
 
 
 def check_format(attrs: Any, path: Path, name: str, version: int | tuple[int, ...], what: str) -> None:
@@ -68,6 +82,19 @@ def check_format(attrs: Any, path: Path, name: str, version: int | tuple[int, ..
         shown = found_version.item() if hasattr(found_version, "item") else found_version
         raise HpcoptError(f"{path} has {what} format version {shown!r}; "
                           f"this hpcopt reads version {' or '.join(map(str, versions))}")
+
+
+def described(exc: BaseException) -> str:
+    """An exception in one line, ``TypeError: first line`` (HDF5's messages run over several)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def human_size(nbytes: float) -> str:
+    """A size for messages: ``4.9 kB``, ``0.45 MB``, ``2.15 GB``."""
+    if nbytes < 1e6:
+        return f"{nbytes / 1e3:.1f} kB"
+    return f"{nbytes / 1e6:.2f} MB" if nbytes < 1e9 else f"{nbytes / 1e9:,.2f} GB"
 
 
 def is_int(value: Any) -> bool:

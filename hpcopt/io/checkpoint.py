@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -37,7 +36,7 @@ import numpy as np
 from ..algorithms import state as fields
 from ..algorithms.base import registry
 from ..backend import Backend
-from ..comm import Comm, OpCounter
+from ..comm import Comm, OpCounter, agreed
 from ..config import Config, to_toml
 from ..errors import HpcoptError
 from ..flat import ParamLayout
@@ -53,6 +52,7 @@ from . import (
 )
 from .digest import check_sealed, refuse_damaged, seal
 from .trace import FILE_NAME as TRACE_FILE
+from .writing import HDF5Writing, publish
 
 FORMAT = "hpcopt-checkpoint"
 VERSION = 3  # 2: the content digest (root attribute content_sha256); 3: the state as declared
@@ -184,7 +184,10 @@ class CheckpointWriter:
     writes everything in ``ckpt`` except ``rows`` and ``comm`` on entry; ``commit`` adds the
     communication counters, then closes, fsyncs and renames. Leaving the block without
     ``commit`` (an exception) deletes the temporary file; a killed process leaves it behind,
-    where readers ignore it and the next ``prune`` deletes it.
+    where readers ignore it and the next ``prune`` deletes it. A write that fails (a full disk:
+    ``hpcopt.io.writing``) stops the writing but not the block, so rank 0 goes on receiving
+    every rank's rows; ``commit`` raises it (one HpcoptError line naming the file and the free
+    space) and the temporary file is deleted.
     """
 
     def __init__(self, path: Path, ckpt: Checkpoint, names: Sequence[str],
@@ -195,14 +198,15 @@ class CheckpointWriter:
         self.committed = False
 
     def __enter__(self) -> CheckpointWriter:
-        import h5py
+        self.writing = HDF5Writing(self.tmp, "w", "checkpoint", self.path)
+        self.writing.attempt(self._create)
+        return self
 
+    def _create(self, f: Any) -> None:
         ckpt, d = self.ckpt, self.ckpt.model.size
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = h5py.File(self.tmp, "w")
-        self.file.attrs.update(header_attrs(FORMAT, VERSION, ckpt))
-        write_model(self.file, ckpt.layout, ckpt.model, **CHECKSUMMED)
-        ranks = self.file.create_group("ranks")
+        f.attrs.update(header_attrs(FORMAT, VERSION, ckpt))
+        write_model(f, ckpt.layout, ckpt.model, **CHECKSUMMED)
+        ranks = f.create_group("ranks")
         ranks.attrs["rng"] = RNG_NOTE
         tables = [("counters", _table(ckpt.counters, ckpt.world_size, np.int64), list(ckpt.counters)),
                   ("scalars", _table(ckpt.scalars, ckpt.world_size, np.float64), list(ckpt.scalars)),
@@ -211,32 +215,34 @@ class CheckpointWriter:
         for name, data, columns in tables:
             ranks.create_dataset(name, data=data, **CHECKSUMMED).attrs["columns"] = json.dumps(columns)
         if ckpt.shared:
-            group = self.file.create_group("shared")
+            group = f.create_group("shared")
             for name, values in ckpt.shared.items():
                 group.create_dataset(name, data=values, **CHECKSUMMED)
         for name in self.names:
             width = self.widths.get(name, d)
             ranks.create_dataset(name, (ckpt.world_size, width), dtype=ckpt.model.dtype,
                                  chunks=(1, max(1, min(width, ROW_CHUNK))), **CHECKSUMMED)
-        return self
 
     def row(self, name: str, rank: int, values: np.ndarray) -> None:
-        self.file[f"ranks/{name}"][rank] = values
+        def write(f: Any) -> None:
+            f[f"ranks/{name}"][rank] = values
+
+        self.writing.attempt(write)
 
     def commit(self, comm: Sequence[CommRow]) -> None:
         """Add the counters, then flush, fsync, rename over ``path`` and fsync the directory."""
-        self.file.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm])
-        seal(self.file)
-        self.file.flush()
-        self.file.close()
-        publish(self.tmp, self.path)
+        def finish(f: Any) -> None:
+            f.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm])
+            seal(f)
+            f.flush()
+
+        self.writing.attempt(finish)
+        self.writing.publish()
         self.committed = True
 
     def __exit__(self, *_: Any) -> None:
         if not self.committed:
-            if self.file.id.valid:
-                self.file.close()
-            self.tmp.unlink(missing_ok=True)
+            self.writing.abandon()
 
 
 def _table(columns: dict[str, np.ndarray], size: int, dtype: Any) -> np.ndarray:
@@ -262,14 +268,6 @@ def write_model(f: Any, layout: ParamLayout, model: np.ndarray, **filters: Any) 
     group.create_dataset("flat", data=model, **filters)
     for name, view in layout.views(model).items():
         group.create_dataset(f"params/{name}", data=view, **filters)
-
-
-def publish(tmp: Path, path: Path) -> None:
-    """Make a closed temporary file the checkpoint ``path``: fsync it, rename it over ``path``
-    (atomic), fsync the directory so the rename survives a crash."""
-    _fsync(tmp)
-    os.replace(tmp, path)
-    _fsync(path.parent)
 
 
 @contextmanager
@@ -305,14 +303,6 @@ def write_checkpoint(path: Path, ckpt: Checkpoint) -> None:
             for rank in range(ckpt.world_size):
                 writer.row(name, rank, rows[rank])
         writer.commit(ckpt.comm)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -499,6 +489,7 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
     if comm.rank != 0:
         copies = [to_host(vectors[n]) for n in names]
         comm.waitall([comm.isend(c, 0, _TAG + i, LABEL) for i, c in enumerate(copies)], LABEL)
+        agreed(lambda: None, comm, LABEL)
         return
     if all_ints is None or all_window is None:  # gathered to rank 0, where this runs
         raise RuntimeError("Comm.gather returned no rows on its root, rank 0")
@@ -511,19 +502,37 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
                                if all_reals is not None else {}),
                       shared={n: to_host(getattr(state, n)) for n in fields.present(state, fields.SHARED)})
     widths = {n: int(vectors[n].size) for n in names}
-    try:
-        with CheckpointWriter(path, ckpt, names, widths) as writer:
-            for i, name in enumerate(names):
-                writer.row(name, 0, to_host(vectors[name]))
-                buffer = np.empty(widths[name], dtype=ckpt.model.dtype)
-                for source in range(1, comm.size):
-                    comm.waitall([comm.irecv_(buffer, source, _TAG + i, LABEL)], LABEL)
-                    writer.row(name, source, buffer)
-            if before_commit is not None:
-                before_commit()
-            writer.commit(comm.stats.as_rows())
-    except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
-        raise HpcoptError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+    failure: HpcoptError | None = None
+    with CheckpointWriter(path, ckpt, names, widths) as writer:
+        for i, name in enumerate(names):  # received whole even after a failed write
+            writer.row(name, 0, to_host(vectors[name]))
+            buffer = np.empty(widths[name], dtype=ckpt.model.dtype)
+            for source in range(1, comm.size):
+                comm.waitall([comm.irecv_(buffer, source, _TAG + i, LABEL)], LABEL)
+                writer.row(name, source, buffer)
+        if before_commit is not None:
+            before_commit()
+        try:
+            writer.commit(with_agreement(comm.stats.as_rows()))
+        except HpcoptError as exc:
+            failure = exc
+    agreed(lambda: _raise(failure), comm, LABEL)
+
+
+def with_agreement(rows: list[CommRow]) -> list[CommRow]:
+    """Rank 0's communication counters as they stand once the checkpoint's last collective is
+    done: the allgather (label "checkpoint", no payload) in which every rank learns whether the
+    file was written, so that a failed write ends every rank with one line. A resumed run
+    continues from these, as the uninterrupted run continues after that allgather."""
+    counted = {(op, label): (calls, nbytes, seconds) for op, label, calls, nbytes, seconds in rows}
+    calls, nbytes, seconds = counted.get(("allgather", LABEL), (0, 0, 0.0))
+    counted[("allgather", LABEL)] = (calls + 1, nbytes, seconds)
+    return [(op, label, *numbers) for (op, label), numbers in sorted(counted.items())]
+
+
+def _raise(failure: HpcoptError | None) -> None:
+    if failure is not None:
+        raise failure
 
 
 def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Backend,
@@ -549,7 +558,10 @@ def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Back
         missing = set(fields.fields_of(state, *kinds)) - set(getattr(ckpt, table))
         if missing:
             raise HpcoptError(f"{path}: /ranks/{table} lacks {', '.join(sorted(missing))}")
-    sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
+    try:
+        sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
+    except HpcoptError as exc:  # the sampler knows the numbers, not the file they came from
+        raise HpcoptError(f"{path}: /ranks/sampler row {rank}: {exc}") from None
     if HIDDEN in ckpt.rows:  # checked before anything else changes: it can refuse too
         if load_hidden is None:
             raise HpcoptError(f"{path}: it holds per-rank problem state (ranks/hidden: an LSTM's "

@@ -32,10 +32,17 @@ from ..comm import Comm
 from ..config import Config
 from ..errors import HpcoptError
 from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_reading, text_attr
+from .structure import check_structure
+from .writing import HDF5Writing
 
 FORMAT = "hpcopt-trace"
 VERSION = 1
 FILE_NAME = "trace.h5"
+FILE_KIND = "trace"  # in messages
+#: (ratio, slack) of the data a trace may declare to its size (``structure.check_structure``):
+#: a label first used late leaves the counters' chunks of the earlier rows unwritten (read as
+#: zeros), and a run killed mid-append can leave a chunk declared but unwritten.
+DECLARED_BOUND = (4.0, 1 << 20)
 LABEL = "trace"
 #: Row columns and their dtypes: the fields of the compound dataset ``/rows``.
 COLUMNS = {"step": "int64", "rounds": "int64", "loss_mean": "float64", "loss_max": "float64",
@@ -241,8 +248,6 @@ class TraceWriter:
     def __init__(self, path: Path, attrs: dict[str, Any], resume_at: tuple[int, int] | None = None,
                  flush_rows: int = 64, flush_seconds: float = 10.0,
                  extra_columns: Sequence[str] = (), modelled: bool = False) -> None:
-        import h5py
-
         self.columns = {**COLUMNS, **{name: optional_dtype(name) for name in extra_columns}}
         self.comm_columns = {**COMM_COLUMNS, **({MODELLED: "float64"} if modelled else {})}
         self.ops: dict[str, str] = {}  # label -> operation, written with the labels (``ops``)
@@ -250,33 +255,68 @@ class TraceWriter:
         self.path, self.flush_rows, self.flush_seconds = path, flush_rows, flush_seconds
         self._rows: list[tuple[dict[str, float], dict[str, tuple[int, int, float]]]] = []
         self._last_flush = time.monotonic()
+        self.labels: list[str] = []
+        self.rows_on_disk = 0
         if resume_at is not None and path.exists():
-            _check_resumable(path, attrs["run_id"], resume_at[0])
-            self.file = h5py.File(path, "a")
-            if self.file["rows"].dtype != self.row_dtype:
-                raise HpcoptError(f"{path}: its rows have columns "
-                                  f"{', '.join(self.file['rows'].dtype.names)}, "
-                                  f"this run writes {', '.join(self.columns)}")
-            self.labels: list[str] = json.loads(self.file["comm"].attrs["labels"])
-            self.ops = json.loads(self.file["comm"].attrs.get("ops", "{}"))
-            self._truncate(resume_at[0])
-            self.file.attrs["resumed_at"] = _resumed(self.file.attrs.get("resumed_at"), resume_at[1])
-            self.file.attrs["config"] = attrs["config"]  # a resumed run may run longer
+            trace = _check_resumable(path, attrs["run_id"], resume_at[0])  # vetted, read
+            self.writing = HDF5Writing(path, "r+", FILE_KIND)
+            self.writing.check()
+            self.file = self.writing.file
+            try:
+                check_structure(self.file, path, FILE_KIND, *DECLARED_BOUND)
+                self._check_appendable()
+            except HpcoptError:
+                self.writing.close()
+                raise
+            self.labels = json.loads(self.file["comm"].attrs["labels"])  # checked by read_trace
+            self.ops = trace.ops or {}
+
+            def reopen(f: Any) -> None:
+                self._truncate(resume_at[0])
+                f.attrs["resumed_at"] = _resumed(f.attrs.get("resumed_at"), resume_at[1])
+                f.attrs["config"] = attrs["config"]  # a resumed run may run longer
+
+            self._attempt(reopen)
             return
         if path.exists():
             raise HpcoptError(f"{path} exists: it belongs to an earlier run "
                               "(resume that run, or choose another --out)")
-        self.file = h5py.File(path, "w")
-        self.file.attrs.update({"format": FORMAT, "format_version": VERSION, **attrs,
-                                "resumed_at": _resumed(None, resume_at[1]) if resume_at else "[]"})
-        self.file.create_dataset("rows", (0,), maxshape=(None,), dtype=self.row_dtype, chunks=(CHUNK_ROWS,))
-        comm = self.file.create_group("comm")
-        comm.attrs["labels"] = "[]"
-        for name, dtype in self.comm_columns.items():
-            comm.create_dataset(name, (0, 0), maxshape=(None, None), dtype=dtype, chunks=(CHUNK_ROWS, 8))
-        self.labels = []
-        self.rows_on_disk = 0
-        self.file.flush()
+        self.writing = HDF5Writing(path, "w", FILE_KIND)
+        self.file = self.writing.file
+
+        def create(f: Any) -> None:
+            f.attrs.update({"format": FORMAT, "format_version": VERSION, **attrs,
+                            "resumed_at": _resumed(None, resume_at[1]) if resume_at else "[]"})
+            f.create_dataset("rows", (0,), maxshape=(None,), dtype=self.row_dtype, chunks=(CHUNK_ROWS,))
+            comm = f.create_group("comm")
+            comm.attrs["labels"] = "[]"
+            for name, dtype in self.comm_columns.items():
+                comm.create_dataset(name, (0, 0), maxshape=(None, None), dtype=dtype,
+                                    chunks=(CHUNK_ROWS, 8))
+            f.flush()
+
+        self._attempt(create)
+
+    def _check_appendable(self) -> None:
+        """The datasets a resumed run appends to exist, with this run's columns, and can grow."""
+        path, f = self.path, self.file
+        if f["rows"].dtype != self.row_dtype:
+            raise HpcoptError(f"{path}: its rows have columns {', '.join(f['rows'].dtype.names or ())}, "
+                              f"this run writes {', '.join(self.columns)}")
+        stored = [name for name in f["comm"] if name in (*COMM_COLUMNS, MODELLED)]
+        if sorted(stored) != sorted(self.comm_columns):
+            raise HpcoptError(f"{path}: /comm holds {', '.join(stored)}, this run writes "
+                              f"{', '.join(self.comm_columns)}")
+        for name in ["rows", *(f"comm/{c}" for c in self.comm_columns)]:
+            dataset = f[name]
+            if dataset.chunks is None or any(m is not None for m in dataset.maxshape):
+                raise HpcoptError(f"{path}: /{name} cannot grow (written with a fixed size, "
+                                  "not by hpcopt); pass --out DIR to start a new trace")
+
+    def _attempt(self, step: Callable[[Any], None]) -> None:
+        """One step of writing; HpcoptError (naming the trace and the free space) if it fails."""
+        self.writing.attempt(step)
+        self.writing.check()
 
     @property
     def rows(self) -> int:
@@ -291,11 +331,9 @@ class TraceWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write the buffered rows and flush the file."""
-        try:
-            self._write()
-        except OSError as exc:  # a full disk, a lost mount: every earlier flushed row is intact
-            raise HpcoptError(f"cannot write the trace {self.path}: {exc.strerror or exc}") from None
+        """Write the buffered rows and flush the file. A write that fails (a full disk, a lost
+        mount) ends the writing there, as a kill would: every earlier flushed row is intact."""
+        self._attempt(lambda _: self._write())
 
     def _write(self) -> None:
         if self._rows:
@@ -324,13 +362,18 @@ class TraceWriter:
     def finish(self, summary: dict[str, Any]) -> None:
         """Flush, then record the end of the run (group ``summary``, its attributes)."""
         self.flush()
-        self.file.create_group("summary").attrs.update(summary)
-        self.file.flush()
+
+        def write(f: Any) -> None:
+            f.create_group("summary").attrs.update(summary)
+            f.flush()
+
+        self._attempt(write)
 
     def close(self) -> None:
-        if self.file.id.valid:
-            self.flush()
-            self.file.close()
+        """Write what is buffered and close; a failure not raised before is raised here."""
+        if self.writing.failure is None and self.file.id.valid:
+            self.writing.attempt(lambda _: self._write())
+        self.writing.close()
 
     def _truncate(self, rows: int) -> None:
         self.file["rows"].resize((rows,))
@@ -342,8 +385,13 @@ class TraceWriter:
         self.file.flush()
 
 
-def _check_resumable(path: Path, run_id: str, keep_rows: int) -> None:
-    """HpcoptError unless ``path`` is this run's trace with at least ``keep_rows`` rows."""
+def _check_resumable(path: Path, run_id: str, keep_rows: int) -> Trace:
+    """``path`` read, once a child process has read it cleanly (``hpcopt.io.vet``: this process
+    then writes to it); HpcoptError unless it is this run's trace with at least ``keep_rows``
+    rows."""
+    from .vet import vet_traces
+
+    vet_traces([path])
     trace = read_trace(path)
     if trace.attrs.get("run_id") != run_id:
         raise HpcoptError(f"{path} is the trace of another run (run_id {trace.attrs.get('run_id')!r}, "
@@ -351,6 +399,7 @@ def _check_resumable(path: Path, run_id: str, keep_rows: int) -> None:
     if trace.rows < keep_rows:
         raise HpcoptError(f"{path} holds {trace.rows} rows but the checkpoint was taken after "
                           f"{keep_rows}; pass --out DIR to start a new trace")
+    return trace
 
 
 @dataclass
@@ -384,7 +433,7 @@ def read_trace(path: str | Path) -> Trace:
     chunk leaves some datasets a chunk ahead).
     """
     path = Path(path)
-    with open_for_reading(path, "trace") as f:
+    with open_for_reading(path, FILE_KIND, *DECLARED_BOUND) as f:
         try:
             check_format(f.attrs, path, FORMAT, VERSION, "trace")
             attrs = {k: _plain(v) for k, v in f.attrs.items()}

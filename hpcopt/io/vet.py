@@ -3,13 +3,15 @@
 Damaged HDF5 metadata can crash the HDF5 C library itself (a variable-length string attribute
 whose heap address was overwritten did, once in 3,600 random byte edits): no Python handler
 runs, and an MPI job loses a rank with a signal instead of getting an error. So a resumed run's
-rank 0 first runs ``python -m hpcopt.io.vet FILE``, which opens the file and checks its content
-digest and format (reading every attribute and dataset). A crash, a hang or a failed check in
+rank 0 first runs ``python -m hpcopt.io.vet FILE``, which opens the file, checks what it holds
+(``hpcopt.io.structure``: no links out of it, no more declared data than it holds), then its
+content digest and format (reading every attribute and dataset). A crash, a hang or a failed check in
 the child becomes one error line; once the child has read the file cleanly, the job reads the
 same bytes. A checkpoint is vetted once per process (keyed by its path, size and modification
 time). ``hpcopt report`` does the same for the traces it reads (``python -m hpcopt.io.vet
---traces FILE...``, one child for all of them): a run killed while writing its trace can leave
-one behind that HDF5 cannot read safely.
+--traces FILE...``, one child for all of them), and so does a resumed run's rank 0 for the
+trace it appends to: a run killed while writing its trace can leave one behind that HDF5 cannot
+read safely.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from ..errors import HpcoptError
 if TYPE_CHECKING:
     from ..child import ChildResult
 
-#: Seconds the child may take: a start-up allowance plus hashing at 50 MB/s.
-BASE_SECONDS, BYTES_PER_SECOND = 60.0, 50e6
+#: Seconds the child may take: a start-up allowance plus reading and hashing at 10 MB/s, a rate
+#: any node keeps up even when heavily loaded. What it reads is bounded by the file's size
+#: (``structure.check_structure`` refuses more declared data first), so a genuine file of any
+#: size gets time in proportion to it and a crafted one cannot make the child work longer.
+BASE_SECONDS, BYTES_PER_SECOND = 60.0, 10e6
 
 READING = "reading "  # the child's line before each trace
 
@@ -72,9 +77,13 @@ def vet_traces(paths: Sequence[Path]) -> None:
 
 
 def _refusal(result: ChildResult, path: str | Path, kind: str) -> HpcoptError:
-    """The child's own error (exit 2, already naming the file), or what happened to it."""
+    """The child's own error (exit 2, already naming the file), or what happened to it: a crash
+    is damage; running out of time is not known to be (the node may be overloaded)."""
     if result.returncode == 2:
         return HpcoptError(result.message.removeprefix("hpcopt: error: "))
+    if result.returncode is None:
+        return HpcoptError(f"{path} could not be checked: the process that read it {result.message} "
+                           "(is the node overloaded? a damaged file can also hang a reader)")
     happened = f"crashed reading it ({result.signal})" if result.signal else result.message
     return HpcoptError(f"{path} is a damaged {kind}: the process that checked it {happened}")
 

@@ -33,13 +33,14 @@ import numpy as np
 
 from ..algorithms import state as fields
 from ..algorithms.pprs import PipelineState
-from ..comm import Comm
+from ..comm import Comm, agreed
 from ..config import Config
 from ..errors import HpcoptError
 from ..flat import ParamLayout
 from ..io import checkpoint as ckpt_io
 from ..io import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
 from ..io.digest import check_sealed, refuse_damaged, seal
+from ..io.writing import HDF5Writing
 
 FORMAT = "hpcopt-pipeline-checkpoint"
 VERSION = 2  # 2: the content digest (root attribute content_sha256)
@@ -101,6 +102,7 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any
         requests = [comm.isend(header, 0, _TAG, LABEL)]
         requests += [comm.isend(v, 0, _TAG + 1 + i, LABEL) for i, v in enumerate(mine)]
         comm.waitall(requests, LABEL)
+        agreed(lambda: None, comm, LABEL)
         return
     headers, stages = [header], [mine]
     for source in range(1, comm.size):
@@ -121,36 +123,36 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any
                                    {name: NUMBER_TYPES[name](v) for name, v in zip(numbers, h[3:])}))
     ckpt = PipelineCheckpoint(config, comm.size, tick, run_id, trace_rows, wall_seconds, model,
                               records, np.stack([h[3 + len(numbers):] for h in headers]))
-    try:
-        _write(path, ckpt, layout, comm.stats.as_rows(), before_commit)
-    except OSError as exc:  # a full disk, a lost mount: the previous checkpoint is intact
-        raise HpcoptError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+    agreed(lambda: _write(path, ckpt, layout, ckpt_io.with_agreement(comm.stats.as_rows()),
+                          before_commit), comm, LABEL)
 
 
 def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows: list,
            before_commit: Callable[[], None] | None = None) -> None:
-    import h5py
+    """Write ``ckpt`` to ``path`` atomically (HpcoptError, one line, when a write fails)."""
+    def fill(f: Any) -> None:
+        f.attrs.update(ckpt_io.header_attrs(FORMAT, VERSION, ckpt))
+        ckpt_io.write_model(f, layout, ckpt.model)
+        for s, record in enumerate(ckpt.stages):
+            group = f.create_group(f"stages/{s}")
+            group.attrs.update({**record.numbers, "block": json.dumps(list(record.block))})
+            for name, values in record.vectors.items():
+                group.create_dataset(name, data=values)
+        window = f.create_group("ranks").create_dataset("window", data=ckpt.window)
+        window.attrs["columns"] = json.dumps(WINDOW_COLUMNS)
+        f.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm_rows])
+        seal(f)
+        f.flush()
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ckpt_io.TMP_SUFFIX)
+    writing = HDF5Writing(path.with_name(path.name + ckpt_io.TMP_SUFFIX), "w", "checkpoint", path)
     try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs.update(ckpt_io.header_attrs(FORMAT, VERSION, ckpt))
-            ckpt_io.write_model(f, layout, ckpt.model)
-            for s, record in enumerate(ckpt.stages):
-                group = f.create_group(f"stages/{s}")
-                group.attrs.update({**record.numbers, "block": json.dumps(list(record.block))})
-                for name, values in record.vectors.items():
-                    group.create_dataset(name, data=values)
-            window = f.create_group("ranks").create_dataset("window", data=ckpt.window)
-            window.attrs["columns"] = json.dumps(WINDOW_COLUMNS)
-            f.create_group("comm").attrs["counters"] = json.dumps([list(r) for r in comm_rows])
-            seal(f)
+        writing.attempt(fill)
+        writing.close()
         if before_commit is not None:
             before_commit()
-        ckpt_io.publish(tmp, path)
+        writing.publish()
     finally:
-        tmp.unlink(missing_ok=True)
+        writing.abandon()  # nothing left to delete once published
 
 
 def is_pipeline_checkpoint(path: Path) -> bool:

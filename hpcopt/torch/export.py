@@ -12,12 +12,19 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..errors import HpcoptError
+from ..io import READ_ERRORS, described, open_for_reading
+from ..io.checkpoint import TMP_SUFFIX
+from ..io.writing import HDF5Writing, publish, write_failure
+
 SAFETENSORS = ".safetensors"
 STATE_DICT_KIND = "torch state_dict"  # the HDF5 file's "kind" attribute
+TENSOR_KINDS = "biufc"  # NumPy dtype kinds a tensor can hold: bool, integers, floats, complex
 
 
 def preferred_suffix() -> str:
@@ -25,35 +32,71 @@ def preferred_suffix() -> str:
 
 
 def save_state_dict(model: torch.nn.Module | Mapping[str, torch.Tensor], path: str | Path) -> Path:
-    """Write ``model``'s state_dict (or a state_dict) to ``path``; returns the path."""
+    """Write ``model``'s state_dict (or a state_dict) to ``path``; returns the path.
+
+    The file is written as ``PATH.tmp`` and renamed over ``path``: an existing file, or a
+    symbolic link, at ``path`` is replaced, never written through, and a failed write (a full
+    disk: one HpcoptError line) leaves it as it was."""
     path = Path(path)
     state = model.state_dict() if isinstance(model, torch.nn.Module) else model
     tensors = {name: t.detach().cpu().contiguous().clone() for name, t in state.items()}
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     if path.suffix == SAFETENSORS:
         from safetensors.torch import save_file
 
-        save_file(tensors, str(path))
+        tmp.unlink(missing_ok=True)  # never written through, as HDF5Writing does
+        try:
+            save_file(tensors, str(tmp))
+            publish(tmp, path, STATE_DICT_KIND)
+        except OSError as exc:  # writing the temporary file
+            raise write_failure(path, STATE_DICT_KIND, exc) from None
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
-    import h5py
 
-    with h5py.File(path, "w", track_order=True) as f:
+    def fill(f: Any) -> None:
         f.attrs["kind"] = STATE_DICT_KIND
         for name, tensor in tensors.items():
             f.create_dataset(name, data=tensor.numpy())
+        f.flush()
+
+    writing = HDF5Writing(tmp, "w", STATE_DICT_KIND, path, track_order=True)
+    try:
+        writing.attempt(fill)
+        writing.publish()
+    finally:
+        writing.abandon()  # nothing left to delete once published
     return path
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """The state_dict ``save_state_dict`` wrote (CPU tensors, in the saved order), for
-    ``module.load_state_dict``."""
+    ``module.load_state_dict``. HpcoptError (one line naming the file) for anything else: an
+    HDF5 file must hold one plain numeric dataset per key at its root, and nothing that points
+    outside it (``hpcopt.io.structure``), and is read only once that is known."""
     path = Path(path)
     if path.suffix == SAFETENSORS:
         from safetensors.torch import load_file
 
+        if not path.is_file():  # a FIFO would block the open for ever
+            raise HpcoptError(f"{STATE_DICT_KIND} not found: {path}" if not path.exists()
+                              else f"{path} is not a file")
         return load_file(str(path))
     import h5py
 
-    with h5py.File(path, "r") as f:
+    with open_for_reading(path, STATE_DICT_KIND) as f:
         if f.attrs.get("kind") != STATE_DICT_KIND:
-            raise ValueError(f"{path} is not a state_dict written by hpcopt.torch.save_state_dict")
-        return {name: torch.from_numpy(np.array(f[name][()])) for name in f}
+            raise HpcoptError(f"{path} is not a state_dict written by hpcopt.torch.save_state_dict")
+        tensors = {}
+        for name in f:
+            dataset = f[name]
+            if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in TENSOR_KINDS:
+                held = "a group" if isinstance(dataset, h5py.Group) else f"{dataset.dtype} values"
+                raise HpcoptError(f"{path}: /{name} holds {held}, not a tensor (a state_dict file "
+                                  "holds one numeric dataset per key at its root)")
+            try:
+                values = np.asarray(dataset[()])
+            except READ_ERRORS as exc:
+                raise HpcoptError(f"{path} is a damaged {STATE_DICT_KIND} ({described(exc)})") from None
+            tensors[name] = torch.from_numpy(values.astype(values.dtype.newbyteorder("="), copy=False))
+        return tensors

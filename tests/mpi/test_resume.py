@@ -162,7 +162,8 @@ def test_resume_from_an_earlier_checkpoint_drops_the_later_trace_rows(comm, shar
 def test_resume_hashes_the_checkpoint_once_per_job(comm, shared_dir, monkeypatch):
     """Rank 0 has one child process read the file and check its content digest
     (hpcopt.io.vet); no rank hashes it in-process, and the ranks read only their rows (N ranks
-    each hashing the whole file would read it N times)."""
+    each hashing the whole file would read it N times). A second child reads the trace before
+    rank 0 opens it to append."""
     from hpcopt import child
 
     out = shared_dir / "run"
@@ -173,8 +174,9 @@ def test_resume_hashes_the_checkpoint_once_per_job(comm, shared_dir, monkeypatch
     monkeypatch.setattr(child, "run_module", lambda *args: children.append(args) or real(*args))
     fresh_train(config(out, steps=12, checkpoint_every=4), resume=out)
     assert comm.mpi.allreduce(len(checked)) == 0
-    assert comm.mpi.allreduce(len(children)) == 1 and (comm.rank == 0) == bool(children)
+    assert comm.mpi.allreduce(len(children)) == 2 and (comm.rank == 0) == bool(children)
     assert all(args[0] == "hpcopt.io.vet" for args in children)
+    assert [args[1][0] == "--traces" for args in children] == ([False, True] if children else [])
 
 
 def test_sigterm_on_one_rank_stops_every_rank_with_a_checkpoint(comm, shared_dir, monkeypatch):

@@ -23,6 +23,7 @@ from hpcopt.io.checkpoint import (Checkpoint, find_checkpoint, prune, read_check
                                   write_checkpoint)
 from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
+from tests import crafted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -187,6 +188,11 @@ def good_checkpoint(tmp_path_factory):
     return out / "run" / "checkpoints" / "step-000000006.h5"
 
 
+def _copy(source: Path, target: Path) -> Path:
+    shutil.copy(source, target)
+    return target
+
+
 def _write(target: Path, data: bytes) -> Path:
     target.write_bytes(data)
     return target
@@ -256,7 +262,7 @@ BAD_FILES = {
     "momentum-missing": (lambda s, d: _edit(s, d, lambda f: f.__delitem__("ranks/momentum")),
                          "ranks/momentum is missing"),
     "sampler-out-of-range": (lambda s, d: _edit(s, d, lambda f: f["ranks/sampler"].__setitem__(
-        (0, 1), 10**6)), "sampler state position"),
+        (0, 1), 10**6)), "step-000000006.h5: /ranks/sampler row 0: sampler state position 1000000"),
     "counters-vs-tick": (lambda s, d: _edit(s, d, lambda f: f.attrs.__setitem__("tick", 3)),
                          "counters do not match its tick 3"),
     "digest-mismatch-value": (_unsealed(lambda f: f["ranks/momentum"].__setitem__((0, 1), 0.5)),
@@ -274,6 +280,20 @@ BAD_FILES = {
     "temporary-file": (lambda s, d: shutil.copy(s, d.with_name("step-1.h5.tmp")) and
                        d.with_name("step-1.h5.tmp"), "incomplete checkpoint"),
     "missing-file": (lambda s, d: d.with_name("nothing.h5"), "checkpoint not found"),
+    # crafted (tests/crafted.py), resealed: refused by the vet child before any rank opens them
+    "soft-link": (lambda s, d: crafted.soft_link(_copy(s, d), "model/flat"),
+                  "/model/flat is a soft link"),
+    "external-link": (lambda s, d: crafted.external_link(_copy(s, d), "model/flat", d.with_name("x.h5")),
+                      "/model/flat is an external link"),
+    "fifo-link": (lambda s, d: crafted.fifo_link(_copy(s, d), "model/flat"),
+                  "/model/flat is an external link"),
+    "virtual-dataset": (lambda s, d: crafted.virtual_dataset(_copy(s, d), "model/flat"),
+                        "/model/flat is a virtual dataset"),
+    "external-storage": (lambda s, d: crafted.external_storage(_copy(s, d), "ranks/x"),
+                         "/ranks/x keeps its data in an external file"),
+    "gzip-filter": (lambda s, d: crafted.gzip_filter(_copy(s, d), "ranks/momentum"),
+                    "/ranks/momentum uses the filter deflate"),
+    "huge-model": (lambda s, d: crafted.huge_model(_copy(s, d), 1 << 23), "of data but the file holds"),
 }
 
 

@@ -175,9 +175,11 @@ def test_the_childs_refusal_is_the_readers_message(written, damage):
 
 
 @pytest.mark.parametrize("ended,message", [
-    (ChildResult(-11, "SIGSEGV", ""), "the process that checked it crashed reading it (SIGSEGV)"),
-    (ChildResult(None, None, "did not finish within 60 s"),
-     "the process that checked it did not finish within 60 s"),
+    (ChildResult(-11, "SIGSEGV", ""),
+     "is a damaged checkpoint: the process that checked it crashed reading it (SIGSEGV)"),
+    (ChildResult(None, None, "did not finish within 60 s"),  # not known to be damaged
+     "could not be checked: the process that read it did not finish within 60 s (is the node "
+     "overloaded? a damaged file can also hang a reader)"),
 ])
 def test_a_crash_or_hang_while_reading_becomes_one_line(written, monkeypatch, ended, message):
     from hpcopt import child
@@ -185,4 +187,4 @@ def test_a_crash_or_hang_while_reading_becomes_one_line(written, monkeypatch, en
     monkeypatch.setattr(child, "run_module", lambda *a: ended)
     with pytest.raises(HpcoptError) as error:
         vet_checkpoint(written)
-    assert str(error.value) == f"{written} is a damaged checkpoint: {message}"
+    assert str(error.value) == f"{written} {message}"

@@ -1,0 +1,101 @@
+"""What an hpcopt HDF5 file may hold, checked before any object in it is opened by name.
+
+Checkpoints, traces and exported state_dicts hold groups and plain datasets, each reached by
+exactly one hard link, with their data inside the file. ``check_structure`` walks the file's
+links without following any and refuses (HpcoptError, one line naming the file and the object):
+
+- soft, external and user-defined links: following one can open another file (another run's
+  trace, which a resumed run would then write to), or a FIFO, where the open blocks for ever;
+- an object reached by two links (a loop), and named datatypes;
+- virtual datasets (a missing source reads as zeros) and data stored in external files;
+- any filter but Fletcher-32, the only one hpcopt writes: a filter plugin is code loaded from
+  a shared library, and compressed data can declare far more than it stores;
+- more declared data than the file can hold: the datasets' declared bytes (shape times item
+  size, counted per link) must not exceed ``ratio`` times the file's size plus ``slack``, so
+  reading, hashing or vetting a file costs memory and time in proportion to its real size,
+  never to what a few header bytes declare.
+
+The walk opens each object by its own hard link (never by a path through another link) and
+reads only object headers, so it costs time in proportion to the file's metadata.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import HpcoptError
+from . import human_size
+
+#: The filters hpcopt writes (HDF5's filter ids): Fletcher-32 checksums (``H5Z_FILTER_FLETCHER32``).
+FLETCHER32 = 3
+ALLOWED_FILTERS = {FLETCHER32: "Fletcher-32"}
+
+
+def check_structure(f: Any, path: Path, what: str, ratio: float = 1.0, slack: int = 0) -> None:
+    """HpcoptError unless the open HDF5 file ``f`` (a ``what``, read from ``path``) holds only
+    hard-linked groups and plain datasets whose declared data fit the file (module docstring)."""
+    import h5py
+
+    size = path.stat().st_size
+    declared = 0
+    seen = {_address(f.id)}
+    groups = [("", f.id)]
+    while groups:
+        prefix, group = groups.pop()
+        for raw, kind in _links(group):
+            name = f"{prefix}/{raw.decode('utf-8', 'replace')}"
+            if kind != h5py.h5l.TYPE_HARD:
+                link = {h5py.h5l.TYPE_SOFT: "a soft link", h5py.h5l.TYPE_EXTERNAL: "an external link"}
+                raise HpcoptError(f"{path}: {name} is {link.get(kind, 'a user-defined link')}; "
+                                  f"an hpcopt {what} holds only plain groups and datasets")
+            child = h5py.h5o.open(group, raw)
+            address = _address(child)
+            if address in seen:
+                raise HpcoptError(f"{path}: {name} links to an object already linked elsewhere "
+                                  f"(an hpcopt {what} links each object once)")
+            seen.add(address)
+            if isinstance(child, h5py.h5g.GroupID):
+                groups.append((name, child))
+            elif isinstance(child, h5py.h5d.DatasetID):
+                declared += _declared_bytes(child, name, path, what)
+            else:
+                raise HpcoptError(f"{path}: {name} is a named datatype; an hpcopt {what} holds "
+                                  "only plain groups and datasets")
+    if declared > ratio * size + slack:
+        raise HpcoptError(f"{path}: its datasets declare {human_size(declared)} of data but the "
+                          f"file holds {human_size(size)} (a damaged or crafted {what})")
+
+
+def _links(group: Any) -> list[tuple[bytes, int]]:
+    """(name, link type) of every link in ``group``, none followed."""
+    found: list[tuple[bytes, int]] = []
+    group.links.iterate(lambda name, info: found.append((name, info.type)), info=True)
+    return found
+
+
+def _address(obj: Any) -> tuple[int, int]:
+    import h5py
+
+    info = h5py.h5o.get_info(obj)
+    return info.fileno, info.addr
+
+
+def _declared_bytes(dataset: Any, name: str, path: Path, what: str) -> int:
+    """The bytes ``dataset`` declares, once its layout and filters are known to be plain."""
+    import h5py
+
+    plist = dataset.get_create_plist()
+    if plist.get_layout() not in (h5py.h5d.COMPACT, h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED):
+        raise HpcoptError(f"{path}: {name} is a virtual dataset (its data lie in other files); "
+                          f"an hpcopt {what} holds only plain datasets")
+    if plist.get_external_count():
+        raise HpcoptError(f"{path}: {name} keeps its data in an external file; "
+                          f"an hpcopt {what} holds only plain datasets")
+    for i in range(plist.get_nfilters()):
+        code, _, _, label = plist.get_filter(i)
+        if code not in ALLOWED_FILTERS:
+            shown = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+            raise HpcoptError(f"{path}: {name} uses the filter {shown or code} (id {code}); "
+                              f"an hpcopt {what} uses only {', '.join(ALLOWED_FILTERS.values())}")
+    return int(dataset.get_space().get_simple_extent_npoints()) * int(dataset.get_type().get_size())
