@@ -2,7 +2,7 @@
 docs/results/reliability.md's "Signals, kills and crafted files". Launches real ``mpiexec`` jobs
 (PR-SGD, MLP 64-16-10 on digits) from the repository root::
 
-    python benchmarks/trust_times.py [--ranks 2 4] [--kills 7] [--parts signals ctrl-c kill files]
+    python benchmarks/trust_times.py [--ranks 2 4] [--kills 7] [--parts signals ctrl-c kill ...]
 
 For each case: the exit code, the seconds from the event (the signal sent, the fault's
 announcement, or the launch for a crafted file) to the end of the job, and what was lost:
@@ -15,8 +15,11 @@ announcement, or the launch for a crafted file) to the end of the job, and what 
   within reach (the promise: exit 130 within 5 s, never 0);
 - kill -9 of a random rank at a random moment: the steps to redo from the newest checkpoint,
   and whether its resume ends bitwise where the uninterrupted run ends;
-- crafted files (tests/crafted.py): exit 2 in seconds, no module they name imported, and no
-  file of another run touched.
+- crafted files (tests/crafted.py): a checkpoint naming a module, one pointing at another run,
+  links, FIFOs, virtual and external datasets, filters, declared sizes far beyond the file:
+  exit 2 in seconds, no module they name imported, and no file of another run touched;
+- a write failing in the middle of a checkpoint (a full disk): one line, exit 2, what is left
+  on disk, and whether the resume ends bitwise.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import hashlib
 import math
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -35,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcopt.io.checkpoint import read_checkpoint  # noqa: E402
 from tests import crafted  # noqa: E402
-from tests.faults.jobs import SMALL, Send, assert_same_run, run_job  # noqa: E402
+from tests.faults.jobs import INJECTED, SMALL, Send, assert_same_run, run_job  # noqa: E402
 
 CHECKPOINT_EVERY = (0, 1, 2, 4, 8, 16)
 TRACE_EVERY = (1, 2, 4, 8, 16)
@@ -163,15 +167,71 @@ def file_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
     return rows
 
 
+#: What a checkpoint or trace must not hold (tests/crafted.py), applied to a copy of a finished
+#: run's newest checkpoint (or its trace), which ``resume`` then meets.
+HOSTILE: dict[str, tuple[str, Callable[[Path, Path], Path]]] = {
+    "soft link at /model/flat": ("checkpoint", lambda f, _: crafted.soft_link(f, "model/flat")),
+    "external link at /model/flat": ("checkpoint", lambda f, other: crafted.external_link(
+        f, "model/flat", other / "trace.h5")),
+    "/model/flat linked to a FIFO": ("checkpoint", lambda f, _: crafted.fifo_link(f, "model/flat")),
+    "virtual dataset with a missing source": ("checkpoint", lambda f, _: crafted.virtual_dataset(
+        f, "model/flat")),
+    "external raw storage": ("checkpoint", lambda f, _: crafted.external_storage(f, "model/flat")),
+    "gzip filter": ("checkpoint", lambda f, _: crafted.gzip_filter(f, "model/flat")),
+    "one dataset linked twice": ("checkpoint", lambda f, _: crafted.linked_twice(f, "model/flat", "alias")),
+    "a 1 GiB model declared in a small file": ("checkpoint", lambda f, _: crafted.huge_model(f, 1 << 28)),
+    "a trace declaring 64 M rows": ("trace", lambda f, _: crafted.huge_trace(f, 1 << 26)),
+    "a trace whose /rows links to another run's": ("trace", lambda f, other: crafted.external_link(
+        f, "rows", other / "trace.h5")),
+    "a trace with contiguous /comm datasets": ("trace", lambda f, _: crafted.contiguous_comm(f)),
+}
+
+
+def hostile_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
+    source, other = work / "hostile-source", work / "hostile-other"
+    for run in (source, other):
+        run_job(small(run, "--checkpoint-every", "8"), ranks=ranks)
+    rows = []
+    for i, (name, (kind, make)) in enumerate(HOSTILE.items()):
+        run = work / f"hostile-{ranks}-{i}"
+        shutil.copytree(source, run)
+        make(run / "checkpoints" / "step-000000064.h5" if kind == "checkpoint" else run / "trace.h5", other)
+        before = _digests(other)
+        job = run_job(["resume", str(run), "--steps", "80"], ranks=ranks)
+        lines = [line for line in job.stderr.splitlines() if line.strip()]
+        rows.append((f"{kind}: {name}", str(ranks), str(job.returncode), f"{job.seconds:.2f}",
+                     f"{len(lines)} stderr line(s); another run touched: "
+                     f"{'yes' if _digests(other) != before else 'no'}"))
+    return rows
+
+
+def disk_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
+    """A write failing in the middle of checkpoint 16 (a file size limit: EFBIG, as ENOSPC)."""
+    from tests.faults.test_full_disk import FILE_SIZE_LIMIT, LARGE, LIMITED_RESUME
+
+    out, reference = work / f"disk-{ranks}", work / f"disk-{ranks}-reference"
+    job = run_job([], ranks=ranks, python_code=LIMITED_RESUME.format(
+        args=LARGE, out=str(out), limit=FILE_SIZE_LIMIT, marker=INJECTED))
+    left = sorted(p.name for p in (out / "checkpoints").iterdir())
+    resumed = run_job(["resume", str(out), "--steps", "16"], ranks=ranks)
+    run_job(["train", *LARGE, "--steps", "16", "--out", str(reference)], ranks=ranks)
+    try:
+        assert_same_run(out, reference)
+        same = "resumed bitwise" if resumed.returncode == 0 else f"resume exit {resumed.returncode}"
+    except AssertionError:
+        same = "resumed, NOT bitwise"
+    return [("a write failing mid checkpoint 16 (file size limit, EFBIG)", str(ranks),
+             str(job.returncode), seconds(job), f"left {', '.join(left)}; {same}")]
+
+
 def _plant(checkpoint: Path, run: Path) -> Path:
     """A copy of another run's ``checkpoint`` in ``run``'s checkpoints, as its newest; ``run``."""
-    import shutil
-
     shutil.copyfile(checkpoint, run / "checkpoints" / "step-000000072.h5")
     return run
 
 
-PARTS = {"signals": signal_cases, "ctrl-c": ctrl_c_cases, "files": file_cases}
+PARTS = {"signals": signal_cases, "ctrl-c": ctrl_c_cases, "files": file_cases, "hostile": hostile_cases,
+         "disk": disk_cases}
 
 
 def main() -> None:
@@ -179,8 +239,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
     parser.add_argument("--kills", type=int, default=7, help="random kill -9 cases per rank count")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--parts", nargs="+", default=["signals", "ctrl-c", "kill", "files"],
-                        choices=["signals", "ctrl-c", "kill", "files"])
+    parser.add_argument("--parts", nargs="+", default=[*PARTS, "kill"], choices=[*PARTS, "kill"])
     args = parser.parse_args()
     rng = random.Random(args.seed)
     print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
