@@ -1,8 +1,10 @@
-"""Command line: ``hpcopt train|resume|report|info|bench`` (under ``mpiexec -n N python -m hpcopt ...``)."""
+"""Command line: ``hpcopt train|resume|report|info|bench`` (under ``mpiexec -n N python -m hpcopt ...``)
+and ``hpcopt sweep|collect|export`` (studies of many runs, without ``mpiexec``)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -28,6 +30,14 @@ CLI_DEFAULTS = {"out": "runs/{time}"}
 #: Exit code of a run stopped by SIGTERM after writing its checkpoint (128 + SIGTERM, as if
 #: killed by it): the run is not finished, so job chains must not take it for done.
 STOPPED_EXIT_CODE = 143
+#: Commands over many runs (hpcopt.study), run without MPI: name -> (module, help).
+STUDY_COMMANDS = {
+    "sweep": ("hpcopt.study.sweep", "write a study: one Slurm or PBS job array per rank count and a "
+              "manifest of its tasks, from a sweep file (--dry-run lists them; --local -j K runs them here)"),
+    "collect": ("hpcopt.study.collect", "one row per run of a study (state, options that differ, final "
+                "figures): study.csv and study.md"),
+    "export": ("hpcopt.study.export", "a run's trace as CSV tables or TensorBoard event files"),
+}
 
 
 def _flag_help(section: str, default: Any, text: str) -> str:
@@ -78,6 +88,8 @@ def make_parser() -> argparse.ArgumentParser:
                            "(launches mpiexec itself); 'bench KIND --help' for each one's options")
     bench.add_argument("kind", choices=("allreduce", "p2p", "scaling"))
     bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    for name, (module, text) in STUDY_COMMANDS.items():
+        importlib.import_module(module).add_arguments(sub.add_parser(name, help=text))
     return parser
 
 
@@ -149,6 +161,10 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         comm.free()  # the benchmarks make their own communicators
         return run_bench(args.kind, args.options)
+    if args.command in STUDY_COMMANDS:
+        rank = comm.rank
+        comm.free()  # no MPI: these commands start their own processes (sweep --local)
+        return importlib.import_module(STUDY_COMMANDS[args.command][0]).run(args) if rank == 0 else 0
     if args.command == "report":
         from .io.report import write_report
 
