@@ -262,12 +262,15 @@ def interval_figure(traces: Sequence[Trace]) -> Any:
             line, = ax.plot(intervals, means, marker="o", markersize=4, linewidth=1.4, label=label)
             ax.scatter([i for i, _ in members], [value(t) for _, t in members], s=14, alpha=0.5,
                        color=line.get_color())
-    top.set(ylabel=f"final {metric}", title=f"Final {metric} and bytes against the averaging interval "
-            f"({len(finished)} finished runs; lines: mean over seeds)")
+    top.set(ylabel=f"final {metric}", title=f"Final {metric} and bytes against the averaging interval\n"
+            f"({len(finished)} finished runs: a dot each; lines: means over seeds)")
     bottom.set(xlabel="averaging interval I (local steps per round)", ylabel="MB communicated (rank 0)",
                yscale="log")
     bottom.set_xscale("log", base=2)
-    bottom.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    bottom.set_xticks(sorted({i for members in groups.values() for i, _ in members}))
+    for which in (bottom.xaxis.set_major_formatter, bottom.yaxis.set_major_formatter,
+                  bottom.yaxis.set_minor_formatter):
+        which(FormatStrFormatter("%g"))
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
     top.legend(fontsize="small")

@@ -39,15 +39,16 @@ def finished(run: Path) -> bool:
 
 def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | None:
     """The command that carries the task on (None: it has finished)."""
+    run = study / entry.run
+    hpcopt = [*launcher, sys.executable, "-m", "hpcopt"]
+    train = [*hpcopt, "train", *entry.args, "--out", entry.run.as_posix()]
+    if not run.exists():  # a first start: nothing to read (and no reader to import)
+        return train
     from ..io.checkpoint import has_checkpoints
 
-    run = study / entry.run
     if finished(run):
         return None
-    hpcopt = [*launcher, sys.executable, "-m", "hpcopt"]
-    if has_checkpoints(run):
-        return [*hpcopt, "resume", entry.run.as_posix()]
-    return [*hpcopt, "train", *entry.args, "--out", entry.run.as_posix()]
+    return [*hpcopt, "resume", entry.run.as_posix()] if has_checkpoints(run) else train
 
 
 def _wait(process: subprocess.Popen) -> int:
