@@ -20,3 +20,11 @@ def reseal(path: Path) -> Path:
     with h5py.File(path, "r+") as f:
         seal(f)
     return path
+
+
+def truncated_trace(source: Path, path: Path, keep: int = 3000) -> Path:
+    """The first ``keep`` bytes of the trace ``source`` at ``path``: a run killed while it wrote
+    its trace (or a trace caught while copied)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(source.read_bytes()[:keep])
+    return path

@@ -32,13 +32,19 @@ class Progress:
               f"{elapsed:6.1f} s, eta {eta:5.1f} s", file=self.stream, flush=True)
 
 
+#: A command that has run this long starts to show its progress, then at most a line this often.
+QUIET_SECONDS, EVERY_SECONDS = 3.0, 2.0
+
+
 class Ticker:
     """Progress of a command that may take a while (``collect``, ``report``), on stderr:
     silent for its first ``quiet`` seconds, then at most a line every ``every`` seconds."""
 
-    def __init__(self, command: str, quiet: float = 3.0, every: float = 2.0,
+    def __init__(self, command: str, quiet: float | None = None, every: float | None = None,
                  stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.command, self.quiet, self.every = command, quiet, every
+        self.command = command
+        self.quiet = QUIET_SECONDS if quiet is None else quiet
+        self.every = EVERY_SECONDS if every is None else every
         self.stream, self.clock = stream, clock
         self.start = clock()
         self.last = -math.inf
