@@ -23,6 +23,7 @@ matplotlib (the ``plot`` extra) is imported only here, and only its object-orien
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -34,7 +35,7 @@ import numpy as np
 from ..config import Config
 from ..errors import HpcoptError
 from ..run.progress import Ticker
-from ..study.layout import is_study, study_traces
+from ..study.layout import is_study, read_manifest, study_traces
 from .trace import FILE_NAME, Trace, read_trace
 from .vet import vet_traces
 
@@ -84,7 +85,13 @@ def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
     traces: list[Trace] = []
     for path in map(Path, paths):
         if path.is_dir() and is_study(path):
-            traces += [t for t in read_each(study_traces(path)) if isinstance(t, Trace)]
+            readable = [t for t in read_each(study_traces(path)) if isinstance(t, Trace)]
+            tasks = len(read_manifest(path))
+            if len(readable) < tasks:  # not started, or no readable trace yet
+                print(f"report: {len(readable)} of the {tasks} runs of {path} have a readable trace; "
+                      "the others are left out (hpcopt collect gives their states)",
+                      file=sys.stderr, flush=True)
+            traces += readable
             continue
         file = path / FILE_NAME if path.is_dir() else path
         vet_traces([file])

@@ -137,6 +137,8 @@ def test_states_from_the_task_records(runs, tmp_path):
     assert states[7] == ("finished", "exit 0, but no readable trace")
     assert states[8] == ("not started", "")
     assert rows[8].settings["seed"] == 8  # from the manifest, when there is no trace
+    by_directory = collect.gather([study / "runs"])  # its run directories find their records too
+    assert [(row.state, row.note) for row in by_directory] == [states[i] for i in range(8)]
     held.end(0)
     assert collect.state(rows[4]) == ("finished", "")
 
@@ -190,3 +192,17 @@ def test_collect_command_line_errors_are_one_line(runs, tmp_path):
     assert_one_line_error(launch(["collect", str(runs["I2"])], ranks=1), "collect needs --out DIR")
     assert_one_line_error(launch(["collect", str(tmp_path), "--out", str(tmp_path / "o")], ranks=1),
                           "is not a study, a run directory or a directory of runs")
+
+
+def test_report_of_a_study_takes_its_readable_runs_and_says_what_it_left_out(runs, tmp_path, capsys):
+    from hpcopt.io.report import write_report
+
+    study = make_study(tmp_path, runs, 4)
+    shutil.copytree(runs["I2"], study / "runs" / "t0")
+    shutil.copytree(runs["I4"], study / "runs" / "t1")
+    truncated_trace(runs["I4"] / "trace.h5", study / "runs" / "t2" / "trace.h5")
+    written = write_report([study], tmp_path / "report")
+    assert sorted(p.name for p in written) == ["bytes.png", "interval.png", "report.md", "rounds.png",
+                                               "steps.png", "wall.png"]
+    assert (tmp_path / "report" / "report.md").read_text().count("| interval=") == 2
+    assert f"report: 2 of the 4 runs of {study} have a readable trace" in capsys.readouterr().err
