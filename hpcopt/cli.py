@@ -81,7 +81,8 @@ def make_parser() -> argparse.ArgumentParser:
     _add_debug_flags(resume)
     report = sub.add_parser("report", help="plots and a table comparing run traces "
                             "(needs matplotlib: pip install 'hpcopt[plot]')")
-    report.add_argument("runs", nargs="+", metavar="RUN", help="trace files (trace.h5) or run directories")
+    report.add_argument("runs", nargs="+", metavar="RUN",
+                        help="trace files (trace.h5), run directories or study directories (hpcopt sweep)")
     report.add_argument("--out", default="report", help="output directory (default: report)")
     sub.add_parser("info", help="versions, MPI library, world size, threads, GPU and HDF5 support")
     bench = sub.add_parser("bench", help="benchmarks: allreduce and p2p (under mpiexec), scaling "

@@ -35,7 +35,8 @@ EVENT_FILES = "events.out.tfevents.*"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="trace files (trace.h5) or run directories")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="trace files (trace.h5), run directories or study directories (their runs)")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS),
                         help="csv: rows.csv and comm.csv; tensorboard: event files (needs tensorboardX)")
     parser.add_argument("--out", default="export",
