@@ -122,14 +122,14 @@ def start_task(study: Path, index: int) -> subprocess.Popen:
 
 
 def wait_until_training(study: Path, index: int, task: subprocess.Popen) -> Row:
-    """Once task ``index`` trains (its header is out, so SIGTERM only sets the stop flag), its
-    row with the state from its record."""
+    """Once task ``index`` trains (its first checkpoint, at step 40 of 160, is written: every
+    rank is in its loop, where SIGTERM only sets the stop flag, and 2.4 s of sleep are left),
+    its row with the state from its record."""
     entry = layout.read_manifest(study)[index]
     log, deadline = layout.log_path(study, index), time.monotonic() + scaled(60)
-    while "run directory" not in log.read_text():
+    while not (study / entry.run / "checkpoints" / "step-000000040.h5").exists():
         assert task.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
-    time.sleep(0.5)  # the header is rank 0's last line before it takes SIGTERM as a flag
+        time.sleep(0.02)
     row = Row(Found(study / entry.run, study, entry))
     row.state, row.note = state(row)
     return row
@@ -163,7 +163,7 @@ def test_collect_tells_running_stopped_failed_and_not_started_and_a_stopped_task
     stopped, crashed, killed, waiting = (rows[f"runs/s-n2-s{i}"] for i in range(4))
     assert stopped["state"] == "stopped" and stopped["note"] == "exit 143 (SIGTERM)"
     assert stopped["checkpoint"].startswith("runs/s-n2-s0/checkpoints/step-")
-    assert int(stopped["steps"]) < 160 and float(stopped["modelled_comm_seconds"]) > 0
+    assert 40 < int(stopped["steps"]) < 160 and float(stopped["modelled_comm_seconds"]) > 0
     assert crashed["state"] == "failed" and crashed["note"].startswith("exit 1: [rank 1] ")
     assert "injected failure on rank 1 at step 5" in crashed["note"]
     assert killed["state"] == "failed" and "ended without recording its exit" in killed["note"]
