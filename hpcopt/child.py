@@ -34,14 +34,20 @@ class ChildResult:
         return self.returncode == 0 and self.message == "ok"
 
 
-def run_module(module: str, args: list[str], timeout: float) -> ChildResult:
-    """Run ``python -m module *args``, at most ``timeout`` seconds, and say how it ended."""
+def child_environment() -> dict[str, str]:
+    """This process's environment without the MPI launcher's variables, with this hpcopt
+    first on ``PYTHONPATH``: for a child Python that runs hpcopt on its own."""
     package_parent = str(Path(__file__).resolve().parent.parent)
     env = singleton_environment()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_module(module: str, args: list[str], timeout: float) -> ChildResult:
+    """Run ``python -m module *args``, at most ``timeout`` seconds, and say how it ended."""
     try:
-        done = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run([sys.executable, "-m", module, *args], env=child_environment(),
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return ChildResult(None, None, f"did not finish within {timeout:g} s")
     name = None

@@ -1,8 +1,10 @@
-"""Command line: ``hpcopt train|resume|report|info|bench`` (under ``mpiexec -n N python -m hpcopt ...``)."""
+"""Command line: ``hpcopt train|resume|report|info|bench`` (under ``mpiexec -n N python -m hpcopt ...``)
+and ``hpcopt sweep|collect|export`` (studies of many runs, without ``mpiexec``)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import traceback
@@ -43,6 +45,14 @@ RESUME_RULES = (
     "holds one run (a checkpoint of another run is refused) and one job at a time (rank 0 holds "
     "OUT/hpcopt.lock; a lock left by a killed job is taken over). A torch model is imported only "
     "when named again: --model torch:MODULE:FUNCTION, the checkpoint's.")
+#: Commands over many runs (hpcopt.study), run without MPI: name -> (module, help).
+STUDY_COMMANDS = {
+    "sweep": ("hpcopt.study.sweep", "write a study: one Slurm or PBS job array per rank count and a "
+              "manifest of its tasks, from a sweep file (--dry-run lists them; --local -j K runs them here)"),
+    "collect": ("hpcopt.study.collect", "one row per run of a study (state, options that differ, final "
+                "figures): study.csv and study.md"),
+    "export": ("hpcopt.study.export", "a run's trace as CSV tables or TensorBoard event files"),
+}
 
 
 def _shown(default: Any) -> str:
@@ -103,13 +113,16 @@ def make_parser() -> argparse.ArgumentParser:
     _add_debug_flags(resume)
     report = sub.add_parser("report", help="plots and a table comparing run traces "
                             "(needs matplotlib: pip install 'hpcopt[plot]')")
-    report.add_argument("runs", nargs="+", metavar="RUN", help="trace files (trace.h5) or run directories")
+    report.add_argument("runs", nargs="+", metavar="RUN",
+                        help="trace files (trace.h5), run directories or study directories (hpcopt sweep)")
     report.add_argument("--out", default="report", help="output directory (default: report)")
     sub.add_parser("info", help="versions, MPI library, world size, threads, GPU and HDF5 support")
     bench = sub.add_parser("bench", help="benchmarks: allreduce and p2p (under mpiexec), scaling "
                            "(launches mpiexec itself); 'bench KIND --help' for each one's options")
     bench.add_argument("kind", choices=("allreduce", "p2p", "scaling"))
     bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    for name, (module, text) in STUDY_COMMANDS.items():
+        importlib.import_module(module).add_arguments(sub.add_parser(name, help=text))
     return parser
 
 
@@ -198,6 +211,10 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         comm.free()  # the benchmarks make their own communicators
         return run_bench(args.kind, args.options)
+    if args.command in STUDY_COMMANDS:
+        rank = comm.rank
+        comm.free()  # no MPI: these commands start their own processes (sweep --local)
+        return importlib.import_module(STUDY_COMMANDS[args.command][0]).run(args) if rank == 0 else 0
     if args.command == "report":
         from .io.report import write_report
 

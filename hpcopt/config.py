@@ -8,6 +8,7 @@ file over the defaults. Unknown sections or keys and values of the wrong type ar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import typing
@@ -384,7 +385,13 @@ def option_index() -> dict[str, tuple[str, dataclasses.Field]]:
 
 
 def _field_type(cls: type, name: str) -> Any:
-    return typing.get_type_hints(cls)[name]
+    return _type_hints(cls)[name]
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """The fields' types of a section (evaluated once: it costs more than the rest of a build)."""
+    return typing.get_type_hints(cls)
 
 
 def coerce(name: str, value: Any, annotation: Any) -> Any:

@@ -210,4 +210,11 @@ def state_dict_with_group(path: Path) -> Path:
     """A state_dict file with a group (holding a dataset) at its root, next to the tensors."""
     with h5py.File(path, "r+") as f:
         f.create_group("block").create_dataset("weight", data=[1.0, 2.0])
+
+
+def truncated_trace(source: Path, path: Path, keep: int = 3000) -> Path:
+    """The first ``keep`` bytes of the trace ``source`` at ``path``: a run killed while it wrote
+    its trace (or a trace caught while copied)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(source.read_bytes()[:keep])
     return path

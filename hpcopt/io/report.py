@@ -6,7 +6,10 @@ For runs R1..Rk it writes, into one directory:
   accuracy (bottom) against local steps, averaging rounds, megabytes communicated (rank 0, all
   labels) and wall time; one line per run in every panel, labelled by the settings that differ
   between the runs (``interval=8, lr=0.05``), or by run directory when none do;
-- ``report.md``: a markdown table of the final figures of every run.
+- ``report.md``: a markdown table of the final figures of every run;
+- given a study directory (``hpcopt sweep``): the runs of its tasks that have a readable trace,
+  and ``interval.png``, the final test metric and the bytes communicated against the averaging
+  interval across the study (``interval_figure``).
 
 Pipeline runs (``--algorithm pprs|pipelined_gd|pipelined_agd``) get their own set:
 ``steps.png``, ``wall.png`` and ``modelled.png`` (modelled pipeline time) with the loss f(x)
@@ -20,6 +23,7 @@ matplotlib (the ``plot`` extra) is imported only here, and only its object-orien
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -28,7 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from ..config import Config
 from ..errors import HpcoptError
+from ..run.progress import Ticker
+from ..study.layout import is_study, read_manifest, study_traces
 from .trace import FILE_NAME, Trace, read_trace
 from .vet import vet_traces
 
@@ -73,20 +80,69 @@ def _final(trace: Trace, key: str) -> float:
 
 def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
     """Read each trace (a trace file, or a run directory holding ``trace.h5``), after a child
-    process has read them all (hpcopt.io.vet: a trace HDF5 crashes on becomes one line)."""
-    files = [path / FILE_NAME if path.is_dir() else path for path in map(Path, paths)]
-    vet_traces(files)
-    return [read_trace(path) for path in files]
+    process has read them all (hpcopt.io.vet: a trace HDF5 crashes on becomes one line). A
+    study directory (``hpcopt sweep``) stands for the traces of its runs that could be read."""
+    traces: list[Trace] = []
+    for path in map(Path, paths):
+        if path.is_dir() and is_study(path):
+            readable = [t for t in read_each(study_traces(path)) if isinstance(t, Trace)]
+            tasks = len(read_manifest(path))
+            if len(readable) < tasks:  # not started, or no readable trace yet
+                print(f"report: {len(readable)} of the {tasks} runs of {path} have a readable trace; "
+                      "the others are left out (hpcopt collect gives their states)",
+                      file=sys.stderr, flush=True)
+            traces += readable
+            continue
+        file = path / FILE_NAME if path.is_dir() else path
+        vet_traces([file])
+        traces.append(read_trace(file))
+    return traces
+
+
+def read_each(files: Sequence[Path]) -> list[Trace | HpcoptError]:
+    """Each trace, or the error that refuses it, after one child process has read them all
+    (hpcopt.io.vet); the child is run again past each trace it refuses."""
+    refused: dict[int, HpcoptError] = {}
+    start = 0
+    while start < len(files):
+        try:
+            vet_traces(files[start:])
+            break
+        except HpcoptError as exc:  # the child read every trace before the one it names
+            named = [i for i in range(start, len(files)) if str(files[i]) in str(exc)]
+            culprit = named[0] if named else start
+            refused[culprit] = exc
+            start = culprit + 1
+    results: list[Trace | HpcoptError] = []
+    for i, path in enumerate(files):
+        if i in refused:
+            results.append(refused[i])
+            continue
+        try:
+            results.append(read_trace(path))
+        except HpcoptError as exc:
+            results.append(exc)
+    return results
+
+
+def settings(config: Config, ranks: Any) -> dict[str, Any]:
+    """What tells runs apart: the world size and every option that changes what a run computes."""
+    return {"ranks": ranks, **{k: v for section in config.to_dict().values() for k, v in section.items()
+                               if k not in NOT_DIFFERENCES}}
+
+
+def differences(chosen: Sequence[dict[str, Any]]) -> list[str]:
+    """The keys whose values differ between ``chosen`` settings, in their order."""
+    keys = list(dict.fromkeys(k for s in chosen for k in s))
+    return [k for k in keys if len({repr(s.get(k)) for s in chosen}) > 1]
 
 
 def run_labels(traces: Sequence[Trace]) -> list[str]:
     """One label per run: the options whose values differ between the runs (world size
     included), else the run directory names; made unique when runs share them."""
-    settings = [{"ranks": t.attrs.get("world_size"),
-                 **{k: v for section in t.config.to_dict().values() for k, v in section.items()
-                    if k not in NOT_DIFFERENCES}} for t in traces]
-    keys = [k for k in settings[0] if len({repr(s.get(k)) for s in settings}) > 1]
-    labels = [", ".join(f"{k}={_text(s.get(k))}" for k in keys) for s in settings]
+    chosen = [settings(t.config, t.attrs.get("world_size")) for t in traces]
+    keys = differences(chosen)
+    labels = [", ".join(f"{k}={text(s.get(k))}" for k in keys) for s in chosen]
     if len(set(labels)) < len(labels):  # the same settings twice: add the run directory
         labels = [", ".join(filter(None, [label, t.path.parent.name])) if labels.count(label) > 1
                   else label for label, t in zip(labels, traces)]
@@ -95,7 +151,8 @@ def run_labels(traces: Sequence[Trace]) -> list[str]:
     return [label or t.path.parent.name for label, t in zip(labels, traces)]
 
 
-def _text(value: Any) -> str:
+def text(value: Any) -> str:
+    """An option's value as a label or table shows it."""
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value)) or "none"
     return str(value)
@@ -189,6 +246,44 @@ def pipeline_figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str
     return out
 
 
+def interval_figure(traces: Sequence[Trace]) -> Any:
+    """Across a study: the final test metric (top) and MB communicated (bottom) against the
+    averaging interval, a dot per finished run and a line through the means of the runs that
+    share every other setting but the seed."""
+    Figure, FormatStrFormatter = _figure_classes()
+    column, metric = _metric(traces)
+    finished = [t for t in traces if t.summary]
+    chosen = [settings(t.config, t.attrs.get("world_size")) for t in finished]
+    keys = [k for k in differences(chosen) if k not in ("interval", "seed")]
+    groups: dict[str, list[tuple[float, Trace]]] = {}
+    for trace, setting in zip(finished, chosen):
+        label = ", ".join(f"{k}={text(setting.get(k))}" for k in keys) or "every run"
+        groups.setdefault(label, []).append((float(setting.get("interval", math.nan)), trace))
+    fig = Figure(figsize=(8, 7.5), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    values = ((top, lambda t: _final(t, column)), (bottom, lambda t: _final(t, "bytes") / MB))
+    for label, members in groups.items():
+        intervals = sorted({interval for interval, _ in members})
+        for ax, value in values:
+            means = [float(np.mean([value(t) for i, t in members if i == x])) for x in intervals]
+            line, = ax.plot(intervals, means, marker="o", markersize=4, linewidth=1.4, label=label)
+            ax.scatter([i for i, _ in members], [value(t) for _, t in members], s=14, alpha=0.5,
+                       color=line.get_color())
+    top.set(ylabel=f"final {metric}", title=f"Final {metric} and bytes against the averaging interval\n"
+            f"({len(finished)} finished runs: a dot each; lines: means over seeds)")
+    bottom.set(xlabel="averaging interval I (local steps per round)", ylabel="MB communicated (rank 0)",
+               yscale="log")
+    bottom.set_xscale("log", base=2)
+    bottom.set_xticks(sorted({i for members in groups.values() for i, _ in members}))
+    for which in (bottom.xaxis.set_major_formatter, bottom.yaxis.set_major_formatter,
+                  bottom.yaxis.set_minor_formatter):
+        which(FormatStrFormatter("%g"))
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+    top.legend(fontsize="small")
+    return fig
+
+
 def table(traces: Sequence[Trace], labels: Sequence[str]) -> str:
     """A markdown table of each run's final figures."""
     if is_pipeline(traces):
@@ -262,10 +357,17 @@ def _number(value: Any, digits: int) -> str:
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path) -> list[Path]:
-    """Read the traces, write the PNGs and ``report.md`` into ``out``; the files written."""
+    """Read the traces, write the PNGs and ``report.md`` into ``out``; the files written. For
+    a study directory also ``interval.png`` (``interval_figure``)."""
+    tick = Ticker("report")
     traces = load_traces(paths)
+    if not traces:
+        raise HpcoptError(f"no readable trace in {', '.join(map(str, paths))}")
+    tick(f"read {len(traces)} traces")
     labels = run_labels(traces)
     figs = figures(traces, labels)
+    if any(Path(p).is_dir() and is_study(Path(p)) for p in paths) and not is_pipeline(traces):
+        figs["interval"] = interval_figure(traces)
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -273,6 +375,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path) -> list[Path]:
         for name, fig in figs.items():
             fig.savefig(out / f"{name}.png", dpi=110)
             written.append(out / f"{name}.png")
+            tick(f"wrote {len(written)} of {len(figs)} plots")
         md = out / "report.md"
         images = "\n".join(f"![{name}]({name}.png)" for name in figs)
         md.write_text(f"# hpcopt report\n\n{table(traces, labels)}\n{images}\n")

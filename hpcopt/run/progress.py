@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 
@@ -28,3 +30,29 @@ class Progress:
         width = len(str(self.total))
         print(f"step {step:>{width}}/{self.total} ({100 * step / self.total:3.0f}%) | {text} | "
               f"{elapsed:6.1f} s, eta {eta:5.1f} s", file=self.stream, flush=True)
+
+
+#: A command that has run this long starts to show its progress, then at most a line this often.
+QUIET_SECONDS, EVERY_SECONDS = 3.0, 2.0
+
+
+class Ticker:
+    """Progress of a command that may take a while (``collect``, ``report``), on stderr:
+    silent for its first ``quiet`` seconds, then at most a line every ``every`` seconds."""
+
+    def __init__(self, command: str, quiet: float | None = None, every: float | None = None,
+                 stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.command = command
+        self.quiet = QUIET_SECONDS if quiet is None else quiet
+        self.every = EVERY_SECONDS if every is None else every
+        self.stream, self.clock = stream, clock
+        self.start = clock()
+        self.last = -math.inf
+
+    def __call__(self, text: str) -> None:
+        now = self.clock()
+        if now - self.start < self.quiet or now - self.last < self.every:
+            return
+        self.last = now
+        print(f"{self.command}: {text} ({now - self.start:.1f} s)", file=self.stream or sys.stderr,
+              flush=True)

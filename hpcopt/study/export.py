@@ -1,0 +1,143 @@
+"""``hpcopt export RUN... --format csv|tensorboard [--out DIR]``: traces in files other tools read.
+
+Each run's files go into ``DIR/<run directory name>/`` (default DIR: ``export``), so one
+``tensorboard --logdir DIR`` shows every exported run side by side:
+
+- ``csv``: ``rows.csv``, the trace rows (a column per trace column, empty where the trace has
+  NaN) and ``comm.csv``, the per-label communication table (step, label, operation, calls,
+  bytes, seconds and, with ``--network``, modelled seconds; rank 0's, cumulative);
+- ``tensorboard``: an event file written by tensorboardX (the optional ``tensorboard`` extra:
+  ``pip install 'hpcopt[tensorboard]'``) with the trace's scalars at their steps: ``train/``
+  losses, gradient norms, learning rate (and clipped fraction), ``eval/`` test loss and metric
+  (the end-of-run evaluation included), ``comm/bytes/<label>``, ``comm/seconds/<label>`` (and
+  ``comm/modelled/<label>``), ``run/`` the other columns (rounds; a pipeline's bubble, ...).
+  Wall time: the trace's start (``created``) plus its ``wall`` column.
+
+Traces are read by a child process first (hpcopt.io.vet), as ``report`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import HpcoptError
+
+TRAIN = ("loss_mean", "loss_max", "grad_norm", "grad_norm_max", "lr", "clip_fraction")
+EVAL = {"eval_loss": "eval/loss", "eval_accuracy": "eval/accuracy", "eval_perplexity": "eval/perplexity"}
+TIME = ("step", "wall")
+EVENT_FILES = "events.out.tfevents.*"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="trace files (trace.h5), run directories or study directories (their runs)")
+    parser.add_argument("--format", required=True, choices=sorted(FORMATS),
+                        help="csv: rows.csv and comm.csv; tensorboard: event files (needs tensorboardX)")
+    parser.add_argument("--out", default="export",
+                        help="directory for one folder per run (default: export)")
+
+
+def _cell(value: Any) -> Any:
+    return "" if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def write_csv(trace: Any, out: Path) -> list[Path]:
+    """``rows.csv`` and ``comm.csv`` of ``trace`` in ``out``."""
+    names = list(trace.columns)
+    rows_path, comm_path = out / "rows.csv", out / "comm.csv"
+    with open(rows_path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(names)
+        for i in range(trace.rows):
+            writer.writerow([_cell(trace.columns[name][i].item()) for name in names])
+    counters = sorted({name for fields in trace.comm.values() for name in fields},
+                      key=("calls", "bytes", "seconds", "modelled").index)
+    with open(comm_path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", "label", "op", *counters])
+        for i in range(trace.rows):
+            step = trace.columns["step"][i].item()
+            for label, fields in trace.comm.items():
+                writer.writerow([step, label, (trace.ops or {}).get(label, ""),
+                                 *(_cell(fields[name][i].item()) for name in counters)])
+    return [rows_path, comm_path]
+
+
+def scalars(trace: Any) -> list[tuple[str, int, float, float]]:
+    """(tag, step, wall time, value) of every finite scalar of ``trace``, in row order."""
+    try:
+        start = datetime.datetime.fromisoformat(str(trace.attrs.get("created"))).timestamp()
+    except ValueError:
+        start = 0.0
+    series: dict[str, Any] = {}
+    for name, column in trace.columns.items():
+        if name not in TIME:
+            series[f"train/{name}" if name in TRAIN else EVAL.get(name, f"run/{name}")] = column
+    for label, fields in trace.comm.items():
+        series.update({f"comm/{name}/{label}": fields[name] for name in ("bytes", "seconds", "modelled")
+                       if name in fields})
+    steps, walls = trace.columns["step"], trace.columns["wall"]
+    out = [(tag, int(steps[i]), start + float(walls[i]), float(column[i]))
+           for i in range(trace.rows) for tag, column in series.items() if math.isfinite(column[i])]
+    summary = trace.summary or {}
+    if isinstance(summary.get("step"), int):  # the end-of-run evaluation is not a row
+        wall = start + float(summary.get("wall", walls[-1] if trace.rows else 0.0))
+        out += [(tag, summary["step"], wall, float(summary[name])) for name, tag in EVAL.items()
+                if isinstance(summary.get(name), float) and math.isfinite(summary[name])]
+    return out
+
+
+def write_tensorboard(trace: Any, out: Path) -> list[Path]:
+    """An event file of ``trace``'s scalars in ``out`` (refused if ``out`` holds one already)."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        raise HpcoptError("export --format tensorboard needs tensorboardX: "
+                          "pip install 'hpcopt[tensorboard]'") from None
+    if any(out.glob(EVENT_FILES)):
+        raise HpcoptError(f"{out} holds TensorBoard event files already: remove them or choose another --out")
+    writer = SummaryWriter(logdir=str(out), flush_secs=3600)
+    try:
+        for tag, step, wall, value in scalars(trace):
+            writer.add_scalar(tag, value, global_step=step, walltime=wall)
+    finally:
+        writer.close()
+    return sorted(out.glob(EVENT_FILES))
+
+
+FORMATS: dict[str, Callable[[Any, Path], list[Path]]] = {"csv": write_csv, "tensorboard": write_tensorboard}
+
+
+def export(runs: list[str], kind: str, out: str | Path) -> list[Path]:
+    """Export each run's trace as ``kind`` into ``out/<run name>/``; the files written."""
+    from ..io.report import load_traces
+
+    traces = load_traces(runs)
+    written: list[Path] = []
+    used: set[str] = set()
+    for trace in traces:
+        name = trace.path.parent.name or "run"
+        unique, n = name, 1
+        while unique in used:
+            n += 1
+            unique = f"{name}-{n}"
+        used.add(unique)
+        folder = Path(out) / unique
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            written += FORMATS[kind](trace, folder)
+        except OSError as exc:
+            raise HpcoptError(f"cannot write into {folder}: {exc.strerror or exc}") from None
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    for path in export(args.runs, args.format, args.out):
+        print(f"wrote {path}", flush=True)
+    return 0

@@ -1,0 +1,163 @@
+"""The sweep file and the tasks it makes.
+
+A sweep file has three tables: ``[job]`` (scheduler, name, time, ranks_per_node, cpus_per_rank,
+gpus_per_node, throttle), ``[train]`` (``hpcopt train`` options every task shares) and
+``[sweep]`` (lists: every combination is one task; ``ranks`` is the number of MPI ranks).
+Every key is checked against ``hpcopt train``'s own options and every task's options are
+resolved as ``hpcopt train`` would resolve them, so a typo or a bad value fails here and not
+after a day in the queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import HpcoptError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SCHEDULERS = ("slurm", "pbs")
+JOB_DEFAULTS: dict[str, Any] = {"scheduler": "slurm", "name": "hpcopt", "time": "01:00:00",
+                                "ranks_per_node": 1, "cpus_per_rank": 1, "gpus_per_node": 0,
+                                "throttle": 0}
+#: Options the study sets itself: each task's run directory.
+RESERVED = ("out", "resume")
+ABBREVIATIONS = {"ranks": "n", "interval": "I", "seed": "s"}
+UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")  # replaced by "_" in run directory names
+WORD = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of the study: its place in the array, run directory name, ranks and options."""
+
+    index: int
+    name: str
+    ranks: int
+    args: tuple[str, ...]  # ``hpcopt train`` flags, without --out
+
+    @property
+    def run(self) -> Path:
+        """The run directory, relative to the study directory."""
+        return Path("runs") / self.name
+
+
+@dataclass(frozen=True)
+class Study:
+    """A sweep file read and checked."""
+
+    job: dict[str, Any]
+    train: dict[str, Any]
+    sweep: dict[str, list[Any]]
+    text: str  # the file as written, kept in the study directory
+
+
+def load_study(path: str | Path) -> Study:
+    """The sweep file ``path``, validated (HpcoptError naming the problem otherwise)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text)
+    except FileNotFoundError:
+        raise HpcoptError(f"sweep file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HpcoptError(f"cannot read sweep file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise HpcoptError(f"sweep file {path} is not valid TOML: {exc}") from None
+    unknown = set(data) - {"job", "train", "sweep"}
+    if unknown:
+        raise HpcoptError(f"unknown table(s) {sorted(unknown)} in {path}: use [job], [train], [sweep]")
+    job = _job(data.get("job", {}))
+    train, sweep = data.get("train", {}), data.get("sweep", {})
+    from ..config import option_index
+
+    known = option_index()
+    for table, values in (("train", train), ("sweep", sweep)):
+        for key in values:
+            if key not in known and not (table == "sweep" and key == "ranks"):
+                raise HpcoptError(f"[{table}] {key!r} is not an hpcopt train option")
+            if key in RESERVED:
+                raise HpcoptError(f"[{table}] {key!r} is set by the sweep (one run directory per task)")
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise HpcoptError(f"[sweep] {key} must be a non-empty list")
+    ranks = sweep.get("ranks", [1])
+    if any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in ranks):
+        raise HpcoptError(f"[sweep] ranks must be positive integers, got {ranks}")
+    return Study(job, train, sweep, text)
+
+
+def _job(table: dict[str, Any]) -> dict[str, Any]:
+    job = dict(JOB_DEFAULTS)
+    for key, value in table.items():
+        if key not in JOB_DEFAULTS:
+            raise HpcoptError(f"unknown [job] key {key!r} (keys: {', '.join(JOB_DEFAULTS)})")
+        job[key] = value
+    if job["scheduler"] not in SCHEDULERS:
+        raise HpcoptError(f"scheduler must be one of {SCHEDULERS}, got {job['scheduler']!r}")
+    for key, least in (("ranks_per_node", 1), ("cpus_per_rank", 1), ("gpus_per_node", 0), ("throttle", 0)):
+        if not isinstance(job[key], int) or isinstance(job[key], bool) or job[key] < least:
+            raise HpcoptError(f"[job] {key} must be an integer >= {least}")
+    if job["gpus_per_node"] and job["gpus_per_node"] != job["ranks_per_node"]:
+        raise HpcoptError("with GPUs, ranks_per_node must equal gpus_per_node (one rank per GPU)")
+    for key in ("name", "time"):
+        if not isinstance(job[key], str) or not WORD.match(job[key].replace(":", "")):
+            raise HpcoptError(f"[job] {key} must be a word of letters, digits and . _ - (got {job[key]!r})")
+    return job
+
+
+def flag_value(value: Any) -> str:
+    """A TOML value as ``hpcopt train`` reads it from the command line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _short(key: str, value: Any) -> str:
+    return UNSAFE.sub("_", f"{ABBREVIATIONS.get(key, key)}{flag_value(value).replace(',', '_')}")
+
+
+def tasks(study: Study) -> list[Task]:
+    """One task per combination of the sweep lists, ``ranks`` outermost (so the tasks of one
+    rank count are contiguous: one array each), each resolved as ``hpcopt train`` would."""
+    from ..config import build_config
+
+    keys = ["ranks", *(k for k in study.sweep if k != "ranks")]
+    lists = [study.sweep.get(k, [1]) for k in keys]
+    found: list[Task] = []
+    names: dict[str, int] = {}
+    for combo in itertools.product(*lists):
+        chosen = dict(zip(keys, combo))
+        ranks = chosen.pop("ranks")
+        name = "-".join([study.job["name"], _short("ranks", ranks),
+                         *(_short(k, v) for k, v in chosen.items() if len(study.sweep[k]) > 1)])
+        options = {k: flag_value(v) for k, v in {**study.train, **chosen}.items()}
+        if study.job["gpus_per_node"]:
+            options["device"] = "gpu"
+        try:
+            build_config(None, options)
+        except HpcoptError as exc:
+            raise HpcoptError(f"task {name}: {exc}") from None
+        if name in names:
+            raise HpcoptError(f"tasks {names[name]} and {len(found)} would share the run directory "
+                              f"runs/{name}: give the sweep values that differ in their names")
+        names[name] = len(found)
+        args = tuple(part for k, v in options.items() for part in (f"--{k.replace('_', '-')}", v))
+        found.append(Task(len(found), name, ranks, args))
+    return found
+
+
+def command_line(task: Task) -> str:
+    """The task's ``hpcopt train`` flags as one shell-quoted line (the manifest's column)."""
+    return shlex.join(task.args)

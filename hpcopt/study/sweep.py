@@ -1,0 +1,144 @@
+"""``hpcopt sweep STUDY.toml``: a study directory with one job array per rank count.
+
+The tasks of a sweep file (``spec.py``) go into ``manifest.tsv``; the tasks that run on R ranks
+(contiguous in the manifest) become one array, ``array-n<R>.sh``: ``#SBATCH --array=A-B%K``
+under Slurm or ``#PBS -J A-B`` under PBS (K = ``[job] throttle``), rendered from
+``templates/<scheduler>.sh``. An array's tasks share one resource request, hence one array per
+rank count. Each task runs ``python -m hpcopt.study.task`` (``task.py``). ``--dry-run`` lists
+the tasks and writes nothing; ``--local -j K`` runs them here, K at a time (``local.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import HpcoptError
+from .layout import LOGS, MANIFEST, SITE, SPEC, manifest_text, read_manifest
+from .spec import Study, Task, command_line, load_study, tasks
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+DEFAULT_SITE = Path("jobs/site.sh")
+SITE_STUB = ("# Site file: sourced by every array script of this study before hpcopt starts\n"
+             "# (module loads, the virtual environment, MPI variables). None was given.\n:\n")
+
+
+@dataclass(frozen=True)
+class Script:
+    """An array script: its file name, text, and the tasks it runs."""
+
+    name: str
+    text: str
+    first: int
+    last: int
+    ranks: int
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep", metavar="STUDY.toml",
+                        help="sweep file: [job], [train] and [sweep] tables (see jobs/README.md)")
+    parser.add_argument("--out", default="study", help="the study directory (default: study)")
+    parser.add_argument("--site", help="site file the arrays source, copied into the study as "
+                        f"site.sh (default: {DEFAULT_SITE} when it exists)")
+    parser.add_argument("--dry-run", action="store_true", help="list the tasks; write nothing")
+    parser.add_argument("--local", action="store_true",
+                        help="run the tasks on this machine (mpiexec), with the same run "
+                        "directories and resume as the arrays")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="K",
+                        help="with --local: tasks at a time (default: 1)")
+
+
+def _array(scheduler: str, first: int, last: int, throttle: int) -> str:
+    if scheduler == "pbs":  # PBS ranges need two indices: the step 2 leaves only the first
+        return f"{first}-{last}" if last > first else f"{first}-{first + 1}:2"
+    return (f"{first}-{last}" if last > first else str(first)) + (f"%{throttle}" if throttle else "")
+
+
+def scripts(study: Study, found: list[Task]) -> list[Script]:
+    """One array script per rank count."""
+    job = study.job
+    template = string.Template((TEMPLATES / f"{job['scheduler']}.sh").read_text())
+    rendered = []
+    for ranks, group in itertools.groupby(found, key=lambda t: t.ranks):
+        members = list(group)
+        first, last = members[0].index, members[-1].index
+        per_node, gpus = min(ranks, job["ranks_per_node"]), job["gpus_per_node"]
+        name = f"array-n{ranks}.sh"
+        values = {
+            "name": f"{job['name']}-n{ranks}",
+            "array": _array(job["scheduler"], first, last, job["throttle"]),
+            "first": first, "last": last, "script": name, "ranks": ranks,
+            "nodes": math.ceil(ranks / job["ranks_per_node"]), "ranks_per_node": per_node,
+            "cpus_per_rank": job["cpus_per_rank"], "cpus_per_node": per_node * job["cpus_per_rank"],
+            "time": job["time"],
+            "gpu_directives": f"#SBATCH --gpus-per-node={gpus}" if gpus else "",
+            "pbs_gpus": f":ngpus={gpus}" if gpus else "",
+            # PBS Pro 2020 and later; older servers reject the line (remove it there)
+            "pbs_throttle": f"#PBS -W max_run_subjobs={job['throttle']}" if job["throttle"] else "",
+            # one rank per GPU: Slurm binds each task to its closest GPU and hpcopt picks it by
+            # node-local rank; PBS sites bind through their own mpiexec wrappers (site file)
+            "launcher_flags": "--gpus-per-task=1 --gpu-bind=closest" if job["scheduler"] == "slurm" and gpus
+            else "",
+        }
+        rendered.append(Script(name, template.substitute(values), first, last, ranks))
+    return rendered
+
+
+def _site_text(site: str | None) -> str:
+    path = Path(site) if site else DEFAULT_SITE
+    if not site and not path.is_file():
+        return SITE_STUB
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HpcoptError(f"cannot read the site file {path}: {exc}") from None
+
+
+def write_study(out: Path, study: Study, found: list[Task], arrays: list[Script], site: str) -> None:
+    """Write the study directory; HpcoptError if it holds a different study."""
+    manifest = manifest_text(found)
+    existing = out / MANIFEST
+    if existing.is_file() and existing.read_text() != manifest:
+        raise HpcoptError(f"{out} holds another study (its {MANIFEST} lists other tasks): "
+                          "choose another --out")
+    try:
+        (out / LOGS).mkdir(parents=True, exist_ok=True)
+        for script in arrays:
+            (out / script.name).write_text(script.text)
+            (out / script.name).chmod(0o755)
+        (out / SITE).write_text(site)
+        (out / SPEC).write_text(study.text)
+        existing.write_text(manifest)
+    except OSError as exc:
+        raise HpcoptError(f"cannot write the study {out}: {exc.strerror or exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs < 1 or (args.jobs != 1 and not args.local):
+        raise HpcoptError("-j K needs --local and K >= 1")
+    study = load_study(args.sweep)
+    found = tasks(study)
+    arrays = scripts(study, found)
+    out = Path(args.out)
+    width = max(len(t.run.as_posix()) for t in found)
+    for task in found:
+        run = task.run.as_posix()
+        print(f"{task.index:>4}  {task.ranks:>3} rank(s)  {run:<{width}}  {command_line(task)}")
+    described = ", ".join(f"{a.name} (tasks {a.first}-{a.last}, {a.ranks} rank(s))" for a in arrays)
+    if args.dry_run:
+        print(f"would write {len(found)} task(s) into {out}: {MANIFEST}, {described}")
+        return 0
+    site = _site_text(args.site)
+    write_study(out, study, found, arrays, site)
+    print(f"wrote {len(found)} task(s) into {out}: {MANIFEST}, {described}", flush=True)
+    if args.local:
+        from .local import run_local
+
+        return run_local(out, read_manifest(out), args.jobs)
+    submit = "qsub" if study.job["scheduler"] == "pbs" else "sbatch"
+    print(f"submit from the study directory: cd {out}; " + "; ".join(f"{submit} {a.name}" for a in arrays))
+    return 0

@@ -1,0 +1,186 @@
+"""Studies end to end with real ``mpiexec`` jobs: ``hpcopt sweep``, a stand-in ``qsub`` that runs
+the arrays' tasks here (tests/schedulers.py), ``hpcopt collect`` and ``hpcopt report`` on a
+12-task study that is moved before it is gathered; and the states ``collect`` tells from tasks
+stopped by SIGTERM, crashed, killed with their node (as it were) and never started, with the
+stopped task resumed by running it again, and left alone once finished."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcopt.io.trace import read_trace
+from hpcopt.study import layout
+from hpcopt.study.collect import Found, Row, collect, state
+from tests.faults.jobs import ROOT, _kill_tree
+from tests.timeouts import scaled
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: Bytes of one average of the digits MLP with --hidden 16: (64 x 16 + 16 + 16 x 10 + 10) float32.
+AVERAGE_BYTES = 4 * (64 * 16 + 16 + 16 * 10 + 10)
+
+TWELVE = """
+[job]
+scheduler = "pbs"
+name = "e2e"
+ranks_per_node = 2
+throttle = 2
+[train]
+dataset = "digits"
+hidden = [16]
+steps = 12
+eval_every = 6
+trace_every = 3
+progress = false
+[sweep]
+ranks = [1, 2]
+interval = [1, 3, 6]
+seed = [0, 1]
+"""
+
+#: Four 2-rank tasks slowed down (every step averages, and every counted call sleeps 20 ms), so
+#: that a test can act on them while they run: at least 3.2 s of sleep each.
+SLOW = """
+[job]
+name = "s"
+[train]
+dataset = "digits"
+hidden = [16]
+steps = 160
+interval = 1
+trace_every = 4
+checkpoint_every = 40
+network = "alpha=0.02,bandwidth=1e9"
+network_delay = true
+[sweep]
+ranks = [2]
+seed = [0, 1, 2, 3]
+"""
+
+
+def environment() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT=str(int(scaled(120))),
+                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def hpcopt(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "hpcopt", *args], cwd=cwd, env=environment(),
+                          capture_output=True, text=True, timeout=scaled(300))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def qsub(study: Path, script: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "tests.schedulers", "qsub", script], cwd=study,
+                          env=environment(), capture_output=True, text=True, timeout=scaled(600))
+    assert done.returncode == 0 and done.stdout.strip() == "4242[].server", done.stdout + done.stderr
+
+
+def test_a_twelve_task_study_end_to_end(tmp_path):
+    (tmp_path / "study.toml").write_text(TWELVE)
+    written = hpcopt("sweep", "study.toml", "--out", "study", cwd=tmp_path).stdout
+    assert "array-n1.sh (tasks 0-5, 1 rank(s)), array-n2.sh (tasks 6-11, 2 rank(s))" in written
+    for script in ("array-n1.sh", "array-n2.sh"):
+        qsub(tmp_path / "study", script)
+    moved = tmp_path / "elsewhere" / "study"  # every path in a study is relative to it
+    moved.parent.mkdir()
+    shutil.move(tmp_path / "study", moved)
+    hpcopt("collect", str(moved), cwd=tmp_path)
+    with open(moved / "study.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 12
+    assert list(rows[0])[:5] == ["run", "state", "ranks", "interval", "seed"]  # only what differs
+    for row in rows:
+        assert row["state"] == "finished", row
+        assert row["steps"] == "12" and int(row["rounds"]) == 12 // int(row["interval"])
+        assert int(row["bytes_average"]) == int(row["rounds"]) * AVERAGE_BYTES
+        assert 0 < float(row["eval_accuracy"]) <= 1 and float(row["train_loss"]) > 0
+        assert row["checkpoint"] == f"{row['run']}/checkpoints/step-000000012.h5"
+        assert (moved / row["checkpoint"]).is_file()
+    assert [row["run"] for row in rows][7] == "runs/e2e-n2-I1-s1"
+    table = (moved / "study.md").read_text()
+    assert "12 runs: 12 finished." in table and table.count("\n| runs/e2e-") == 12
+    report = hpcopt("report", str(moved), "--out", str(moved / "report"), cwd=tmp_path).stdout
+    assert report.count("wrote ") == 6  # steps, rounds, bytes, wall, interval and report.md
+    for name in ("interval.png", "wall.png"):
+        assert (moved / "report" / name).read_bytes()[:8] == PNG_SIGNATURE
+    assert (moved / "report" / "report.md").read_text().count("| ranks=") == 12
+
+
+def start_task(study: Path, index: int) -> subprocess.Popen:
+    """Task ``index`` as its array would run it, in a session of its own (a scheduler's job)."""
+    log = open(layout.log_path(study, index), "wb")
+    return subprocess.Popen([sys.executable, "-m", "hpcopt.study.task", str(index), "mpiexec", "-n", "2"],
+                            cwd=study, env=environment(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_until_training(study: Path, index: int, task: subprocess.Popen) -> Row:
+    """Once task ``index`` trains (its first checkpoint, at step 40 of 160, is written: every
+    rank is in its loop, where SIGTERM only sets the stop flag, and 2.4 s of sleep are left),
+    its row with the state from its record."""
+    entry = layout.read_manifest(study)[index]
+    log, deadline = layout.log_path(study, index), time.monotonic() + scaled(60)
+    while not (study / entry.run / "checkpoints" / "step-000000040.h5").exists():
+        assert task.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
+    row = Row(Found(study / entry.run, study, entry))
+    row.state, row.note = state(row)
+    return row
+
+
+def test_collect_tells_running_stopped_failed_and_not_started_and_a_stopped_task_resumes(tmp_path):
+    (tmp_path / "slow.toml").write_text(SLOW)
+    hpcopt("sweep", "slow.toml", "--out", "study", cwd=tmp_path)
+    study = tmp_path / "study"
+    manifest = (study / "manifest.tsv").read_text().splitlines()
+    manifest[2] += " --debug-fail-at 1:5"  # task 1 crashes on rank 1
+    (study / "manifest.tsv").write_text("\n".join(manifest) + "\n")
+
+    task = start_task(study, 0)
+    running = wait_until_training(study, 0, task)
+    assert running.state == "running" and running.note.startswith("on ")
+    os.killpg(task.pid, signal.SIGTERM)  # what the scheduler does at the time limit
+    assert task.wait(timeout=scaled(60)) == 143, layout.log_path(study, 0).read_text()
+
+    assert start_task(study, 1).wait(timeout=scaled(60)) == 1
+
+    task = start_task(study, 2)
+    wait_until_training(study, 2, task)
+    _kill_tree(task.pid)  # the task and its ranks die at once, with no chance to record anything
+    task.wait()
+
+    shutil.copytree(study / "runs" / "s-n2-s2", tmp_path / "loose")  # a run outside any study
+    collect([study, tmp_path / "loose"], study)
+    with open(study / "study.csv", newline="") as handle:
+        rows = {row["run"]: row for row in csv.DictReader(handle)}
+    stopped, crashed, killed, waiting = (rows[f"runs/s-n2-s{i}"] for i in range(4))
+    assert stopped["state"] == "stopped" and stopped["note"] == "exit 143 (SIGTERM)"
+    assert stopped["checkpoint"].startswith("runs/s-n2-s0/checkpoints/step-")
+    assert 40 < int(stopped["steps"]) < 160 and float(stopped["modelled_comm_seconds"]) > 0
+    assert crashed["state"] == "failed" and crashed["note"].startswith("exit 1: [rank 1] ")
+    assert "injected failure on rank 1 at step 5" in crashed["note"]
+    assert killed["state"] == "failed" and "ended without recording its exit" in killed["note"]
+    assert waiting["state"] == "not started" and waiting["steps"] == "" and waiting["seed"] == "3"
+    loose = rows[str(tmp_path / "loose")]
+    assert loose["state"] == "incomplete" and "no task record" in loose["note"]
+    assert "Traceback" not in (study / "study.md").read_text()
+
+    # run again (a requeue), the stopped task resumes from its checkpoint and finishes
+    assert start_task(study, 0).wait(timeout=scaled(120)) == 0
+    assert " resume runs/s-n2-s0" in layout.log_path(study, 0).read_text()
+    trace = read_trace(study / "runs" / "s-n2-s0" / "trace.h5")
+    assert trace.summary is not None and trace.summary["step"] == 160 and trace.attrs["resumed_at"] != "[]"
+    collect([study], study)
+    assert "| runs/s-n2-s0 | finished |" in (study / "study.md").read_text()
+    # and once more (a resubmitted array), the finished task is left as it is
+    before = (study / "runs" / "s-n2-s0" / "trace.h5").stat().st_mtime_ns
+    assert start_task(study, 0).wait(timeout=scaled(60)) == 0
+    assert "has finished; nothing to do" in layout.log_path(study, 0).read_text()
+    assert (study / "runs" / "s-n2-s0" / "trace.h5").stat().st_mtime_ns == before
