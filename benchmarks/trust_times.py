@@ -45,6 +45,8 @@ CHECKPOINT_EVERY = (0, 1, 2, 4, 8, 16)
 TRACE_EVERY = (1, 2, 4, 8, 16)
 SIGNAL_STEP, STEPS = 20, 64
 HEADER = ("case", "ranks", "exit", "s to end", "outcome")
+#: The run header, which a signal sent "after the header" waits for (SMALL turns progress off).
+HEADER_SHOWN = ("--progress", "true")
 
 
 def small(out: Path, *flags: str, steps: int = STEPS) -> list[str]:
@@ -78,7 +80,7 @@ def signal_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
             rows.append((f"SIGTERM to rank {ranks - 1} in step {SIGNAL_STEP}, ce {ce}, te {te}",
                          str(ranks), str(job.returncode), seconds(job), outcome))
     out = work / f"sig-{ranks}-launcher"
-    job = run_job(small(out, "--checkpoint-every", "8", "--trace-every", "8", steps=100_000),
+    job = run_job(small(out, "--checkpoint-every", "8", "--trace-every", "8", *HEADER_SHOWN, steps=100_000),
                   ranks=ranks, send=Send(signal.SIGTERM, after=0.5))
     rows.append(("SIGTERM to mpiexec 0.5 s into training, ce 8, te 8", str(ranks),
                  str(job.returncode), seconds(job), f"stopped at tick {newest_tick(out)}, checkpoint there"))
@@ -99,7 +101,7 @@ def ctrl_c_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
     rows = []
     for i, (name, flags, send, steps) in enumerate(cases):
         out = work / f"int-{ranks}-{i}"
-        job = run_job(small(out, *flags, steps=steps), ranks=ranks, send=send)
+        job = run_job(small(out, *flags, *HEADER_SHOWN, steps=steps), ranks=ranks, send=send)
         tick = newest_tick(out)
         rows.append((name, str(ranks), str(job.returncode), seconds(job),
                      f"newest checkpoint {tick}; {len(job.hpcopt_lines())} hpcopt line(s)"))

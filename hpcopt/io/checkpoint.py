@@ -113,9 +113,14 @@ def checkpoint_path(out: Path, tick: int) -> Path:
 def run_directory(path: Path) -> Path | None:
     """The run directory of a checkpoint: the folder above the ``checkpoints/`` it lies in (so
     a moved run directory still works); None for a checkpoint outside one. Never the ``out``
-    its config names: a file does not choose where a run writes."""
-    path = Path(path).resolve()
-    return path.parent.parent if path.parent.name == SUBDIR else None
+    its config names: a file does not choose where a run writes. Written as ``path`` is (a
+    relative path stays relative) unless links make the folder another one."""
+    given, resolved = Path(path), Path(path).resolve()
+    if resolved.parent.name != SUBDIR:
+        return None
+    home = resolved.parent.parent
+    as_given = given.parent.name == SUBDIR and given.parent.parent.resolve() == home
+    return given.parent.parent if as_given else home
 
 
 def has_checkpoints(out: Path) -> bool:

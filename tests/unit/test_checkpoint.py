@@ -406,3 +406,17 @@ def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str):
     _, state = fresh_train(config, resume=path)
     np.testing.assert_array_equal(state.x, np.load(data / f"{algorithm}-step-10-x.npy"))
     return old
+
+
+def test_a_checkpoints_run_directory_is_written_as_the_user_gave_it(tmp_path, monkeypatch):
+    """A resumed run prints and uses the run directory as the user wrote it (relative stays
+    relative); a checkpoints/ folder that is a link to another run's is that run's directory."""
+    from hpcopt.io.checkpoint import run_directory
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "a" / "checkpoints").mkdir(parents=True)
+    assert run_directory(Path("runs/a/checkpoints/step-000000008.h5")) == Path("runs/a")
+    (tmp_path / "runs" / "b").mkdir()
+    (tmp_path / "runs" / "b" / "checkpoints").symlink_to(tmp_path / "runs" / "a" / "checkpoints")
+    assert run_directory(Path("runs/b/checkpoints/step-000000008.h5")) == tmp_path / "runs" / "a"
+    assert run_directory(Path("loose.h5")) is None
