@@ -44,6 +44,8 @@ from tests.faults.jobs import INJECTED, SMALL, Send, assert_same_run, run_job  #
 CHECKPOINT_EVERY = (0, 1, 2, 4, 8, 16)
 TRACE_EVERY = (1, 2, 4, 8, 16)
 SIGNAL_STEP, STEPS = 20, 64
+#: Long enough (a few seconds) for a kill at a random moment to land in training.
+KILL_STEPS = 2000
 HEADER = ("case", "ranks", "exit", "s to end", "outcome")
 #: The run header, which a signal sent "after the header" waits for (SMALL turns progress off).
 HEADER_SHOWN = ("--progress", "true")
@@ -110,15 +112,15 @@ def ctrl_c_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
 
 def kill_cases(ranks: int, kills: int, work: Path, rng: random.Random) -> list[tuple[str, ...]]:
     reference = work / f"kill-{ranks}-reference"
-    run_job(small(reference), ranks=ranks)
+    run_job(small(reference, steps=KILL_STEPS), ranks=ranks)
     rows = []
     for i in range(kills):
-        out, rank, after = work / f"kill-{ranks}-{i}", rng.randrange(ranks), rng.uniform(0.0, 1.5)
-        killed = run_job(small(out, "--checkpoint-every", "8", steps=STEPS), ranks=ranks,
+        out, rank, after = work / f"kill-{ranks}-{i}", rng.randrange(ranks), rng.uniform(0.0, 2.0)
+        killed = run_job(small(out, steps=KILL_STEPS), ranks=ranks,
                          send=Send(signal.SIGKILL, after=after, rank=rank, when="start"))
         tick = newest_tick(out)
         if tick is None:  # killed before the first checkpoint: the directory is reused from scratch
-            resumed = run_job(small(out), ranks=ranks)
+            resumed = run_job(small(out, steps=KILL_STEPS), ranks=ranks)
         else:
             resumed = run_job(["resume", str(out), "--progress", "false"], ranks=ranks)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -93,7 +94,8 @@ def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
             if send.rank is None:
                 process.send_signal(send.signum)  # the launcher forwards it to every rank
             else:
-                os.kill(pids[send.rank], send.signum)
+                with contextlib.suppress(ProcessLookupError):  # the rank has just ended by itself
+                    os.kill(pids[send.rank], send.signum)
         process.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the job did not end within {timeout} s: {' '.join(command)}\n"
