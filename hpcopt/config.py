@@ -40,6 +40,25 @@ NONFINITE_MODES = ("stop", "skip")
 PIPELINE_ALGORITHMS = algorithm_names(PIPELINE)
 
 
+#: ``[model]`` keys of one kind of model -> the models they apply to.
+MODEL_KEYS = {"hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
+              "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)}
+#: ``[data]`` keys of one partition -> the partition they apply to.
+PARTITION_KEYS = {"alpha": "dirichlet", "similarity": "similarity"}
+
+
+def applies(config: Config, key: str) -> bool:
+    """Whether option ``key`` means something in a run of ``config`` (an algorithm's own option,
+    a model's own key, a partition's own parameter); every other option applies everywhere."""
+    if key in ALGORITHM_OPTIONS:
+        return config.algorithm.algorithm in ALGORITHM_OPTIONS[key].users
+    if key in MODEL_KEYS:
+        return config.model.model in MODEL_KEYS[key]
+    if key in PARTITION_KEYS:
+        return config.data.partition == PARTITION_KEYS[key]
+    return True
+
+
 def _refuse_changed(section: Any, key: str, value: str, only: dict[str, tuple[str, ...]]) -> None:
     """HpcoptError for the first option of ``only`` (in its order) changed from its default while
     ``key`` is ``value``, which is not among the values the option applies to."""
@@ -155,9 +174,7 @@ class ModelConfig:
 
     def _check_model_keys(self) -> None:
         """Keys of one kind of model are refused (when changed from the default) for the others."""
-        _refuse_changed(self, "model", self.model, {
-            "hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
-            "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)})
+        _refuse_changed(self, "model", self.model, MODEL_KEYS)
 
     @property
     def torch(self) -> bool:

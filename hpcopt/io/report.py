@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, applies
 from ..errors import HpcoptError
 from ..run.progress import Ticker
 from ..study.layout import is_study, read_manifest, study_traces
@@ -71,6 +71,10 @@ PIPELINE_AXES = (
     Axis("modelled", "modelled pipeline time (s): sum of 2 tau (K + Delta - 1)",
          lambda t: t.columns["modelled_time"], lambda t: _final(t, "modelled_time")),
 )
+
+
+#: Said on the metric panel when no run was evaluated before its end.
+ONE_POINT_NOTE = "one point per run: evaluated only at the end\n(--eval-every N draws a curve)"
 
 
 def _final(trace: Trace, key: str) -> float:
@@ -142,7 +146,8 @@ def run_labels(traces: Sequence[Trace]) -> list[str]:
     included), else the run directory names; made unique when runs share them."""
     chosen = [settings(t.config, t.attrs.get("world_size")) for t in traces]
     keys = differences(chosen)
-    labels = [", ".join(f"{k}={text(s.get(k))}" for k in keys) for s in chosen]
+    labels = [", ".join(f"{k}={text(s.get(k))}" for k in keys if applies(t.config, k))
+              for s, t in zip(chosen, traces)]
     if len(set(labels)) < len(labels):  # the same settings twice: add the run directory
         labels = [", ".join(filter(None, [label, t.path.parent.name])) if labels.count(label) > 1
                   else label for label, t in zip(labels, traces)]
@@ -215,6 +220,9 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
         loss_ax.set(ylabel="training loss (mean over ranks)", yscale="log", xscale=axis.scale,
                     title=f"Training loss and {metric} against {axis.label}")
         acc_ax.set(xlabel=axis.label, ylabel=metric)
+        if all(len(line.get_xdata()) <= 1 for line in acc_ax.get_lines()):
+            acc_ax.text(0.5, 0.5, ONE_POINT_NOTE, transform=acc_ax.transAxes, ha="center",
+                        va="center", fontsize="small", alpha=0.7)
         for which in (loss_ax.yaxis.set_major_formatter, loss_ax.yaxis.set_minor_formatter):
             which(FormatStrFormatter("%g"))
         for ax in (loss_ax, acc_ax):

@@ -9,7 +9,15 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
-from hpcopt.io.report import AXES, PIPELINE_AXES, figures, load_traces, run_labels, write_report
+from hpcopt.io.report import (
+    AXES,
+    ONE_POINT_NOTE,
+    PIPELINE_AXES,
+    figures,
+    load_traces,
+    run_labels,
+    write_report,
+)
 from tests.unit.test_cli import assert_one_line_error, launch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -159,3 +167,29 @@ def test_traces_are_read_in_a_child_first_and_damage_names_the_file(two_runs, tm
         load_traces(two_runs)
     assert str(error.value) == (f"{two_runs[1]} is a damaged trace: the process that checked it "
                                 "crashed reading it (SIGSEGV)")
+
+
+def test_labels_carry_only_the_differing_options_that_apply_to_each_run(tmp_path):
+    """An i.i.d. run is not labelled with the Dirichlet alpha it does not use."""
+    from hpcopt.comm import Comm
+    from hpcopt import train
+
+    paths = []
+    for name, partition in (("iid", {}), ("skewed", {"partition": "dirichlet", "alpha": "0.5"})):
+        out = tmp_path / name
+        config = build_config(None, {"dataset": "digits", "hidden": "16", "steps": "8",
+                                     "progress": "false", "out": str(out), **partition})
+        comm = Comm()
+        train(config, comm, verbose=False)
+        comm.free()
+        paths.append(out / "trace.h5")
+    traces = load_traces(paths)
+    assert run_labels(traces) == ["partition=iid", "partition=dirichlet, alpha=0.5"]
+    # evaluated only at the end: the metric panel says so
+    texts = [t.get_text() for t in figures(traces, run_labels(traces))["steps"].axes[1].texts]
+    assert texts == [ONE_POINT_NOTE]
+
+
+def test_the_one_point_note_is_absent_when_runs_were_evaluated_along_the_way(two_runs):
+    traces = load_traces(two_runs)
+    assert not figures(traces, run_labels(traces))["steps"].axes[1].texts
