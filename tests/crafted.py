@@ -67,7 +67,6 @@ def lock_file(directory: Path, host: str, pid: int, age_seconds: float = 0.0, **
     """``directory``'s lock file naming the holder ``host``, ``pid`` (other fields as given, or
     plausible), last refreshed ``age_seconds`` ago."""
     import json
-    import os
     import time
 
     from hpcopt.run.lock import FILE_NAME
@@ -78,6 +77,7 @@ def lock_file(directory: Path, host: str, pid: int, age_seconds: float = 0.0, **
     path.write_text(json.dumps(record))
     when = time.time() - age_seconds
     os.utime(path, (when, when))
+    return path
 
 
 # -- what a file points at or declares (hpcopt.io.structure refuses each) -----------------------
@@ -210,6 +210,7 @@ def state_dict_with_group(path: Path) -> Path:
     """A state_dict file with a group (holding a dataset) at its root, next to the tensors."""
     with h5py.File(path, "r+") as f:
         f.create_group("block").create_dataset("weight", data=[1.0, 2.0])
+    return path
 
 
 def truncated_trace(source: Path, path: Path, keep: int = 3000) -> Path:
