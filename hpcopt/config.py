@@ -269,7 +269,7 @@ class RunConfig:
     checkpoint_every: int = option(0, "clock ticks between checkpoints; 0 = only the final one")
     keep_checkpoints: int = option(3, "the newest K checkpoints are kept, older ones deleted")
     trace: bool = option(True, "write OUT/trace.h5")
-    trace_every: int = option(8, "clock ticks per trace row (and per check for SIGTERM)")
+    trace_every: int = option(8, "clock ticks per trace row (SIGTERM or Ctrl-C stops a run within two)")
     averaging: str = option("auto", "auto | mpi | shm (node-local shared memory), see hpcopt.comm")
     network: str = option("",
                           "cost-model profile for modelled comm seconds in the trace, see "
