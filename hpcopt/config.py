@@ -232,10 +232,10 @@ def algorithm_section(classes: Mapping[str, type]) -> type[AlgorithmSection]:
         if chosen is None:
             raise HpcoptError(f"unknown algorithm {section.algorithm!r} (choose from {', '.join(classes)})")
         for o in options.values():
-            if getattr(section, o.key) is ALGORITHM_DEFAULT:
-                object.__setattr__(section, o.key, o.defaults.get(section.algorithm, o.default))
-        for o in options.values():
             value = getattr(section, o.key)
+            if value is ALGORITHM_DEFAULT:
+                value = o.defaults.get(section.algorithm, o.default)
+                object.__setattr__(section, o.key, value)
             if (section.algorithm not in o.defaults and value != o.default
                     and getattr(chosen, "implied", {}).get(o.key, o.default) != value):
                 raise HpcoptError(f"{o.key} applies only to --algorithm {' or '.join(o.users)}, "
