@@ -93,7 +93,7 @@ def build_run(config: Config, comm: Comm, workload: Workload | None = None) -> R
         raise HpcoptError(f"{workload.description}: its epoch length is unknown "
                           "(steps_per_epoch 0): give the number of steps (--steps)")
     total_steps = config.run.steps or max(1, math.ceil(config.run.epochs * workload.steps_per_epoch))
-    algorithm = build_algorithm(config, comm.size, total_steps)
+    algorithm = build_algorithm(config, comm.size, total_steps, workload.layout)
     local_steps = algorithm.steps_for(total_steps, comm.rank, comm.size)
     return RunParts(config, backend, workload, algorithm, total_steps, local_steps)
 
@@ -260,12 +260,16 @@ def build_model(config: Config, inputs: int, classes: int,
     return mlp(inputs, cfg.hidden, classes, cfg.activation)
 
 
-def build_algorithm(config: Config, size: int, total_steps: int) -> DataParallelAlgorithm:
+def build_algorithm(config: Config, size: int, total_steps: int,
+                    layout: ParamLayout | None = None) -> DataParallelAlgorithm:
     """The algorithm ``config.algorithm.algorithm`` names, with its options and the run's
-    context (world size and length for the step-size schedule, the seed)."""
+    context (world size and length for the step-size schedule, the seed, the sizes of the
+    ``layout``'s parameters for streaming fragments)."""
     algo = config.algorithm
+    sizes = tuple(math.prod(shape) for _, shape in layout.entries) if layout is not None else ()
     return create(algo.algorithm, dataclasses.asdict(algo),
-                  {"workers": size, "total_steps": total_steps, "seed": config.run.seed})
+                  {"workers": size, "total_steps": total_steps, "seed": config.run.seed,
+                   "parameter_sizes": sizes})
 
 
 def _steps_per_epoch(config: Config, n_train: int, workers: int) -> int:

@@ -275,3 +275,52 @@ def naive_clip_reference(x0, oracles, steps, lr, gamma, base_lr, **inner):
 
 __all__ = ["prsgd_reference", "minibatch_sgd_reference", "worker_parts", "celgc_reference",
            "naive_clip_reference", "InnerOptions", "Worker", "Outer", "round_policies"]
+
+
+def fragment_cuts(sizes, fragments):
+    """Streaming's fragments, plainly: cut the parameters (``sizes``, in order) at the boundary
+    nearest to each share p d / P, leaving at least one parameter to every fragment."""
+    ends = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
+    cuts = [0]
+    for p in range(1, fragments):
+        allowed = range(cuts[-1] + 1, len(sizes) - (fragments - p) + 1)
+        cuts.append(min(allowed, key=lambda k: (abs(ends[k] - p * ends[-1] / fragments), k)))
+    cuts.append(len(sizes))
+    return [(ends[a], ends[b]) for a, b in zip(cuts, cuts[1:])]
+
+
+def streaming_reference(config, workers: int) -> np.ndarray:
+    """Final averaged model of Streaming DiLoCo, serially: fragment p's mean taken after steps
+    s = p H // P (mod H), its outer step (own anchor and buffer) and the mix
+    x_p <- (1 - alpha) x_p + alpha x0_p applied tau steps later; the means still due at the
+    end are applied then, and the run ends with the plain average."""
+    parts = worker_parts(config, workers)
+    algo = config.algorithm
+    interval, fragments, overlap, alpha = algo.interval, algo.fragments, algo.overlap, algo.fragment_mix
+    schedule = parts[0].algorithm.lr_at
+    sizes = [math.prod(shape) for _, shape in parts[0].workload.layout.entries]
+    bounds = fragment_cuts(sizes, fragments)
+    x = [p.workload.x0.astype(np.float64).copy() for p in parts]
+    inner = [Worker(x[0], InnerOptions.of(algo)) for _ in parts]
+    outers = [Outer.of(x[0][a:b], algo) for a, b in bounds]
+    g = np.zeros_like(x[0])
+    due = {}  # fragment -> (the step its mean was taken, the mean)
+
+    def apply(p):
+        sent, mean = due.pop(p)
+        (a, b), new = bounds[p], outers[p].step(mean, schedule(sent - 1))
+        for xi in x:
+            xi[a:b] = (1 - alpha) * xi[a:b] + alpha * new
+
+    for step in range(1, parts[0].total_steps + 1):
+        for i, part in enumerate(parts):
+            part.workload.problem.oracle(x[i], g)
+            x[i] = inner[i].step(x[i], g.copy(), schedule(step - 1))
+        for p, (a, b) in enumerate(bounds):
+            if (step - p * interval // fragments) % interval == 0:
+                due[p] = (step, sum(xi[a:b] for xi in x) / workers)
+        for p in [p for p, (sent, _) in due.items() if sent + overlap == step]:
+            apply(p)
+    for p in sorted(due, key=lambda p: due[p][0]):
+        apply(p)
+    return sum(x) / workers

@@ -54,6 +54,8 @@ class DataParallelState:
     exp_avg_sq: Array | None = vector()  # AdamW's second moment v (None: inner sgd)
     anchor: Array | None = shared()        # the round's start x_0 (None: outer average)
     outer_buffer: Array | None = shared()  # the outer optimizer's momentum (None: it has none)
+    in_flight: Array | None = vector()  # streaming: what this rank sent of each fragment (None: none)
+    reductions: Any = scratch()         # streaming: the reductions in flight (streaming.InFlight)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
 from .data_parallel import DataParallelState, OuterOptions, Rounds
+from .streaming import FragmentOptions, FragmentSchedule
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -46,8 +48,10 @@ AVERAGE_LABEL = "average"
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestartedSGD(Rounds):
-    """PR-SGD's rounds, with the outer optimizer a subclass chooses (``LocalSGD``, ``SlowMo``)."""
+class RestartedSGD(FragmentOptions, Rounds):
+    """PR-SGD's rounds, with the outer optimizer a subclass chooses (``LocalSGD``, ``SlowMo``);
+    streamed by fragments with ``fragments``, ``overlap``, ``fragment_mix``
+    (``hpcopt.algorithms.streaming``)."""
 
     local_steps: tuple[int, ...] = option((), "local steps per round of each rank (one value "
                                               "per rank); none = interval")
@@ -56,6 +60,14 @@ class RestartedSGD(Rounds):
         super().__post_init__()
         if any(k < 1 for k in self.local_steps):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
+        self.check_fragments(self.interval, {
+            "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
+            "second_moment_policy": self.second_moment_policy != "keep"})
+
+    @cached_property
+    def streamed(self) -> FragmentSchedule:
+        """When each fragment is sent and applied (streaming runs)."""
+        return self.fragment_schedule(self.interval)
 
     def interval_of(self, rank: int) -> int:
         """I_i: the local steps rank ``rank`` runs per round."""
@@ -91,6 +103,13 @@ class RestartedSGD(Rounds):
         rank) is kept as ``state.buffers`` and synchronized at each round."""
         return self.new_state(x0, comm, buffers, DataParallelState)
 
+    def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
+        """Rounds' state, and a streaming run's vector of what it sent and its reductions."""
+        state = super().new_state(x0, comm, buffers, state_type)
+        if self.streaming:
+            state.in_flight, state.reductions = self.streamed.new_in_flight(state.x)
+        return state
+
     def step(self, state: DataParallelState, oracle: Oracle, comm: Comm) -> Any:
         """One local step, then the averaging round if this rank's I_i steps are done.
 
@@ -100,9 +119,31 @@ class RestartedSGD(Rounds):
         self.inner_step(state, self.lr_at(state.step))
         state.step += 1
         state.steps_in_round += 1
-        if state.steps_in_round == self.interval_of(comm.rank):
+        if self.streaming:
+            self.stream(state, comm)
+        elif state.steps_in_round == self.interval_of(comm.rank):
             self.average(state, comm)
         return loss
+
+    def stream(self, state: DataParallelState, comm: Comm) -> None:
+        """A streaming step's fragments, and every interval steps the round's end: the
+        batch-norm statistics by their policy, the round counted."""
+        self.streamed.step(state, comm, self)
+        if state.steps_in_round == self.interval:
+            if state.buffers is not None:
+                sync_buffers(state.buffers, self.buffer_policy, comm)
+            state.rounds += 1
+            state.steps_in_round = 0
+
+    def synchronized(self, state: DataParallelState) -> bool:
+        """At a round's end; a streaming run only at its start (the fragments take turns)."""
+        return state.step == 0 if self.streaming else super().synchronized(state)
+
+    def finish(self, state: DataParallelState, comm: Comm, label: str) -> None:
+        """A streaming run first completes and applies its reductions in flight."""
+        if self.streaming:
+            self.streamed.drain(state, comm, self)
+        super().finish(state, comm, label)
 
     def average(self, state: DataParallelState, comm: Comm) -> None:
         """The round: x_i <- mean_j x_j, the buffer policy, the momentum policies, then the
@@ -116,7 +157,7 @@ class RestartedSGD(Rounds):
         self.outer_step(state, eta=self.lr_at(state.rounds * self.interval - 1))
 
     def describe(self) -> str:
-        return f"I={self.interval}{self.describe_optimizers()}"
+        return f"I={self.interval}{self.describe_optimizers()}{self.describe_fragments()}"
 
 
 @dataclass(frozen=True, kw_only=True)

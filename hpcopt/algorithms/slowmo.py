@@ -65,4 +65,4 @@ class SlowMo(RestartedSGD):
 
     def describe(self) -> str:
         return (f"I={self.interval}{self.describe_inner()}, beta={self.slow_momentum:g}, "
-                f"alpha={self.slow_lr:g}")
+                f"alpha={self.slow_lr:g}{self.describe_fragments()}")

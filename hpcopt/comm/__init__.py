@@ -10,12 +10,14 @@
 from .core import (
     ALLREDUCE_SLICE_BYTES,
     AVERAGING_MODES,
+    IN_FLIGHT,
     Comm,
     CommStats,
     OpCounter,
+    Reduction,
     agreed,
     node_layout,
 )
 
-__all__ = ["Comm", "CommStats", "OpCounter", "agreed", "node_layout", "AVERAGING_MODES",
-           "ALLREDUCE_SLICE_BYTES"]
+__all__ = ["Comm", "CommStats", "OpCounter", "Reduction", "IN_FLIGHT", "agreed", "node_layout",
+           "AVERAGING_MODES", "ALLREDUCE_SLICE_BYTES"]

@@ -37,6 +37,11 @@ ALLREDUCE_SLICE_BYTES = 2 << 20
 #: SHM_AVERAGE_MIN_BYTES up when every node holds several ranks, else mpi).
 AVERAGING_MODES = ("auto", "mpi", "shm")
 
+#: The counter of a non-blocking reduction's seconds in flight, from its post to its completion
+#: (``Comm.complete``; no calls, no bytes: those are its operation's). They overlap computation,
+#: so ``CommStats.totals`` and the trace leave them out of the seconds spent communicating.
+IN_FLIGHT = "in_flight"
+
 
 @dataclass
 class OpCounter:
@@ -62,21 +67,38 @@ class CommStats:
             if extra > 0:
                 time.sleep(extra)
                 seconds += extra
+        self._add(op, label, 1, nbytes, seconds)
+
+    def record_overlapped(self, op: str, label: str, nbytes: int, held: float, hidden: float) -> None:
+        """One completed non-blocking call: ``held`` seconds this rank spent in its post and
+        its wait, ``hidden`` the seconds between them (computation it overlapped); its seconds
+        in flight (both) go to (IN_FLIGHT, label). Delay mode sleeps the modelled seconds that
+        ``hidden`` does not cover."""
+        if self.delay is not None:
+            extra = self.delay(op, nbytes) - hidden
+            if extra > 0:
+                time.sleep(extra)
+                held += extra
+        self._add(op, label, 1, nbytes, held)
+        self._add(IN_FLIGHT, label, 0, 0, held + hidden)
+
+    def _add(self, op: str, label: str, calls: int, nbytes: int, seconds: float) -> None:
         counter = self.counters.get((op, label))
         if counter is None:
             counter = self.counters[(op, label)] = OpCounter()
-        counter.calls += 1
+        counter.calls += calls
         counter.bytes += nbytes
         counter.seconds += seconds
 
     def totals(self, label: str | None = None, op: str | None = None) -> OpCounter:
-        """Sum over all counters matching ``label`` and ``op`` (None matches anything)."""
+        """Sum over all counters matching ``label`` and ``op`` (None matches anything; its
+        seconds leave out those in flight, IN_FLIGHT, unless ``op`` names it)."""
         total = OpCounter()
         for (o, lab), c in self.counters.items():
             if (label is None or lab == label) and (op is None or o == op):
                 total.calls += c.calls
                 total.bytes += c.bytes
-                total.seconds += c.seconds
+                total.seconds += c.seconds if o != IN_FLIGHT or op == IN_FLIGHT else 0.0
         return total
 
     def labels(self) -> list[str]:
@@ -88,6 +110,17 @@ class CommStats:
 
     def reset(self) -> None:
         self.counters.clear()
+
+
+@dataclass
+class Reduction:
+    """A non-blocking allreduce in flight (``Comm.iallreduce``), to finish with ``Comm.complete``."""
+
+    request: MPI.Request
+    label: str
+    nbytes: int
+    posted: float        # time.perf_counter() when it was posted
+    post_seconds: float  # how long posting it took
 
 
 def _slices(n: int, itemsize: int, slice_bytes: int) -> Iterator[slice]:
@@ -243,6 +276,24 @@ class Comm:
         request = self.mpi.Iallgather(values, everyone)
         self.stats.record("iallgather", label, values.nbytes, time.perf_counter() - start)
         return request, everyone
+
+    def iallreduce(self, send: np.ndarray, recv: np.ndarray, label: str,
+                   op: MPI.Op = MPI.SUM) -> Reduction:
+        """Start ``recv <- sum_i send_i`` over ranks (host arrays of one size; neither may be
+        written, nor ``recv`` read, until ``complete``). Counted when completed."""
+        start = time.perf_counter()
+        request = self.mpi.Iallreduce(send, recv, op=op)
+        return Reduction(request, label, send.nbytes, start, time.perf_counter() - start)
+
+    def complete(self, reduction: Reduction) -> None:
+        """Wait for ``reduction``: one ("iallreduce", label) call of its bytes, whose seconds
+        are its post's and this wait's (the seconds this rank was held), and its seconds in
+        flight, from the post to now, under (IN_FLIGHT, label)."""
+        start = time.perf_counter()
+        reduction.request.Wait()
+        held = reduction.post_seconds + time.perf_counter() - start
+        hidden = start - reduction.posted - reduction.post_seconds
+        self.stats.record_overlapped("iallreduce", reduction.label, reduction.nbytes, held, hidden)
 
     def gather(self, values: np.ndarray, label: str, root: int = 0) -> np.ndarray | None:
         """Every rank's small host vector ``values`` stacked (N, k) on ``root``; None elsewhere."""

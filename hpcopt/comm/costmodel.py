@@ -11,7 +11,11 @@ Other operations ``Comm`` counts: broadcast (binomial tree) ``ceil(log2 p) (alph
 barrier ``ceil(log2 p) alpha``; allgather of n bytes a rank (ring) ``(p-1)(alpha + n beta)``;
 gather/scatter of n bytes a rank (tree) ``ceil(log2 p) alpha + (p-1) n beta``; a send
 ``alpha + n beta`` (receives and waits cost nothing more: the transfer is the send's); any
-other collective as an allreduce of its bytes.
+other collective as an allreduce of its bytes. A non-blocking allreduce (``iallreduce``:
+streaming fragments, hpcopt/algorithms/streaming.py) is hidden behind the computation it
+overlapped: a label's modelled seconds are ``max(0, M - H)``, M its calls' modelled seconds and H
+the measured seconds between their posts and their waits (their seconds in flight, ``in_flight``,
+less the seconds the rank was held in them), summed over the label's calls.
 
 A run with ``--network PROFILE`` carries, per trace row and label, the modelled seconds of the
 calls and bytes counted so far beside the measured ones (``comm_modelled``); ``project_wall``
@@ -33,6 +37,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import HpcoptError
+from .core import IN_FLIGHT
 
 ALGORITHMS = ("ring", "tree", "auto")
 
@@ -45,6 +50,9 @@ class CallCounter(Protocol):
 
     @property
     def bytes(self) -> int: ...
+
+    @property
+    def seconds(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,7 @@ def op_seconds(op: str, calls: int, nbytes: float, ranks: int, profile: NetworkP
     size = nbytes / calls
     if op in ("send", "isend"):
         return calls * profile.p2p(size)
-    if op in ("recv", "irecv", "wait") or ranks <= 1:
+    if op in ("recv", "irecv", "wait", IN_FLIGHT) or ranks <= 1:
         return 0.0
     steps = math.ceil(math.log2(ranks))
     if op == "allreduce":
@@ -185,11 +193,16 @@ def network_delay(profile: NetworkProfile, ranks: int,
 
 def comm_modelled(counters: Mapping[tuple[str, str], CallCounter], ranks: int, profile: NetworkProfile,
                   algorithm: str = "auto") -> dict[str, float]:
-    """label -> modelled seconds, from ``CommStats.counters`` ((op, label) -> calls, bytes)."""
+    """label -> modelled seconds, from ``CommStats.counters`` ((op, label) -> calls, bytes,
+    seconds): a non-blocking allreduce's less the computation it overlapped (module docstring)."""
     out: dict[str, float] = {}
     for (op, label), counter in counters.items():
         seconds = op_seconds(op, counter.calls, counter.bytes, ranks, profile, algorithm)
         out[label] = out.get(label, 0.0) + seconds
+    for (op, label), counter in counters.items():
+        held = counters.get(("iallreduce", label))
+        if op == IN_FLIGHT and held is not None:
+            out[label] = max(0.0, out[label] - (counter.seconds - held.seconds))
     return out
 
 
@@ -210,7 +223,9 @@ def trace_modelled(comm: Mapping[str, Mapping[str, np.ndarray]], ops: Mapping[st
     """Per trace row, the modelled communication seconds on ``profile`` of all labels but the
     set-up ones (``SETUP_LABELS``), from the trace's cumulative calls and bytes per label and
     its ``ops`` (label -> operation). The trace's non-blocking allgather counts a post and a
-    wait per row, so half of its calls are modelled."""
+    wait per row, so half of its calls are modelled. A trace holds no seconds in flight: its
+    non-blocking allreduces (streaming fragments) are modelled here unhidden, an upper bound of
+    the run's own ``comm_modelled``."""
     rows = next(iter(comm.values()))["calls"].size if comm else 0
     total = np.zeros(rows)
     for label, fields in comm.items():

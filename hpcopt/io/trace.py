@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Backend
-from ..comm import Comm
+from ..comm import IN_FLIGHT, Comm
 from ..config import Config
 from ..errors import HpcoptError
 from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_reading, text_attr
@@ -55,7 +55,10 @@ OPTIONAL_COLUMNS = {"clip_fraction": "float64", "eval_perplexity": "float64",
                     # pipeline runs (hpcopt.pipeline.run): measured and ideal bubble, seconds per
                     # op tau, modelled pipeline time, point-to-point messages so far (all stages)
                     "bubble": "float64", "bubble_ideal": "float64", "tau": "float64",
-                    "modelled_time": "float64", "messages": "int64"}
+                    "modelled_time": "float64", "messages": "int64",
+                    # streaming fragments (hpcopt.algorithms.streaming): the most bytes a rank had
+                    # in flight at once over the round (interval steps) up to the row's step
+                    "peak_bytes_in_flight": "int64"}
 #: Per-stage columns of pipeline runs: ``busy_<s>`` and ``idle_<s>``, stage s's seconds in the window.
 STAGE_COLUMNS = ("busy", "idle")
 
@@ -215,14 +218,15 @@ class Window:
 
 
 def comm_totals(comm: Comm, network: Any = None) -> dict[str, tuple]:
-    """label -> (calls, bytes, seconds) of this rank, summed over operations; with a
+    """label -> (calls, bytes, seconds) of this rank, summed over operations (not the seconds in
+    flight of non-blocking reductions, ``IN_FLIGHT``: they overlap computation); with a
     ``costmodel.NetworkProfile`` also the modelled seconds on it, as a fourth value."""
     totals: dict[str, list] = {}
-    for (_, label), counter in comm.stats.counters.items():
+    for (op, label), counter in comm.stats.counters.items():
         entry = totals.setdefault(label, [0, 0, 0.0])
         entry[0] += counter.calls
         entry[1] += counter.bytes
-        entry[2] += counter.seconds
+        entry[2] += counter.seconds if op != IN_FLIGHT else 0.0  # overlapped computation
     if network is not None:
         from ..comm.costmodel import comm_modelled
 

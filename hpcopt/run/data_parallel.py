@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..algorithms import streaming
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
 from ..algorithms.local_sgd import AVERAGE_LABEL
+from ..algorithms.streaming import FRAGMENT_LABEL
 from ..build import RunParts, Workload, build_run
 from ..comm import Comm
 from ..comm.costmodel import (
@@ -64,7 +66,7 @@ class Summary:
     wall_seconds: float
     comm_seconds: float            # mean over ranks, while the wall clock runs (no set-up labels)
     bytes_per_rank: float          # mean over ranks, all labels
-    average_bytes_per_rank: float  # the algorithm's own label
+    average_bytes_per_rank: float  # the algorithm's own label (with streaming fragments')
     parameters: int
     workers: int
     samples_per_second: float      # all ranks together (tokens for a language model)
@@ -225,7 +227,8 @@ class DataParallelSession:
 
     def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
         extra = (("clip_fraction",) if self.parts.clipping else ()) + \
-            (("eval_perplexity",) if self.workload.language_model else ())
+            (("eval_perplexity",) if self.workload.language_model else ()) + \
+            tuple(streaming.trace_fields(self.algorithm, self.state))
         return extra, profile_attrs(self.network) if self.network else {}
 
     def parameters(self) -> int:
@@ -280,7 +283,8 @@ class DataParallelSession:
         state = self.state
         fields = {"step": state.step, "rounds": state.rounds, "wall": self._files().wall(),
                   "lr": self.algorithm.lr_at(max(state.step - 1, 0)),
-                  **_evaluation_fields(evaluation, self.workload.language_model)}
+                  **_evaluation_fields(evaluation, self.workload.language_model),
+                  **streaming.trace_fields(self.algorithm, state)}
         row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm, self.network))
         self.window.post(self.comm, stop, row)
         self.guard.window_skips = 0
@@ -350,7 +354,8 @@ class DataParallelSession:
                         comm_modelled(comm.stats.counters, comm.size, self.network).items()
                         if label not in SETUP_LABELS) if self.network else 0.0)
         timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
-        local = np.array([timed_seconds, totals.bytes, comm.stats.totals(AVERAGE_LABEL).bytes,
+        averaged = sum(comm.stats.totals(label).bytes for label in (AVERAGE_LABEL, FRAGMENT_LABEL))
+        local = np.array([timed_seconds, totals.bytes, averaged,
                           self.workload.processed(state.step), int(getattr(state, "clip_count", 0)),
                           state.step, modelled])
         comm.allreduce_host_(local, label="summary")

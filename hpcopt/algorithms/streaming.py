@@ -1,0 +1,230 @@
+"""Streaming DiLoCo: the model synchronized one fragment at a time, each fragment's reduction
+overlapped with the inner steps that follow it.
+
+Douillard, Donchev, Rush, Kale, Charles, Garrett, Teston, Lacey, McIlroy, Shen, Ramé, Szlam,
+Ranzato, Barham, "Streaming DiLoCo with overlapping communication: Towards a Distributed Free
+Lunch", arXiv 2501.18512, 2025. The flat vector is cut into P contiguous fragments on parameter
+boundaries, of about equal size (``fragment_bounds``). With H = ``interval``, tau = ``overlap``,
+alpha = ``fragment_mix``, fragment p (offset o_p = floor(p H / P)) on every rank i::
+
+    after local step s with s = o_p (mod H), s >= 1:
+        send_i,p <- x_i,p;  start the sum over ranks of send_i,p    (Iallreduce, label "fragments")
+    after local step s + tau (the same step when tau = 0):
+        xbar_p = (1/N) sum_j send_j,p
+        the outer step on (anchor_p, buffer_p) from xbar_p           (eta = lr_{s-1}; average: xbar_p)
+        x_i,p <- (1 - alpha) x_i,p + alpha x0_p                      (x0_p the new anchor; 1: replace)
+
+Each fragment has its own slice of the outer optimizer's anchor and buffer, so the outer step
+(``hpcopt.algorithms.outer``) applies per fragment (Nesterov per fragment, as the paper). The
+constraints: 1 <= P <= H (distinct offsets), 0 <= tau < H (a fragment's reduction lands before
+its next one starts; tau < H / P keeps at most one fragment in flight, the paper's setting),
+0 < alpha <= 1. A round is still H steps: it counts ``rounds`` and synchronizes batch-norm
+statistics (``buffer_policy``), blocking. At the end of a run the reductions in flight are
+completed and applied, then the plain average ends it (``finish``).
+
+Which fragment is in flight after which step is a function of the step alone, so a checkpoint
+holds only what each rank sent (``state.in_flight``, a per-rank vector); a resumed run posts the
+same reductions again from it (the same inputs on as many ranks: the same bits) when they are
+due. A reduction is counted when it completes, so a checkpoint taken while one is in flight
+holds none of it and the resumed run counts it once, as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import HpcoptError
+from .base import context, option
+
+if TYPE_CHECKING:
+    from ..comm import Comm, Reduction
+
+Array = Any
+
+FRAGMENT_LABEL = "fragments"
+
+
+def trace_fields(algorithm: Any, state: Any) -> dict[str, int]:
+    """The trace row's streaming column at ``state``'s step (trace column
+    ``peak_bytes_in_flight``); empty for a run without fragments."""
+    if not getattr(algorithm, "streaming", False):
+        return {}
+    return {"peak_bytes_in_flight": algorithm.streamed.peak_bytes(state.step, state.x.itemsize)}
+
+
+def fragment_bounds(sizes: tuple[int, ...], fragments: int) -> tuple[tuple[int, int], ...]:
+    """(start, stop) of ``fragments`` contiguous pieces of a flat vector of parameters of these
+    ``sizes``, cut at the parameter boundaries nearest to the equal shares p d / P."""
+    if fragments > len(sizes):
+        raise HpcoptError(f"fragments {fragments} is more than the model's {len(sizes)} parameters "
+                          "(a fragment holds whole parameters)")
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    total, cuts = int(offsets[-1]), [0]
+    for p in range(1, fragments):
+        first, last = cuts[-1] + 1, len(sizes) - (fragments - p)  # leave one parameter to each
+        share = p * total / fragments
+        cuts.append(first + int(np.argmin(np.abs(offsets[first:last + 1] - share))))
+    cuts.append(len(sizes))
+    return tuple((int(offsets[a]), int(offsets[b])) for a, b in zip(cuts, cuts[1:]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FragmentOptions:
+    """The streaming options of PR-SGD's rounds (prsgd, diloco, slowmo); the defaults (1, 0, 1)
+    are the whole-model round."""
+
+    fragments: int = option(1, "streaming: fragments P of the model (on parameter boundaries), "
+                               "fragment p synchronized every interval steps at offset p*interval/P")
+    overlap: int = option(0, "streaming: inner steps tau a fragment's reduction overlaps before "
+                             "its outer update (0: the same step; < interval)")
+    fragment_mix: float = option(1.0, "streaming: weight alpha of the new global fragment in the "
+                                      "local one (1: replace)")
+    parameter_sizes: tuple[int, ...] = context(())  # the model's parameters, in the flat vector
+
+    @property
+    def streaming(self) -> bool:
+        return (self.fragments, self.overlap, self.fragment_mix) != (1, 0, 1.0)
+
+    def describe_fragments(self) -> str:
+        """For ``describe``: the streaming settings (empty without)."""
+        if not self.streaming:
+            return ""
+        return f", fragments {self.fragments} (overlap {self.overlap}, mix {self.fragment_mix:g})"
+
+    def check_fragments(self, interval: int, refused: dict[str, bool]) -> None:
+        """HpcoptError for values out of range, or for an option named in ``refused`` (True:
+        changed from what streaming builds) when streaming."""
+        if self.fragments < 1:
+            raise HpcoptError(f"fragments must be >= 1, got {self.fragments}")
+        if self.fragments > interval:
+            raise HpcoptError(f"fragments {self.fragments} must be <= interval {interval} "
+                              "(one fragment starts at each of its offsets p*interval/fragments)")
+        if not 0 <= self.overlap < interval:
+            raise HpcoptError(f"overlap must be in [0, interval {interval}), got {self.overlap}")
+        if not 0 < self.fragment_mix <= 1:
+            raise HpcoptError(f"fragment_mix must be in (0, 1], got {self.fragment_mix}")
+        for name, changed in refused.items():
+            if self.streaming and changed:
+                raise HpcoptError(f"{name} is not built with fragments, overlap or fragment_mix")
+        if self.parameter_sizes:
+            fragment_bounds(self.parameter_sizes, self.fragments)  # its check against the model
+
+    def fragment_schedule(self, interval: int) -> FragmentSchedule:
+        """When each fragment is sent and applied (``parameter_sizes`` must be known)."""
+        return FragmentSchedule(fragment_bounds(self.parameter_sizes, self.fragments), interval,
+                                self.overlap, self.fragment_mix)
+
+
+@dataclass
+class InFlight:
+    """A rank's reductions in flight (fragment -> its Reduction) and their results (like x);
+    run-time objects, rebuilt at every start."""
+
+    received: Array
+    pending: dict[int, Reduction] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FragmentSchedule:
+    """The fragments' (start, stop) in the flat vector, the interval H, overlap tau, mix alpha."""
+
+    bounds: tuple[tuple[int, int], ...]
+    interval: int
+    overlap: int
+    mix: float
+
+    def offset(self, p: int) -> int:
+        return p * self.interval // len(self.bounds)
+
+    def sent_at(self, step: int) -> int | None:
+        """The fragment sent after local step ``step`` (1-based count), if any."""
+        if step < 1:
+            return None
+        due = step % self.interval
+        for p in range(len(self.bounds)):
+            if self.offset(p) == due:
+                return p
+        return None
+
+    def in_flight(self, step: int) -> list[tuple[int, int]]:
+        """(fragment, step it was sent) of the reductions in flight after ``step``'s own, oldest
+        first."""
+        found = []
+        for sent in range(max(1, step - self.overlap + 1), step + 1):
+            p = self.sent_at(sent)
+            if p is not None:
+                found.append((p, sent))
+        return found
+
+    def peak_bytes(self, step: int, itemsize: int) -> int:
+        """The most bytes in flight at once (a reduction from its step to its completion's) over
+        the round of H steps up to ``step``."""
+        peak = 0
+        for s in range(max(1, step - self.interval + 1), step + 1):
+            moving = [p for p, _ in self.in_flight(s)]
+            done = self.sent_at(s - self.overlap) if s - self.overlap >= 1 else None
+            if done is not None and done not in moving:
+                moving.append(done)  # completed at this step: in flight until then
+            peak = max(peak, sum(self.size(p) for p in moving) * itemsize)
+        return peak
+
+    def size(self, p: int) -> int:
+        start, stop = self.bounds[p]
+        return stop - start
+
+    def new_in_flight(self, x: Array) -> tuple[Array, InFlight]:
+        """The state's ``in_flight`` vector and the run-time buffers, for a model like ``x``."""
+        if not isinstance(x, np.ndarray):
+            raise HpcoptError("fragments, overlap and fragment_mix are built for device cpu only")
+        return np.zeros_like(x), InFlight(np.zeros_like(x))
+
+    def step(self, state: Any, comm: Comm, rounds: Any) -> None:
+        """After local step ``state.step``: send the fragment due, apply the one due (``rounds``:
+        the algorithm, whose ``outer`` optimizer, ``outer_buffer_field`` and ``lr_at`` apply)."""
+        step = state.step
+        p = self.sent_at(step)
+        if p is not None:
+            start, stop = self.bounds[p]
+            state.in_flight[start:stop] = state.x[start:stop]
+            self._post(p, state, comm)
+        if step - self.overlap >= 1:
+            done = self.sent_at(step - self.overlap)
+            if done is not None:
+                self._apply(done, step - self.overlap, state, comm, rounds)
+
+    def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
+        """Complete and apply every reduction still in flight (the end of a run)."""
+        for p, sent in self.in_flight(state.step):
+            self._apply(p, sent, state, comm, rounds)
+
+    def _post(self, p: int, state: Any, comm: Comm) -> None:
+        start, stop = self.bounds[p]
+        reductions = state.reductions
+        reductions.pending[p] = comm.iallreduce(state.in_flight[start:stop],
+                                                reductions.received[start:stop], FRAGMENT_LABEL)
+
+    def _apply(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
+        """Complete fragment p's reduction (posted again from ``in_flight`` after a resume),
+        take its outer step and mix it into x."""
+        reductions = state.reductions
+        if p not in reductions.pending:  # sent before the checkpoint this run resumed from
+            self._post(p, state, comm)
+        comm.complete(reductions.pending.pop(p))
+        start, stop = self.bounds[p]
+        mean = reductions.received[start:stop]
+        if comm.size > 1:
+            mean /= comm.size
+        anchor, buffer = state.anchor, getattr(state, rounds.outer_buffer_field)
+        rounds.outer.step(mean, None if anchor is None else anchor[start:stop],
+                   None if buffer is None else buffer[start:stop], state.grad[start:stop],
+                   rounds.lr_at(sent - 1))
+        x = state.x[start:stop]
+        if self.mix == 1:
+            x[...] = mean
+        else:
+            x *= 1 - self.mix
+            mean *= self.mix
+            x += mean
