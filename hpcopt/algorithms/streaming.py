@@ -17,7 +17,7 @@ alpha = ``fragment_mix``, fragment p (offset o_p = floor(p H / P)) on every rank
 Each fragment has its own slice of the outer optimizer's anchor and buffer, so the outer step
 (``hpcopt.algorithms.outer``) applies per fragment (Nesterov per fragment, as the paper). The
 constraints: 1 <= P <= H (distinct offsets), 0 <= tau < H (a fragment's reduction lands before
-its next one starts; tau < H / P keeps at most one fragment in flight, the paper's setting),
+its next one starts; tau <= H // P keeps at most one fragment in flight, the paper's setting),
 0 < alpha <= 1. A round is still H steps: it counts ``rounds`` and synchronizes batch-norm
 statistics (``buffer_policy``), blocking. At the end of a run the reductions in flight are
 completed and applied, then the plain average ends it (``finish``).
@@ -160,16 +160,16 @@ class FragmentSchedule:
         return found
 
     def peak_bytes(self, step: int, itemsize: int) -> int:
-        """The most bytes in flight at once (a reduction from its step to its completion's) over
-        the round of H steps up to ``step``."""
-        peak = 0
-        for s in range(max(1, step - self.interval + 1), step + 1):
-            moving = [p for p, _ in self.in_flight(s)]
-            done = self.sent_at(s - self.overlap) if s - self.overlap >= 1 else None
-            if done is not None and done not in moving:
-                moving.append(done)  # completed at this step: in flight until then
-            peak = max(peak, sum(self.size(p) for p in moving) * itemsize)
-        return peak
+        """The most bytes in flight at once over the round of H steps up to ``step``: those
+        between two steps, and within a step those after its completion and its post (tau = 0:
+        the fragment the step sends)."""
+        first = max(1, step - self.interval + 1)
+        if self.overlap == 0:
+            sent = (self.sent_at(s) for s in range(first, step + 1))
+            sizes = [self.size(p) for p in sent if p is not None]
+        else:
+            sizes = [sum(self.size(p) for p, _ in self.in_flight(s)) for s in range(first - 1, step + 1)]
+        return max(sizes, default=0) * itemsize
 
     def size(self, p: int) -> int:
         start, stop = self.bounds[p]
@@ -182,18 +182,20 @@ class FragmentSchedule:
         return np.zeros_like(x), InFlight(np.zeros_like(x))
 
     def step(self, state: Any, comm: Comm, rounds: Any) -> None:
-        """After local step ``state.step``: send the fragment due, apply the one due (``rounds``:
-        the algorithm, whose ``outer`` optimizer, ``outer_buffer_field`` and ``lr_at`` apply)."""
-        step = state.step
+        """After local step ``state.step``: apply the fragment due, then send the one due (tau
+        = 0: send it, then apply it). ``rounds`` is the algorithm: its ``outer`` optimizer,
+        ``outer_buffer_field`` and ``lr_at``."""
+        step, overlap = state.step, self.overlap
+        done = self.sent_at(step - overlap)
+        if done is not None and overlap > 0:  # first: it leaves the wire before the next starts
+            self._apply(done, step - overlap, state, comm, rounds)
         p = self.sent_at(step)
         if p is not None:
             start, stop = self.bounds[p]
             state.in_flight[start:stop] = state.x[start:stop]
             self._post(p, state, comm)
-        if step - self.overlap >= 1:
-            done = self.sent_at(step - self.overlap)
-            if done is not None:
-                self._apply(done, step - self.overlap, state, comm, rounds)
+            if overlap == 0:
+                self._apply(p, step, state, comm, rounds)
 
     def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
         """Complete and apply every reduction still in flight (the end of a run)."""

@@ -61,7 +61,7 @@ def heterogeneous(size):
 
 RESUME_CASES = ["momentum", "nesterov-average-eval", "heterogeneous", "shared-memory-averaging",
                 "celgc", "lstm", "batchnorm", "batchnorm-local", "batchnorm-celgc",
-                "batchnorm-naive-clip", "slowmo", "slowmo-heterogeneous", "celgc-diloco"]
+                "batchnorm-naive-clip", "slowmo", "slowmo-heterogeneous", "celgc-diloco", "streaming"]
 
 
 # on the GPU: device state written and read back, the clipping counters, the LSTM hidden state
@@ -112,7 +112,12 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
              "celgc-diloco": {"algorithm": "celgc", "gamma": 0.015, "lr": 0.01, "momentum": 0,
                               "inner_optimizer": "adamw", "second_moment_policy": "reset",
                               "outer_optimizer": "nesterov", "outer_lr": 0.7,
-                              "outer_momentum": 0.9, "participation": 0.5, "eval_every": 3}}[case]
+                              "outer_momentum": 0.9, "participation": 0.5, "eval_every": 3},
+             # DiLoCo streamed in 3 fragments (H = 4, tau = 1): the checkpoint at 10 holds
+             # fragment 2's reduction in flight; the trace's peak_bytes_in_flight column and
+             # the network model's columns go on
+             "streaming": {"algorithm": "diloco", "momentum": 0, "fragments": 3, "overlap": 1,
+                           "fragment_mix": 0.75, "eval_every": 3, "network": "eth1"}}[case]
     extra["device"] = device
     if case == "lstm" and comm.rank == 0:
         write_tiny_ptb(shared_dir / "ptb")
@@ -135,6 +140,9 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
         assert same if case != "batchnorm-local" or comm.size == 1 else not same
         if comm.rank == 0:
             assert read_checkpoint(part).rows["buffers"].shape == (comm.size, b.buffers.size)
+    if case == "streaming" and comm.rank == 0:  # fragment 0, of 768 float64 values, sent at 4
+        peaks = read_trace(part / "trace.h5").columns["peak_bytes_in_flight"]
+        assert peaks[0] == 8 * 130 and set(peaks[1:]) == {8 * 768}  # one at a time (tau = H // P)
     if case.startswith("celgc"):
         assert 0 < summary.clip_fraction < 1
         if comm.rank == 0:
