@@ -83,6 +83,9 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--model", "plain_cnn", "--buffer-policy", "rank0"], ["buffer_policy applies only"]),
     (["train", "--model", "resnet", "--buffer-policy", "mean"], ["unknown buffer_policy 'mean'"]),
     (["train", "--model", "resnet", "--algorithm", "pprs"], ["batch norm", "data-parallel"]),
+    # found when the model is built: the MLP has 6 parameters
+    (["train", "--dataset", "digits", "--interval", "8", "--fragments", "7"],
+     ["fragments 7 is more than the model's 6 parameters"]),
 ])
 def test_bad_input_is_one_line_and_exit_2_on_every_rank(args, fragments):
     assert_one_line_error(launch(args), *fragments)
