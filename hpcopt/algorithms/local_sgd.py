@@ -135,6 +135,11 @@ class RestartedSGD(FragmentOptions, Rounds):
             state.rounds += 1
             state.steps_in_round = 0
 
+    def state_vectors(self) -> tuple[int, int]:
+        """Rounds', and a streaming run's per-rank ``in_flight``."""
+        per_rank, shared = super().state_vectors()
+        return per_rank + int(self.streaming), shared
+
     def synchronized(self, state: DataParallelState) -> bool:
         """At a round's end; a streaming run only at its start (the fragments take turns)."""
         return state.step == 0 if self.streaming else super().synchronized(state)

@@ -75,6 +75,8 @@ def _train(tmp_path, **options):
     # 153,610 float64 values, more than the fixed overhead the estimate allows
     {"hidden": "2048", "dtype": "float64", "momentum": "0", "inner_optimizer": "adamw",
      "outer_optimizer": "nesterov", "outer_momentum": "0.9"},
+    # a streaming run's in_flight per rank: one more vector of 202,510 float64 values (1.6 MB)
+    {"hidden": "2700", "dtype": "float64", "momentum": "0", "fragments": "2", "overlap": "1"},
 ])
 def test_the_estimate_bounds_a_real_checkpoint(tmp_path, options):
     from hpcopt.build import build_run
