@@ -97,8 +97,9 @@ class Summary:
                      "checkpoint below")
         clipped = ([f"clipped           {100 * self.clip_fraction:.1f}% of the steps (all ranks)"]
                    if self.clip_fraction is not None else [])
-        modelled = ([f"network model     {self.network}: {self.modelled_seconds:.3f} s of communication "
-                     f"(measured {self.comm_seconds:.3f} s)"] if self.network else [])
+        per_round = f", {self.modelled_seconds / self.rounds:.4f} s a round" if self.rounds else ""
+        modelled = ([f"network model     {self.network}: {self.modelled_seconds:.3f} s of communication"
+                     f"{per_round} (measured {self.comm_seconds:.3f} s)"] if self.network else [])
         return [
             first,
             f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",

@@ -68,10 +68,10 @@ def test_fragments_traffic_matches_the_formulas(comm):
     """Label "fragments": one iallreduce per fragment and sync, of the fragment's bytes, counted
     when it completes (the one in flight at the end by the final drain); no "average" label;
     its seconds in flight are at least those the rank was held. The network model hides the
-    reductions behind the seconds between post and wait."""
+    reductions behind the seconds between post and wait; the summary gives its seconds a round."""
     steps, interval = 14, 6
     config = small_config(**{**DILOCO, "fragments": 3, "overlap": 2, "interval": interval,
-                             "steps": steps, "dtype": "float32"})
+                             "steps": steps, "dtype": "float32", "network": "eth1"})
     summary, state = train(config, comm, verbose=False)
     sizes, offsets = (768, 12, 120 + 10), (0, 2, 4)  # the cuts nearest to 910/3 and 2*910/3
     assert [b - a for a, b in config_schedule(config, comm).bounds] == list(sizes)
@@ -89,3 +89,5 @@ def test_fragments_traffic_matches_the_formulas(comm):
     full = sum(k * PROFILES["eth1"].allreduce(4 * n, comm.size) for n, k in zip(sizes, syncs))
     hidden = counters[(IN_FLIGHT, "fragments")].seconds - fragments.seconds
     assert modelled == pytest.approx(max(0.0, full - hidden), abs=1e-12)
+    per_round = f"{summary.modelled_seconds / (steps // interval):.4f} s a round"
+    assert summary.rounds == steps // interval and per_round in "\n".join(summary.lines())
