@@ -22,7 +22,9 @@ optimizer's step (``outer_optimizer``, ``hpcopt.algorithms.outer``; eta_t there 
 round's last nominal step, t = rounds * I - 1, the same on every rank): ``average``, the
 default, is the restart above; ``nesterov`` with AdamW inside is DiLoCo (``--algorithm
 diloco``), ``slowmo`` is SlowMo (``--algorithm slowmo``). A run that ends mid-round ends with
-the plain average (the training loop's "final"), without an outer step.
+the plain average (the training loop's "final"), without an outer step. With ``fragments``,
+``overlap`` or ``fragment_mix`` the rounds are streamed, fragment by fragment
+(``hpcopt.algorithms.streaming``: Streaming DiLoCo).
 """
 
 from __future__ import annotations

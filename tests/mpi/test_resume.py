@@ -61,7 +61,8 @@ def heterogeneous(size):
 
 RESUME_CASES = ["momentum", "nesterov-average-eval", "heterogeneous", "shared-memory-averaging",
                 "celgc", "lstm", "batchnorm", "batchnorm-local", "batchnorm-celgc",
-                "batchnorm-naive-clip", "slowmo", "slowmo-heterogeneous", "celgc-diloco", "streaming"]
+                "batchnorm-naive-clip", "slowmo", "slowmo-heterogeneous", "celgc-diloco", "streaming",
+                "batchnorm-streaming"]
 
 
 # on the GPU: device state written and read back, the clipping counters, the LSTM hidden state
@@ -117,7 +118,11 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
              # fragment 2's reduction in flight; the trace's peak_bytes_in_flight column and
              # the network model's columns go on
              "streaming": {"algorithm": "diloco", "momentum": 0, "fragments": 3, "overlap": 1,
-                           "fragment_mix": 0.75, "eval_every": 3, "network": "eth1"}}[case]
+                           "fragment_mix": 0.75, "eval_every": 3, "network": "eth1"},
+             # a streaming run's batch-norm statistics (synced at its rounds of H steps) resume
+             "batchnorm-streaming": {"model": "plain_cnn", "hidden": None, "channels": "3",
+                                     "batch_norm": "true", "algorithm": "diloco", "momentum": 0,
+                                     "fragments": 2, "overlap": 1, "eval_every": 3}}[case]
     extra["device"] = device
     if case == "lstm" and comm.rank == 0:
         write_tiny_ptb(shared_dir / "ptb")
