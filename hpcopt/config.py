@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol, cast
 
 from .algorithms.base import PIPELINE, MergedOption, merge_options, option, option_fields, registry
 from .algorithms.base import names as algorithm_names
+from .algorithms.streaming import streamed
 from .backend import DEVICES
 from .comm import AVERAGING_MODES
 from .errors import HpcoptError
@@ -323,6 +324,8 @@ class Config:
         if self.run.network and self.algorithm.algorithm in PIPELINE_ALGORITHMS:
             raise HpcoptError("network applies only to the data-parallel algorithms "
                               "(prsgd, celgc, naive_clip)")
+        if self.run.device != "cpu" and streamed(self.algorithm):
+            raise HpcoptError("fragments, overlap and fragment_mix are built for device cpu only")
         text, lstm = self.data.dataset in TEXT_CORPORA, self.model.model == "lstm"
         if text and not (lstm or self.model.torch):
             raise HpcoptError(f"{self.data.dataset} is a text corpus: train it with --model lstm, or with "

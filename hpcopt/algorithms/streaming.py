@@ -55,6 +55,12 @@ def trace_fields(algorithm: Any, state: Any) -> dict[str, int]:
     return {"peak_bytes_in_flight": algorithm.streamed.peak_bytes(state.step, state.x.itemsize)}
 
 
+def streamed(options: Any) -> bool:
+    """Whether these options (an algorithm's, or a config's ``[algorithm]`` section, which has
+    every algorithm's) stream the rounds: any of the three changed from the whole-model round."""
+    return (options.fragments, options.overlap, options.fragment_mix) != (1, 0, 1.0)
+
+
 def fragment_bounds(sizes: tuple[int, ...], fragments: int) -> tuple[tuple[int, int], ...]:
     """(start, stop) of ``fragments`` contiguous pieces of a flat vector of parameters of these
     ``sizes``, cut at the parameter boundaries nearest to the equal shares p d / P."""
@@ -86,7 +92,7 @@ class FragmentOptions:
 
     @property
     def streaming(self) -> bool:
-        return (self.fragments, self.overlap, self.fragment_mix) != (1, 0, 1.0)
+        return streamed(self)
 
     def describe_fragments(self) -> str:
         """For ``describe``: the streaming settings (empty without)."""
@@ -176,9 +182,8 @@ class FragmentSchedule:
         return stop - start
 
     def new_in_flight(self, x: Array) -> tuple[Array, InFlight]:
-        """The state's ``in_flight`` vector and the run-time buffers, for a model like ``x``."""
-        if not isinstance(x, np.ndarray):
-            raise HpcoptError("fragments, overlap and fragment_mix are built for device cpu only")
+        """The state's ``in_flight`` vector and the run-time buffers, for a model like ``x`` (on
+        the host: ``Config`` refuses streaming on a GPU)."""
         return np.zeros_like(x), InFlight(np.zeros_like(x))
 
     def step(self, state: Any, comm: Comm, rounds: Any) -> None:

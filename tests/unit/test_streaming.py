@@ -59,11 +59,6 @@ def test_the_schedule_sends_at_the_offsets_and_counts_the_bytes_in_flight():
     assert whole.peak_bytes(12, 4) == 4 * 910
 
 
-def test_a_device_model_is_refused():
-    with pytest.raises(HpcoptError, match="device cpu only"):
-        FragmentSchedule(((0, 4),), 4, 0, 1.0).new_in_flight([0.0] * 4)
-
-
 def small(**overrides):
     values = {"dataset": "digits", "interval": "4", **{k: str(v) for k, v in overrides.items()}}
     return build_config(None, values)
@@ -81,6 +76,7 @@ def small(**overrides):
     ({"algorithm": "diloco", "fragment_mix": 0.5, "second_moment_policy": "reset"},
      "second_moment_policy is not built"),
     ({"algorithm": "celgc", "fragments": 2}, "fragments applies only to --algorithm prsgd"),
+    ({"device": "gpu", "overlap": 1}, "fragments, overlap and fragment_mix are built for device cpu only"),
 ])
 def test_streaming_options_out_of_range_or_not_built_are_refused(overrides, message):
     with pytest.raises(HpcoptError) as error:
