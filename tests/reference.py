@@ -138,7 +138,8 @@ class Outer:
 
 def prsgd_reference(config, workers: int) -> np.ndarray:
     """Final averaged model of PR-SGD, serially: local steps of the inner optimizer (sgd with
-    momentum, or adamw), the mean every I_i steps, then the outer optimizer's step from the
+    momentum, or adamw), with two-level periods each group's mean every group_interval steps
+    between rounds, the mean every I_i steps, then the outer optimizer's step from the
     round's start (``--outer-optimizer``; for ``--algorithm slowmo`` its slow step:
     u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u)."""
     parts = worker_parts(config, workers)
@@ -158,16 +159,29 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
         x[i] = inner[i].step(x[i], g.copy(), schedule(done[i]))
         done[i] += 1
 
+    group, group_interval = getattr(algo, "group_size", 1), getattr(algo, "group_interval", 0)
+
+    def group_means():  # two-level periods: each model becomes its group's mean
+        for i in range(0, workers, group):
+            mean = sum(x[i:i + group]) / group
+            x[i:i + group] = [mean.copy() for _ in range(group)]
+
     for r in range(total_rounds):
-        for i in range(workers):
-            for _ in range(intervals[i]):
-                local_step(i)
+        for s in range(1, max(intervals) + 1):
+            for i in range(workers):
+                if s <= intervals[i]:
+                    local_step(i)
+            if group_interval and s % group_interval == 0 and s < algo.interval:
+                group_means()
         mean = outer.step(sum(x) / workers, schedule((r + 1) * algo.interval - 1))
         x = [mean.copy() for _ in range(workers)]
         round_policies(inner)
-    for i in range(workers):
-        while done[i] < steps[i]:
-            local_step(i)
+    for s in range(1, max(n - d for n, d in zip(steps, done)) + 1):
+        for i in range(workers):
+            if done[i] < steps[i]:
+                local_step(i)
+        if group_interval and s % group_interval == 0:
+            group_means()
     return sum(x) / workers
 
 

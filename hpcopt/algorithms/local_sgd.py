@@ -35,6 +35,7 @@ from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
 from .data_parallel import DataParallelState, OuterOptions, Rounds
+from .groups import GroupRounds
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -46,8 +47,9 @@ AVERAGE_LABEL = "average"
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestartedSGD(Rounds):
-    """PR-SGD's rounds, with the outer optimizer a subclass chooses (``LocalSGD``, ``SlowMo``)."""
+class RestartedSGD(Rounds, GroupRounds):
+    """PR-SGD's rounds, with the outer optimizer a subclass chooses (``LocalSGD``, ``SlowMo``),
+    and group averages between them (``hpcopt.algorithms.groups``)."""
 
     local_steps: tuple[int, ...] = option((), "local steps per round of each rank (one value "
                                               "per rank); none = interval")
@@ -56,6 +58,7 @@ class RestartedSGD(Rounds):
         super().__post_init__()
         if any(k < 1 for k in self.local_steps):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
+        self.check_groups(self.interval, self.local_steps)
 
     def interval_of(self, rank: int) -> int:
         """I_i: the local steps rank ``rank`` runs per round."""
@@ -68,6 +71,7 @@ class RestartedSGD(Rounds):
         """
         if self.local_steps and len(self.local_steps) != size:
             raise HpcoptError(f"local_steps has {len(self.local_steps)} entries for {size} ranks")
+        self.check_world(size)
         rounds, rest = divmod(total_steps, self.interval)
         return rounds * self.interval_of(rank) + (0 if self.local_steps else rest)
 
@@ -91,6 +95,13 @@ class RestartedSGD(Rounds):
         rank) is kept as ``state.buffers`` and synchronized at each round."""
         return self.new_state(x0, comm, buffers, DataParallelState)
 
+    def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
+        """The rounds' state; with groups, every rank makes its group's communicator now
+        (collective)."""
+        state = super().new_state(x0, comm, buffers, state_type)
+        self.group_comm(comm)
+        return state
+
     def step(self, state: DataParallelState, oracle: Oracle, comm: Comm) -> Any:
         """One local step, then the averaging round if this rank's I_i steps are done.
 
@@ -102,6 +113,8 @@ class RestartedSGD(Rounds):
         state.steps_in_round += 1
         if state.steps_in_round == self.interval_of(comm.rank):
             self.average(state, comm)
+        else:
+            self.group_round(state.x, state.steps_in_round, comm)
         return loss
 
     def average(self, state: DataParallelState, comm: Comm) -> None:
@@ -116,7 +129,7 @@ class RestartedSGD(Rounds):
         self.outer_step(state, eta=self.lr_at(state.rounds * self.interval - 1))
 
     def describe(self) -> str:
-        return f"I={self.interval}{self.describe_optimizers()}"
+        return f"I={self.interval}{self.describe_groups()}{self.describe_optimizers()}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -347,7 +347,8 @@ class DataParallelSession:
         comm, state, parts, files = self.comm, self.state, self.parts, self._files()
         totals = comm.stats.totals()
         modelled = (sum(seconds for label, seconds in
-                        comm_modelled(comm.stats.counters, comm.size, self.network).items()
+                        comm_modelled(comm.stats.counters, comm.size, self.network,
+                                      label_ranks=comm.stats.ranks).items()
                         if label not in SETUP_LABELS) if self.network else 0.0)
         timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
         local = np.array([timed_seconds, totals.bytes, comm.stats.totals(AVERAGE_LABEL).bytes,
