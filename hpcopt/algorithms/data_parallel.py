@@ -54,6 +54,7 @@ class DataParallelState:
     exp_avg_sq: Array | None = vector()  # AdamW's second moment v (None: inner sgd)
     anchor: Array | None = shared()        # the round's start x_0 (None: outer average)
     outer_buffer: Array | None = shared()  # the outer optimizer's momentum (None: it has none)
+    wire_error: Array | None = vector()    # the wire's error feedback e_i (None: uncompressed)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..comm.wire import WIRES, check_wire, wire_average_
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
@@ -53,12 +54,17 @@ class RestartedSGD(Rounds, GroupRounds):
 
     local_steps: tuple[int, ...] = option((), "local steps per round of each rank (one value "
                                               "per rank); none = interval")
+    wire: str = option("", f"what a round sends: {' | '.join(WIRES)} (int8: a scale per 256 values), "
+                           "with error feedback (hpcopt.comm.wire); '' = x uncompressed")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if any(k < 1 for k in self.local_steps):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
         self.check_groups(self.interval, self.local_steps)
+        check_wire(self.wire)
+        if self.wire and getattr(self, "fragments", 1) > 1:  # Streaming DiLoCo's fragments
+            raise HpcoptError("wire applies only to whole-model rounds, not with fragments")
 
     def interval_of(self, rank: int) -> int:
         """I_i: the local steps rank ``rank`` runs per round."""
@@ -100,7 +106,14 @@ class RestartedSGD(Rounds, GroupRounds):
         (collective)."""
         state = super().new_state(x0, comm, buffers, state_type)
         self.group_comm(comm)
+        if self.wire:
+            state.wire_error = comm.backend.xp.zeros_like(x0)
         return state
+
+    def state_vectors(self) -> tuple[int, int]:
+        """The rounds' vectors, and the wire's error feedback (per rank)."""
+        per_rank, shared = super().state_vectors()
+        return per_rank + bool(self.wire), shared
 
     def step(self, state: DataParallelState, oracle: Oracle, comm: Comm) -> Any:
         """One local step, then the averaging round if this rank's I_i steps are done.
@@ -119,8 +132,12 @@ class RestartedSGD(Rounds, GroupRounds):
 
     def average(self, state: DataParallelState, comm: Comm) -> None:
         """The round: x_i <- mean_j x_j, the buffer policy, the momentum policies, then the
-        outer step from the round's start."""
-        comm.average_(state.x, label=AVERAGE_LABEL)
+        outer step from the round's start. With ``wire`` the mean is taken through it."""
+        if self.wire:
+            assert state.wire_error is not None
+            wire_average_(state.x, state.anchor, state.wire_error, self.wire, comm, AVERAGE_LABEL)
+        else:
+            comm.average_(state.x, label=AVERAGE_LABEL)
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
         self.round_policies(state, lambda buffer, label: comm.average_(buffer, label=label))
