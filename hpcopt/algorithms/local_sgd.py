@@ -23,6 +23,10 @@ round's last nominal step, t = rounds * I - 1, the same on every rank): ``averag
 default, is the restart above; ``nesterov`` with AdamW inside is DiLoCo (``--algorithm
 diloco``), ``slowmo`` is SlowMo (``--algorithm slowmo``). A run that ends mid-round ends with
 the plain average (the training loop's "final"), without an outer step.
+
+Between rounds, ``group_size`` and ``group_interval`` add averages within groups of ranks
+(``hpcopt.algorithms.groups``); ``wire`` sends the round's message cast or quantized, with
+error feedback (``hpcopt.comm.wire``).
 """
 
 from __future__ import annotations

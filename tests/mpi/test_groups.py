@@ -77,6 +77,9 @@ def test_group_rounds_cost_their_formula_and_are_modelled_on_the_group(comm):
     modelled = comm_modelled(comm.stats.counters, comm.size, eth10, label_ranks=comm.stats.ranks)
     assert modelled[GROUP_LABEL] == pytest.approx(group_rounds * eth10.allreduce(d * 4, g), rel=1e-12)
     assert (modelled[GROUP_LABEL] == 0) == (g == 1)
+    assert summary.modelled_per_round == pytest.approx(
+        {"average": eth10.allreduce(d * 4, comm.size), GROUP_LABEL: eth10.allreduce(d * 4, g)}, rel=1e-12)
+    assert f"{GROUP_LABEL} {1e3 * eth10.allreduce(d * 4, g):.3f} ms" in "\n".join(summary.lines())
     assert summary.rounds == steps // interval
 
 

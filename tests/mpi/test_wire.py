@@ -70,6 +70,7 @@ def test_a_round_sends_the_wire_bytes_and_the_trace_and_the_model_show_them(comm
         per_call = ((comm.size - 1) * eth10.p2p(nbytes) if op == "allgather"
                     else eth10.allreduce(nbytes, comm.size))
         assert modelled == pytest.approx(steps // interval * per_call, rel=1e-12)
+        assert summary.modelled_per_round["average"] == pytest.approx(per_call, rel=1e-12)
         if comm.rank == 0:
             trace = read_trace(out / "trace.h5")
             assert trace.comm["average"]["bytes"][-1] == steps // interval * nbytes
