@@ -115,11 +115,13 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
                               "inner_optimizer": "adamw", "second_moment_policy": "reset",
                               "outer_optimizer": "nesterov", "outer_lr": 0.7,
                               "outer_momentum": 0.9, "participation": 0.5, "eval_every": 3},
-             # group averages (hpcopt/algorithms/groups.py; groups of 2 on an even world): the
-             # checkpoint at 10 follows a group round, and the resumed run's modelled seconds
-             # price group_average on the group's ranks from its first row
+             # group averages (hpcopt/algorithms/groups.py; groups of 2 on an even world) and
+             # int8 rounds with error feedback (hpcopt/comm/wire.py) under DiLoCo's outer step:
+             # the checkpoint at 10 follows a group round, and the resumed run's modelled
+             # seconds price group_average on the group's ranks from its first row
              "two-level": {"group_size": 2 if comm.size % 2 == 0 else 1, "group_interval": 2,
-                           "network": "eth10"}}[case]
+                           "network": "eth10", "wire": "int8", "outer_optimizer": "nesterov",
+                           "outer_lr": 0.7, "outer_momentum": 0.9}}[case]
     extra["device"] = device
     if case == "lstm" and comm.rank == 0:
         write_tiny_ptb(shared_dir / "ptb")
