@@ -6,7 +6,7 @@ its next message (error feedback: Seide et al., "1-bit SGD", Interspeech 2014; K
 al., "Error Feedback Fixes SignSGD", ICML 2019)::
 
     m_i <- m_i + e_i;   q_i = Q(m_i);   e_i <- m_i - D(q_i)
-    mean = (1/N) (D(q_0) + D(q_1) + ... + D(q_{N-1}))        (in float32, in rank order)
+    mean = (1/N) (D(q_0) + D(q_1) + ... + D(q_{N-1}))        (in float32)
 
 Q and D per wire type (``WIRES``; bytes a rank sends for n values):
 
@@ -20,7 +20,7 @@ MPI has no reduction for bfloat16, float16 or a scaled int8, so these messages a
 one Allgather (label as the round's) and every rank decodes and sums all N in float32 in rank
 order: the same bits on every rank. It costs what an allgather of the message costs,
 (N-1)(alpha + bytes beta) on the cost model, against a ring allreduce's 2(N-1)/N of 4 n bytes:
-cheaper up to N = 4 for the 2-byte types (equal at 4) and up to N = 8 for int8; every rank holds
+cheaper below N = 4 for the 2-byte types (equal at 4) and up to N = 7 for int8; every rank holds
 the N messages at once (N n bytes for int8). ``Comm`` counts the message bytes, so the trace and
 ``--network`` see them.
 """
