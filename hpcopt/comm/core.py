@@ -162,6 +162,7 @@ class Comm:
             group = self._groups[size] = Comm(split, self.backend, self.slice_bytes, self.averaging)
             split.Free()
         group.backend, group.averaging = self.backend, self.averaging
+        group.transport = self.transport  # device buffers reach MPI as they do here
         self.stats.ranks[label] = size
         group.stats = self.stats  # the same counters, whatever this Comm's stats are now
         return group

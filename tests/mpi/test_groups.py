@@ -13,7 +13,7 @@ import pytest
 from hpcopt import train
 from hpcopt.algorithms.groups import GROUP_LABEL
 from hpcopt.comm.costmodel import comm_modelled, get_profile
-from tests.conftest import host
+from tests.conftest import host, on_devices
 from tests.mpi.test_optimizers import DILOCO, assert_shared, run_in_process, small_config, state_arrays
 from tests.reference import prsgd_reference
 
@@ -33,9 +33,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("overrides", CASES)
-def test_two_level_periods_match_the_serial_reference(comm, overrides):
-    config = small_config(group_size=group_size(comm.size), **overrides)
+# on the GPU: the group's Comm takes this one's device transport
+@pytest.mark.parametrize("overrides, device", on_devices(CASES, CASES[1:2]), indirect=["device"])
+def test_two_level_periods_match_the_serial_reference(comm, overrides, device):
+    config = small_config(group_size=group_size(comm.size), device=device, **overrides)
     _, state = train(config, comm, verbose=False)
     np.testing.assert_allclose(host(state.x), prsgd_reference(config, comm.size), rtol=1e-10,
                                atol=1e-12)
