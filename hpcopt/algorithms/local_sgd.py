@@ -52,7 +52,7 @@ AVERAGE_LABEL = "average"
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestartedSGD(Rounds, GroupRounds):
+class RestartedSGD(GroupRounds, Rounds):
     """PR-SGD's rounds, with the outer optimizer a subclass chooses (``LocalSGD``, ``SlowMo``),
     and group averages between them (``hpcopt.algorithms.groups``)."""
 
