@@ -342,6 +342,8 @@ class Config:
             raise HpcoptError(f"batch norm (--model {self.model.model}) trains only with the "
                             f"data-parallel algorithms, not {self.algorithm.algorithm}")
         self._check_pipeline()
+        if self.algorithm.wire and self.run.device != "cpu":
+            raise HpcoptError("wire applies only to --device cpu (its casts and float32 sum run on the host)")
         if self.algorithm.algorithm in PIPELINE_ALGORITHMS and self.run.on_nonfinite == "skip":
             raise HpcoptError("on_nonfinite skip applies only to the data-parallel algorithms (a "
                             "pipeline iteration is full-batch: no minibatch to drop), "

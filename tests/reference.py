@@ -136,9 +136,41 @@ class Outer:
         return self.anchor.copy()
 
 
+def wire_decoded(message, wire):
+    """What a rank's float64 message arrives as, in float32, through ``wire``: cast, or int8
+    with a scale max|m| / 127 per row of 256 values."""
+    values = message.astype(np.float32)
+    if wire == "int8":
+        out = np.empty_like(values)
+        for start in range(0, values.size, 256):
+            row = values[start:start + 256]
+            scale = np.max(np.abs(row)) / np.float32(127)
+            q = np.clip(np.rint(row / scale), -127, 127) if scale > 0 else np.zeros_like(row)
+            out[start:start + 256] = q.astype(np.float32) * scale
+        return out
+    import ml_dtypes
+
+    return values.astype(ml_dtypes.bfloat16 if wire == "bfloat16" else np.dtype(wire)).astype(np.float32)
+
+
+def wire_mean(messages, errors, wire):
+    """The mean of the messages sent through ``wire`` with error feedback (``errors``, one
+    per worker, updated): each message plus its error is sent, what it loses is its new error;
+    the decoded messages are summed in float32 in worker order."""
+    total = np.zeros(messages[0].size, dtype=np.float32)
+    for i, message in enumerate(messages):
+        message = message + errors[i]
+        decoded = wire_decoded(message, wire)
+        errors[i] = message - decoded
+        total += decoded
+    return (total / np.float32(len(messages))).astype(np.float64)
+
+
 def prsgd_reference(config, workers: int) -> np.ndarray:
     """Final averaged model of PR-SGD, serially: local steps of the inner optimizer (sgd with
-    momentum, or adamw), the mean every I_i steps, then the outer optimizer's step from the
+    momentum, or adamw), with two-level periods each group's mean every group_interval steps
+    between rounds, the mean every I_i steps (with ``wire`` of the pseudo-gradients, or models
+    under plain averaging, sent through it: ``wire_mean``), then the outer optimizer's step from the
     round's start (``--outer-optimizer``; for ``--algorithm slowmo`` its slow step:
     u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u)."""
     parts = worker_parts(config, workers)
@@ -158,16 +190,35 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
         x[i] = inner[i].step(x[i], g.copy(), schedule(done[i]))
         done[i] += 1
 
+    group, group_interval = getattr(algo, "group_size", 1), getattr(algo, "group_interval", 0)
+    wire, errors = getattr(algo, "wire", ""), [np.zeros_like(x[0]) for _ in range(workers)]
+
+    def group_means():  # two-level periods: each model becomes its group's mean
+        for i in range(0, workers, group):
+            mean = sum(x[i:i + group]) / group
+            x[i:i + group] = [mean.copy() for _ in range(group)]
+
     for r in range(total_rounds):
-        for i in range(workers):
-            for _ in range(intervals[i]):
-                local_step(i)
-        mean = outer.step(sum(x) / workers, schedule((r + 1) * algo.interval - 1))
+        for s in range(1, max(intervals) + 1):
+            for i in range(workers):
+                if s <= intervals[i]:
+                    local_step(i)
+            if group_interval and s % group_interval == 0 and s < algo.interval:
+                group_means()
+        mean = sum(x) / workers
+        if wire and outer.kind == "average":  # the models are sent
+            mean = wire_mean(x, errors, wire)
+        elif wire:  # the pseudo-gradients are sent
+            mean = outer.anchor - wire_mean([outer.anchor - xi for xi in x], errors, wire)
+        mean = outer.step(mean, schedule((r + 1) * algo.interval - 1))
         x = [mean.copy() for _ in range(workers)]
         round_policies(inner)
-    for i in range(workers):
-        while done[i] < steps[i]:
-            local_step(i)
+    for s in range(1, max(n - d for n, d in zip(steps, done)) + 1):
+        for i in range(workers):
+            if done[i] < steps[i]:
+                local_step(i)
+        if group_interval and s % group_interval == 0:
+            group_means()
     return sum(x) / workers
 
 

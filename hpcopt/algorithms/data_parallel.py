@@ -56,6 +56,7 @@ class DataParallelState:
     outer_buffer: Array | None = shared()  # the outer optimizer's momentum (None: it has none)
     in_flight: Array | None = vector()  # streaming: what this rank sent of each fragment (None: none)
     reductions: Any = scratch()         # streaming: the reductions in flight (streaming.InFlight)
+    wire_error: Array | None = vector()    # the wire's error feedback e_i (None: uncompressed)
 
 
 @dataclass(frozen=True, kw_only=True)

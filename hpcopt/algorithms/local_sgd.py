@@ -25,6 +25,10 @@ diloco``), ``slowmo`` is SlowMo (``--algorithm slowmo``). A run that ends mid-ro
 the plain average (the training loop's "final"), without an outer step. With ``fragments``,
 ``overlap`` or ``fragment_mix`` the rounds are streamed, fragment by fragment
 (``hpcopt.algorithms.streaming``: Streaming DiLoCo).
+
+Between rounds, ``group_size`` and ``group_interval`` add averages within groups of ranks
+(``hpcopt.algorithms.groups``); ``wire`` sends the round's message cast or quantized, with
+error feedback (``hpcopt.comm.wire``).
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..comm.wire import WIRES, check_wire, wire_average_
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
 from .data_parallel import DataParallelState, OuterOptions, Rounds
+from .groups import GroupRounds
 from .streaming import FragmentOptions, FragmentSchedule
 
 if TYPE_CHECKING:
@@ -50,21 +56,26 @@ AVERAGE_LABEL = "average"
 
 
 @dataclass(frozen=True, kw_only=True)
-class RestartedSGD(FragmentOptions, Rounds):
-    """PR-SGD's rounds, with the outer optimizer a subclass chooses (``LocalSGD``, ``SlowMo``);
-    streamed by fragments with ``fragments``, ``overlap``, ``fragment_mix``
-    (``hpcopt.algorithms.streaming``)."""
+class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
+    """PR-SGD's rounds, with the outer optimizer a subclass chooses (``LocalSGD``, ``SlowMo``),
+    group averages between them (``hpcopt.algorithms.groups``); streamed by fragments with
+    ``fragments``, ``overlap``, ``fragment_mix`` (``hpcopt.algorithms.streaming``)."""
 
     local_steps: tuple[int, ...] = option((), "local steps per round of each rank (one value "
                                               "per rank); none = interval")
+    wire: str = option("", f"what a round sends: {' | '.join(WIRES)} (int8: a scale per 256 values), "
+                           "with error feedback (hpcopt.comm.wire); '' = x uncompressed")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if any(k < 1 for k in self.local_steps):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
+        self.check_groups(self.interval, self.local_steps)
+        check_wire(self.wire)
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
-            "second_moment_policy": self.second_moment_policy != "keep"})
+            "second_moment_policy": self.second_moment_policy != "keep",
+            "wire": bool(self.wire), "group_interval": bool(self.group_interval)})
 
     @cached_property
     def streamed(self) -> FragmentSchedule:
@@ -82,6 +93,7 @@ class RestartedSGD(FragmentOptions, Rounds):
         """
         if self.local_steps and len(self.local_steps) != size:
             raise HpcoptError(f"local_steps has {len(self.local_steps)} entries for {size} ranks")
+        self.check_world(size)
         rounds, rest = divmod(total_steps, self.interval)
         return rounds * self.interval_of(rank) + (0 if self.local_steps else rest)
 
@@ -106,8 +118,13 @@ class RestartedSGD(FragmentOptions, Rounds):
         return self.new_state(x0, comm, buffers, DataParallelState)
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
-        """Rounds' state, and a streaming run's vector of what it sent and its reductions."""
+        """The rounds' state; with groups, every rank makes its group's communicator now
+        (collective); the wire's error feedback; a streaming run's vector of what it sent and
+        its reductions."""
         state = super().new_state(x0, comm, buffers, state_type)
+        self.group_comm(comm)
+        if self.wire:
+            state.wire_error = comm.backend.xp.zeros_like(x0)
         if self.streaming:
             state.in_flight, state.reductions = self.streamed.new_in_flight(state.x)
         return state
@@ -125,6 +142,8 @@ class RestartedSGD(FragmentOptions, Rounds):
             self.stream(state, comm)
         elif state.steps_in_round == self.interval_of(comm.rank):
             self.average(state, comm)
+        else:
+            self.group_round(state.x, state.steps_in_round, comm)
         return loss
 
     def stream(self, state: DataParallelState, comm: Comm) -> None:
@@ -138,9 +157,9 @@ class RestartedSGD(FragmentOptions, Rounds):
             state.steps_in_round = 0
 
     def state_vectors(self) -> tuple[int, int]:
-        """Rounds', and a streaming run's per-rank ``in_flight``."""
+        """Rounds', the wire's error feedback and a streaming run's ``in_flight`` (per rank)."""
         per_rank, shared = super().state_vectors()
-        return per_rank + int(self.streaming), shared
+        return per_rank + int(bool(self.wire)) + int(self.streaming), shared
 
     def synchronized(self, state: DataParallelState) -> bool:
         """At a round's end; a streaming run only at its start (the fragments take turns)."""
@@ -154,8 +173,12 @@ class RestartedSGD(FragmentOptions, Rounds):
 
     def average(self, state: DataParallelState, comm: Comm) -> None:
         """The round: x_i <- mean_j x_j, the buffer policy, the momentum policies, then the
-        outer step from the round's start."""
-        comm.average_(state.x, label=AVERAGE_LABEL)
+        outer step from the round's start. With ``wire`` the mean is taken through it."""
+        if self.wire:
+            assert state.wire_error is not None
+            wire_average_(state.x, state.anchor, state.wire_error, self.wire, comm, AVERAGE_LABEL)
+        else:
+            comm.average_(state.x, label=AVERAGE_LABEL)
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
         self.round_policies(state, lambda buffer, label: comm.average_(buffer, label=label))
@@ -164,7 +187,8 @@ class RestartedSGD(FragmentOptions, Rounds):
         self.outer_step(state, eta=self.lr_at(state.rounds * self.interval - 1))
 
     def describe(self) -> str:
-        return f"I={self.interval}{self.describe_optimizers()}{self.describe_fragments()}"
+        return (f"I={self.interval}{self.describe_groups()}{self.describe_optimizers()}"
+                f"{self.describe_fragments()}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,5 +64,5 @@ class SlowMo(RestartedSGD):
         return self.new_state(x0, comm, buffers, SlowMoState)
 
     def describe(self) -> str:
-        return (f"I={self.interval}{self.describe_inner()}, beta={self.slow_momentum:g}, "
-                f"alpha={self.slow_lr:g}{self.describe_fragments()}")
+        return (f"I={self.interval}{self.describe_groups()}{self.describe_inner()}, "
+                f"beta={self.slow_momentum:g}, alpha={self.slow_lr:g}{self.describe_fragments()}")

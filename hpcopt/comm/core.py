@@ -57,13 +57,17 @@ class CommStats:
     """Counters per (operation, label); ``totals()`` sums them over operations or labels."""
 
     counters: dict[tuple[str, str], OpCounter] = field(default_factory=dict)
-    #: Delay mode (``--network-delay``): seconds to sleep after each call, from (op, bytes);
-    #: the sleep counts in the call's seconds, so the run shows the modelled network live.
-    delay: Callable[[str, int], float] | None = None
+    #: Delay mode (``--network-delay``): seconds to sleep after each call, from (op, bytes,
+    #: the ranks it spans, 0 = the world's); the sleep counts in the call's seconds, so the run
+    #: shows the modelled network live.
+    delay: Callable[[str, int, int], float] | None = None
+    #: label -> the ranks its calls span, for the labels of a group's calls (``Comm.group``);
+    #: every other label spans the world. The cost model reads it; ``reset`` keeps it.
+    ranks: dict[str, int] = field(default_factory=dict)
 
     def record(self, op: str, label: str, nbytes: int, seconds: float) -> None:
         if self.delay is not None:
-            extra = self.delay(op, nbytes)
+            extra = self.delay(op, nbytes, self.ranks.get(label, 0))
             if extra > 0:
                 time.sleep(extra)
                 seconds += extra
@@ -75,7 +79,7 @@ class CommStats:
         in flight (both) go to (IN_FLIGHT, label). Delay mode sleeps the modelled seconds that
         ``hidden`` does not cover."""
         if self.delay is not None:
-            extra = self.delay(op, nbytes) - hidden
+            extra = self.delay(op, nbytes, self.ranks.get(label, 0)) - hidden
             if extra > 0:
                 time.sleep(extra)
                 held += extra
@@ -152,6 +156,7 @@ class Comm:
         #: for ``backend``, or set beforehand (``staging.prepare_gpu``, tests).
         self.transport: DeviceTransport | None = None
         self._scalar = np.zeros(1, dtype=np.float64)
+        self._groups: dict[int, Comm] = {}
 
     @property
     def averaging(self) -> str:
@@ -176,8 +181,31 @@ class Comm:
     def size(self) -> int:
         return self._size
 
+    def group(self, size: int, label: str) -> Comm:
+        """The Comm of this rank's group, for calls on ``label``: the ``size`` consecutive ranks
+        with this rank's ``rank // size`` (``size`` must divide the world). Made on the first
+        call (collective), freed with this Comm; it has this Comm's backend and averaging mode
+        (so its shared-memory path stays within the group) and counts into this Comm's stats,
+        where ``stats.ranks`` notes that ``label`` spans ``size`` ranks."""
+        group = self._groups.get(size)
+        if group is None:
+            if size < 1 or self._size % size:
+                raise ValueError(f"a group of {size} ranks does not divide {self._size} ranks")
+            split = self.mpi.Split(self._rank // size, self._rank)
+            group = self._groups[size] = Comm(split, self.backend, self.slice_bytes, self.averaging)
+            split.Free()
+        group.backend, group.averaging = self.backend, self.averaging
+        group.transport = self.transport  # device buffers reach MPI as they do here
+        self.stats.ranks[label] = size
+        group.stats = self.stats  # the same counters, whatever this Comm's stats are now
+        return group
+
     def free(self) -> None:
-        """Release the shared-memory averager and the duplicated communicator (idempotent)."""
+        """Release the groups, the shared-memory averager and the duplicated communicator
+        (idempotent)."""
+        for group in self._groups.values():
+            group.free()
+        self._groups.clear()
         if self.averager is not None:
             self.averager.free()
             self.averager = None

@@ -11,11 +11,13 @@ Other operations ``Comm`` counts: broadcast (binomial tree) ``ceil(log2 p) (alph
 barrier ``ceil(log2 p) alpha``; allgather of n bytes a rank (ring) ``(p-1)(alpha + n beta)``;
 gather/scatter of n bytes a rank (tree) ``ceil(log2 p) alpha + (p-1) n beta``; a send
 ``alpha + n beta`` (receives and waits cost nothing more: the transfer is the send's); any
-other collective as an allreduce of its bytes. A non-blocking allreduce (``iallreduce``:
-streaming fragments, hpcopt/algorithms/streaming.py) is hidden behind the computation it
-overlapped: a label's modelled seconds are ``max(0, M - H)``, M its calls' modelled seconds and H
-the measured seconds between their posts and their waits (their seconds in flight, ``in_flight``,
-less the seconds the rank was held in them), summed over the label's calls.
+other collective as an allreduce of its bytes. p is the world's size, or, for a label used on
+a group's communicator (two-level averaging: "group_average"), the group's (``CommStats.ranks``).
+A non-blocking allreduce (``iallreduce``: streaming fragments, hpcopt/algorithms/streaming.py)
+is hidden behind the computation it overlapped: a label's modelled seconds are ``max(0, M - H)``,
+M its calls' modelled seconds and H the measured seconds between their posts and their waits
+(their seconds in flight, ``in_flight``, less the seconds the rank was held in them), summed
+over the label's calls.
 
 A run with ``--network PROFILE`` carries, per trace row and label, the modelled seconds of the
 calls and bytes counted so far beside the measured ones (``comm_modelled``); ``project_wall``
@@ -186,18 +188,24 @@ def op_seconds(op: str, calls: int, nbytes: float, ranks: int, profile: NetworkP
 
 
 def network_delay(profile: NetworkProfile, ranks: int,
-                  algorithm: str = "auto") -> Callable[[str, int], float]:
-    """The delay of one call of (op, bytes) on ``profile``: ``CommStats.delay`` in delay mode."""
-    return lambda op, nbytes: op_seconds(op, 1, nbytes, ranks, profile, algorithm)
+                  algorithm: str = "auto") -> Callable[[str, int, int], float]:
+    """The delay of one call of (op, bytes, the ranks it spans; 0: ``ranks``) on ``profile``:
+    ``CommStats.delay`` in delay mode."""
+    return lambda op, nbytes, span: op_seconds(op, 1, nbytes, span or ranks, profile, algorithm)
 
 
 def comm_modelled(counters: Mapping[tuple[str, str], CallCounter], ranks: int, profile: NetworkProfile,
-                  algorithm: str = "auto") -> dict[str, float]:
+                  algorithm: str = "auto", label_ranks: Mapping[str, int] | None = None) -> dict[str, float]:
     """label -> modelled seconds, from ``CommStats.counters`` ((op, label) -> calls, bytes,
-    seconds): a non-blocking allreduce's less the computation it overlapped (module docstring)."""
+    seconds): a non-blocking allreduce's less the computation it overlapped (module docstring);
+    a label of ``label_ranks`` (``CommStats.ranks``: a group's average) spans its own ranks,
+    every other one ``ranks``. Summed in sorted (op, label) order, so that a resumed run's
+    counters, restored in another order, give the same bits."""
+    spans = label_ranks or {}
     out: dict[str, float] = {}
-    for (op, label), counter in counters.items():
-        seconds = op_seconds(op, counter.calls, counter.bytes, ranks, profile, algorithm)
+    for (op, label), counter in sorted(counters.items()):
+        seconds = op_seconds(op, counter.calls, counter.bytes, spans.get(label, ranks), profile,
+                             algorithm)
         out[label] = out.get(label, 0.0) + seconds
     for (op, label), counter in counters.items():
         held = counters.get(("iallreduce", label))
@@ -219,13 +227,15 @@ def main_ops(counters: Mapping[tuple[str, str], CallCounter]) -> dict[str, str]:
 
 
 def trace_modelled(comm: Mapping[str, Mapping[str, np.ndarray]], ops: Mapping[str, str], ranks: int,
-                   profile: NetworkProfile, algorithm: str = "auto") -> np.ndarray:
+                   profile: NetworkProfile, algorithm: str = "auto",
+                   label_ranks: Mapping[str, int] | None = None) -> np.ndarray:
     """Per trace row, the modelled communication seconds on ``profile`` of all labels but the
     set-up ones (``SETUP_LABELS``), from the trace's cumulative calls and bytes per label and
-    its ``ops`` (label -> operation). The trace's non-blocking allgather counts a post and a
-    wait per row, so half of its calls are modelled. A trace holds no seconds in flight: its
-    non-blocking allreduces (streaming fragments) are modelled here unhidden, an upper bound of
-    the run's own ``comm_modelled``."""
+    its ``ops`` (label -> operation); ``label_ranks`` as in ``comm_modelled``. The trace's
+    non-blocking allgather counts a post and a wait per row, so half of its calls are
+    modelled. A trace holds no seconds in flight: its non-blocking allreduces (streaming
+    fragments) are modelled here unhidden, an upper bound of the run's own ``comm_modelled``."""
+    spans = label_ranks or {}
     rows = next(iter(comm.values()))["calls"].size if comm else 0
     total = np.zeros(rows)
     for label, fields in comm.items():
@@ -236,8 +246,8 @@ def trace_modelled(comm: Mapping[str, Mapping[str, np.ndarray]], ops: Mapping[st
         if op == "iallgather":  # post + wait per row: the operation is every other call
             calls = calls / 2
         for i in range(rows):
-            total[i] += op_seconds(op, int(round(calls[i])), float(fields["bytes"][i]), ranks,
-                                   profile, algorithm)
+            total[i] += op_seconds(op, int(round(calls[i])), float(fields["bytes"][i]),
+                                   spans.get(label, ranks), profile, algorithm)
     return total
 
 

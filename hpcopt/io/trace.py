@@ -230,7 +230,8 @@ def comm_totals(comm: Comm, network: Any = None) -> dict[str, tuple]:
     if network is not None:
         from ..comm.costmodel import comm_modelled
 
-        for label, seconds in comm_modelled(comm.stats.counters, comm.size, network).items():
+        modelled = comm_modelled(comm.stats.counters, comm.size, network, label_ranks=comm.stats.ranks)
+        for label, seconds in modelled.items():
             totals[label].append(seconds)
     return {label: tuple(entry) for label, entry in totals.items()}
 

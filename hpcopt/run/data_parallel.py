@@ -28,6 +28,7 @@ from mpi4py import MPI
 from ..algorithms import streaming
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
+from ..algorithms.groups import GROUP_LABEL
 from ..algorithms.local_sgd import AVERAGE_LABEL
 from ..algorithms.streaming import FRAGMENT_LABEL
 from ..build import RunParts, Workload, build_run
@@ -53,6 +54,8 @@ from .runner import RunFiles, Ticks, run
 from .threads import ThreadChoice
 
 State = DataParallelState
+#: The labels of the rounds, whose modelled seconds a call the summary shows (``--network``).
+ROUND_LABELS = (AVERAGE_LABEL, GROUP_LABEL)
 
 
 @dataclass
@@ -80,6 +83,8 @@ class Summary:
     clip_fraction: float | None = None  # clipping algorithms: clipped steps / steps, all ranks
     network: str = ""              # --network: the cost-model profile, and the communication
     modelled_seconds: float = 0.0  # seconds it models for this run's calls (mean over ranks)
+    #: the modelled seconds of one call of each round label ("average", "group_average")
+    modelled_per_round: dict[str, float] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
@@ -97,9 +102,12 @@ class Summary:
                      "checkpoint below")
         clipped = ([f"clipped           {100 * self.clip_fraction:.1f}% of the steps (all ranks)"]
                    if self.clip_fraction is not None else [])
-        per_round = f", {self.modelled_seconds / self.rounds:.4f} s a round" if self.rounds else ""
+        a_round = f", {self.modelled_seconds / self.rounds:.4f} s a round" if self.rounds else ""
+        per_round = ", ".join(f"{label} {1e3 * seconds:.3f} ms"
+                              for label, seconds in self.modelled_per_round.items())
         modelled = ([f"network model     {self.network}: {self.modelled_seconds:.3f} s of communication"
-                     f"{per_round} (measured {self.comm_seconds:.3f} s)"] if self.network else [])
+                     f"{a_round} (measured {self.comm_seconds:.3f} s){'; one round: ' if per_round else ''}"
+                     f"{per_round}"] if self.network else [])
         return [
             first,
             f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",
@@ -351,9 +359,11 @@ class DataParallelSession:
         self.guard.report(self.comm, show)
         comm, state, parts, files = self.comm, self.state, self.parts, self._files()
         totals = comm.stats.totals()
-        modelled = (sum(seconds for label, seconds in
-                        comm_modelled(comm.stats.counters, comm.size, self.network).items()
-                        if label not in SETUP_LABELS) if self.network else 0.0)
+        by_label = (comm_modelled(comm.stats.counters, comm.size, self.network,
+                                  label_ranks=comm.stats.ranks) if self.network else {})
+        modelled = sum(seconds for label, seconds in by_label.items() if label not in SETUP_LABELS)
+        per_round = {label: by_label[label] / comm.stats.totals(label).calls
+                     for label in ROUND_LABELS if comm.stats.totals(label).calls and label in by_label}
         timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
         averaged = sum(comm.stats.totals(label).bytes for label in (AVERAGE_LABEL, FRAGMENT_LABEL))
         local = np.array([timed_seconds, totals.bytes, averaged,
@@ -370,7 +380,7 @@ class DataParallelSession:
                        stopped=bool(stopped), stop_signal=stopped, history=self.history,
                        unit=self.workload.unit,
                        network=self.network.name if self.network else "",
-                       modelled_seconds=local[6] / size,
+                       modelled_seconds=local[6] / size, modelled_per_round=per_round,
                        clip_fraction=((float(local[4] / local[5]) if local[5] else 0.0)
                                       if parts.clipping else None))
 

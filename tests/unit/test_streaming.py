@@ -108,7 +108,7 @@ def test_seconds_in_flight_are_not_seconds_spent_and_the_model_hides_behind_them
 
 
 def test_delay_mode_sleeps_what_the_overlap_does_not_hide():
-    stats = CommStats(delay=lambda op, nbytes: 0.05)
+    stats = CommStats(delay=lambda op, nbytes, ranks: 0.05)
     stats.record_overlapped("iallreduce", "fragments", 8, held=0.0, hidden=0.02)
     assert stats.totals("fragments").seconds == pytest.approx(0.03)
     stats.record_overlapped("iallreduce", "fragments", 8, held=0.0, hidden=1.0)
