@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
 
 from ..backend import CPU, Backend
 from ..errors import HpcoptError
@@ -55,6 +56,9 @@ class CommStats:
     #: Delay mode (``--network-delay``): seconds to sleep after each call, from (op, bytes);
     #: the sleep counts in the call's seconds, so the run shows the modelled network live.
     delay: Callable[[str, int], float] | None = None
+    #: With ``--timeline``: told (op, label, seconds) of each call once it is counted, the call
+    #: having ended just now (``hpcopt.io.timeline.Recorder.communicated``).
+    spans: Callable[[str, str, float], None] | None = None
 
     def record(self, op: str, label: str, nbytes: int, seconds: float) -> None:
         if self.delay is not None:
@@ -68,6 +72,8 @@ class CommStats:
         counter.calls += 1
         counter.bytes += nbytes
         counter.seconds += seconds
+        if self.spans is not None:
+            self.spans(op, label, seconds)
 
     def totals(self, label: str | None = None, op: str | None = None) -> OpCounter:
         """Sum over all counters matching ``label`` and ``op`` (None matches anything)."""
@@ -249,6 +255,23 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype) if self._rank == root else None
         self.mpi.Gather(values, everyone, root=root)
+        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
+        return everyone
+
+    def gatherv(self, values: np.ndarray, counts: np.ndarray | None, label: str,
+                root: int = 0) -> np.ndarray | None:
+        """Every rank's 1-D host array ``values`` (lengths may differ) concatenated in rank order
+        on ``root``, which passes every rank's length (``counts``); None elsewhere."""
+        start = time.perf_counter()
+        everyone = None
+        if self._rank == root:
+            assert counts is not None, "the root passes every rank's length"
+            everyone = np.empty(int(counts.sum()), dtype=values.dtype)
+            displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            self.mpi.Gatherv(values, [everyone, counts, displacements, from_numpy_dtype(values.dtype)],
+                             root=root)
+        else:
+            self.mpi.Gatherv(values, None, root=root)
         self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
         return everyone
 
