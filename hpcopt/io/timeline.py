@@ -61,7 +61,7 @@ class Recorder:
         self.writer = writer
         self.room = max_spans  # spans this rank may still record in this run
         self.dropped = 0       # ... and those it could not, since the last gather
-        self.capacity = min(_FIRST_CAPACITY, max_spans)
+        self.capacity = min(_FIRST_CAPACITY, max_spans)  # spans it may hold (<= room)
         self._columns = [np.empty(self.capacity, dtype) for dtype in ("float64", "float64", "uint16",
                                                                       "int64")]
         self._start, self._duration, self._kind, self._step = self._columns
@@ -85,7 +85,7 @@ class Recorder:
 
     def _add(self, kind: int, start: float, duration: float) -> None:
         i = self.spans
-        if i == self.capacity and not self._grow():
+        if i >= self.capacity and not self._grow():
             self.dropped += 1
             return
         self._start[i] = start
@@ -95,15 +95,16 @@ class Recorder:
         self.spans = i + 1
 
     def _grow(self) -> bool:
-        """Double the columns, up to ``room``; False when they hold ``room`` spans already."""
+        """Double the room for spans, up to ``room``; False when it holds ``room`` spans already."""
         capacity = min(2 * self.capacity, self.room)
         if capacity <= self.capacity:
             return False
-        for i, column in enumerate(self._columns):
-            grown = np.empty(capacity, column.dtype)
-            grown[:self.spans] = column[:self.spans]
-            self._columns[i] = grown
-        self._start, self._duration, self._kind, self._step = self._columns
+        if capacity > self._start.size:
+            for i, column in enumerate(self._columns):
+                grown = np.empty(capacity, column.dtype)
+                grown[:self.spans] = column[:self.spans]
+                self._columns[i] = grown
+            self._start, self._duration, self._kind, self._step = self._columns
         self.capacity = capacity
         return True
 
@@ -156,19 +157,21 @@ class Recorder:
 
     def gather(self, comm: Comm) -> None:
         """Collective: every rank's spans to rank 0, which appends them to the file."""
-        n = self.spans
+        n, dropped = self.spans, self.dropped
         table = json.dumps([list(k) for k in sorted(self.kinds, key=self.kinds.__getitem__)]).encode()
         wire = np.empty(n, _WIRE_DTYPE)
         wire["step"], wire["kind"] = self._step[:n], self._kind[:n]
         wire["start"], wire["duration"] = self._start[:n] - self.origin, self._duration[:n]
         payload = np.concatenate([wire.view(np.uint8), np.frombuffer(table, np.uint8)])
-        counts = comm.gather(np.array([n, len(table), self.dropped], np.int64), LABEL)
+        counts = comm.gather(np.array([n, len(table), dropped], np.int64), LABEL)
         everyone = comm.gatherv(payload, None if counts is None else
                                 counts[:, 0] * _WIRE_DTYPE.itemsize + counts[:, 1], LABEL)
-        later = self.spans - n  # the gather's own spans, recorded while it ran
+        later = self.spans - n  # the gather's own spans, recorded (or dropped) while it ran
         for column in self._columns:
             column[:later] = column[n:self.spans]
-        self.spans, self.room, self.dropped, self._rows = later, self.room - n, 0, 0
+        self.spans, self.room, self._rows = later, self.room - n, 0
+        self.capacity = max(later, min(self.capacity, self.room))
+        self.dropped -= dropped
         if self.writer is not None:
             assert counts is not None and everyone is not None
             self.writer.append(counts, everyone)
@@ -241,7 +244,8 @@ class TimelineWriter:
 
 def cut(trace: TraceWriter, wall: float) -> None:
     """Rank 0 of a run resumed at wall time ``wall`` (its checkpoint's): drop the spans of
-    ``/timeline`` that start from there on (the resumed run redoes that part)."""
+    ``/timeline`` that start from there on (the resumed run redoes that part) and end the ones
+    that run past it there, so that the resumed run's spans follow them."""
     f = trace.file
     if GROUP not in f:
         return
@@ -249,7 +253,10 @@ def cut(trace: TraceWriter, wall: float) -> None:
     dataset = f[GROUP]["spans"]
     spans = dataset[()]
     kept = spans[spans["start"] < wall]
-    if len(kept) < len(spans):
+    ends = kept["start"] + kept["duration"]
+    over = ends > wall  # the checkpoint write itself (its wall time was taken as it began)
+    kept["duration"][over] = wall - kept["start"][over]
+    if len(kept) < len(spans) or over.any():
         def write(f: Any) -> None:
             dataset.resize((len(kept),))
             dataset[:] = kept
