@@ -14,8 +14,8 @@ the same load from other programs. Printed:
   barrier to the end, divided by its steps) and their ratio, the median over rounds of
   t(on) / t(off);
 - attributed: the recorder's own cost, less sensitive to other load: its seconds per span
-  (``Recorder.communicated`` timed in a loop, the costlier of the two ways a span is made)
-  times the spans per step, plus the timeline's gathers (label "timeline", rank 0's seconds),
+  (``Recorder.communicated`` timed in a loop within a step, each call making a communication
+  and a compute span) times the spans per step, plus the timeline's gathers (label "timeline", rank 0's seconds),
   over the step time without it.
 """
 
@@ -57,15 +57,21 @@ def run(options: dict[str, str], timeline: bool, out: Path) -> tuple[float, floa
     return summary.wall_seconds / summary.steps, gathers, spans
 
 
-def seconds_per_span(repeat: int = 200_000) -> float:
-    """The recorder's cost of one communication span (in a step: with its compute span)."""
+def seconds_per_span(repeat: int = 100_000) -> float:
+    """The recorder's cost per span: communication calls in a step, each making its own span and
+    the compute span before it."""
     recorder = Recorder(2 * repeat + 10)
-    recorder.stepping(lambda: None, lambda: 0)  # as in a run: the hook is a bound method
     record = recorder.communicated
+
+    def step() -> None:
+        for _ in range(repeat):
+            record("allreduce", "average", 0.0)
+
     start = time.perf_counter()
-    for _ in range(repeat):
-        record("allreduce", "average", 1e-6)
-    return (time.perf_counter() - start) / repeat
+    recorder.stepping(step, lambda: 0)()
+    elapsed = time.perf_counter() - start
+    assert recorder.spans == 2 * repeat + 1
+    return elapsed / recorder.spans
 
 
 def main() -> None:

@@ -307,7 +307,8 @@ class RunConfig:
             if getattr(self, name) < 0:
                 raise HpcoptError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.timeline and not self.trace:
-            raise HpcoptError("timeline is recorded in the trace: it needs trace = true")
+            raise HpcoptError("timeline is recorded in the trace: it needs trace = true "
+                              "(or timeline = false)")
         for name in ("keep_checkpoints", "trace_every", "timeline_max_spans"):
             if getattr(self, name) < 1:
                 raise HpcoptError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -20,7 +20,7 @@ those points. Off by default: then nothing of this runs.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -30,7 +30,7 @@ import numpy as np
 
 from ..comm import Comm
 from ..errors import HpcoptError
-from . import READ_ERRORS, json_attr, open_for_reading
+from . import READ_ERRORS, is_int, json_attr, open_for_reading
 from .trace import DECLARED_BOUND, FILE_KIND, TraceWriter
 
 T = TypeVar("T")
@@ -331,7 +331,7 @@ def read_timeline(path: str | Path) -> Timeline | None:
             return None
         try:
             ranks = f.attrs.get("world_size")
-            if not isinstance(ranks, (int, np.integer)) or ranks < 1:
+            if not is_int(ranks) or ranks < 1:
                 raise HpcoptError(f"{path}: attribute 'world_size' is missing or not a positive integer")
             kinds, dropped = _checked_group(f, path, int(ranks))
             spans = f[GROUP]["spans"][()].astype(SPAN_DTYPE)
@@ -346,21 +346,17 @@ def read_timeline(path: str | Path) -> Timeline | None:
     return Timeline(path, spans, [(k[0], k[1]) for k in kinds], dropped)
 
 
-def chrome_events(timeline: Timeline) -> list[dict[str, Any]]:
-    """The Trace Event Format events of ``timeline``: a "process_name" metadata event per rank
-    ("rank N") and a complete ("X") event per span, times in microseconds."""
-    events: list[dict[str, Any]] = []
+def chrome_events(timeline: Timeline) -> Iterator[dict[str, Any]]:
+    """The Trace Event Format events of ``timeline``, one at a time: a "process_name" metadata
+    event per rank ("rank N") and a complete ("X") event per span, times in microseconds."""
     for rank in range(timeline.ranks):
-        events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-                       "args": {"name": f"rank {rank}"}})
-        events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
-                       "args": {"sort_index": rank}})
+        yield {"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}}
+        yield {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}}
     kinds = timeline.kinds
     for rank, step, kind, start, duration in timeline.spans.tolist():
         category, name = kinds[kind]
-        events.append({"name": name, "cat": category, "ph": "X", "ts": round(start * 1e6, 3),
-                       "dur": round(duration * 1e6, 3), "pid": rank, "tid": 0, "args": {"step": step}})
-    return events
+        yield {"name": name, "cat": category, "ph": "X", "ts": round(start * 1e6, 3),
+               "dur": round(duration * 1e6, 3), "pid": rank, "tid": 0, "args": {"step": step}}
 
 
 def dropped_note(timeline: Timeline) -> str:

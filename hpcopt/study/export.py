@@ -130,8 +130,11 @@ def write_chrome(trace: Any, out: Path) -> list[Path]:
     if note:
         print(f"export: {note}", file=sys.stderr, flush=True)
     path = out / "timeline.json"
-    with open(path, "w") as handle:
-        json.dump({"traceEvents": chrome_events(timeline), "displayTimeUnit": "ms"}, handle)
+    with open(path, "w") as handle:  # an event at a time: a long timeline never sits in memory as dicts
+        handle.write('{"displayTimeUnit": "ms", "traceEvents": [')
+        for i, event in enumerate(chrome_events(timeline)):
+            handle.write(("," if i else "") + "\n" + json.dumps(event))
+        handle.write("\n]}\n")
     return [path]
 
 

@@ -28,7 +28,7 @@ from tests.unit.test_cli import assert_one_line_error, launch
 STEPS = 24
 
 
-def config(out: Path, **overrides: str):
+def config(out: Path | str, **overrides: str):
     options = {"dataset": "digits", "hidden": "16", "steps": str(STEPS), "interval": "4",
                "trace_every": "4", "eval_every": "12", "checkpoint_every": "12", "progress": "false",
                "out": str(out), "timeline": "true", **overrides}
@@ -178,3 +178,10 @@ def test_a_crafted_timeline_is_refused_in_one_line(run, tmp_path, craft, words):
         fresh_train(config(bad), resume=bad / "checkpoints" / "step-000000012.h5")
     assert_one_line_error(launch(["export", str(bad), "--format", "chrome", "--out", str(tmp_path / "x")],
                                  ranks=1), words)
+
+
+def test_a_timeline_needs_the_trace_and_a_run_directory():
+    with pytest.raises(HpcoptError, match=r"timeline is recorded in the trace: it needs trace = true"):
+        config(Path("unused"), trace="false")
+    with pytest.raises(HpcoptError, match=r"it needs a run directory \(--out DIR\)"):
+        fresh_train(config("", checkpoint_every="0"))
