@@ -17,7 +17,10 @@ every rank passes in the same order), and at a tick t:
    stop signal in them is seen there).
 
 After the last tick, ``session.last_rows`` and ``session.final`` (the partial last window,
-the end of a partial round, the final evaluation), then ``session.summarize``. A resumed run
+the end of a partial round, the final evaluation), then ``session.summarize``. With
+``--timeline true`` the steps, evaluations, checkpoint writes and counted calls are recorded as
+spans (``hpcopt.io.timeline``), gathered every 64 finished rows, before each checkpoint and at
+the end. A resumed run
 restores the session at a checkpoint's tick and then performs exactly the operations the
 uninterrupted run performs after it, so its results are bitwise the same.
 """
