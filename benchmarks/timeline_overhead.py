@@ -15,8 +15,8 @@ the same load from other programs. Printed:
   t(on) / t(off);
 - attributed: the recorder's own cost, less sensitive to other load: its seconds per span
   (``Recorder.communicated`` timed in a loop within a step, each call making a communication
-  and a compute span) times the spans per step, plus the timeline's gathers (label "timeline", rank 0's seconds),
-  over the step time without it.
+  and a compute span) times the spans per step, plus the timeline's gathers (label "timeline",
+  rank 0's seconds), over the step time without it.
 """
 
 from __future__ import annotations
