@@ -82,6 +82,8 @@ def main() -> None:
                         help="a job option (repeatable), e.g. dataset=digits")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (the ratio's quartiles)")
     options = {"steps": str(args.steps), **dict(item.split("=", 1) for item in args.set)}
     probe = Comm()
     rank, size = probe.rank, probe.size
