@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..comm import Comm
+from ..config import Config
 from ..errors import HpcoptError
 from . import READ_ERRORS, is_int, json_attr, open_for_reading
 from .trace import DECLARED_BOUND, FILE_KIND, TraceWriter
@@ -196,12 +197,13 @@ class TimelineWriter:
     def __init__(self, trace: TraceWriter, ranks: int, max_spans: int) -> None:
         self.trace, self.ranks, self.max_spans = trace, ranks, max_spans
         f = trace.file
+        self.kinds: list[tuple[str, str]] = []
         if GROUP in f:
-            self.kinds = [tuple(k) for k in _checked_group(f, trace.path, ranks)[0]]
-            self.dropped = json.loads(f[GROUP].attrs["dropped"])
+            kinds, self.dropped = _checked_group(f, trace.path, ranks)
+            self.kinds = [(k[0], k[1]) for k in kinds]
             self.on_disk = np.bincount(f[GROUP]["spans"]["rank"], minlength=ranks)
             return
-        self.kinds, self.dropped, self.on_disk = [], [0] * ranks, np.zeros(ranks, np.int64)
+        self.dropped, self.on_disk = [0] * ranks, np.zeros(ranks, np.int64)
 
         def create(f: Any) -> None:
             group = f.create_group(GROUP)
@@ -220,7 +222,8 @@ class TimelineWriter:
             kept = spans[:max(0, self.max_spans - int(self.on_disk[rank]))]
             self.dropped[rank] += dropped + len(spans) - len(kept)
             self.on_disk[rank] += len(kept)
-            local = np.array([codes.setdefault(tuple(kind), len(codes)) for kind in table] or [0])
+            local = np.array([codes.setdefault((category, name), len(codes)) for category, name in table]
+                             or [0])
             piece = np.empty(len(kept), SPAN_DTYPE)
             piece["rank"], piece["step"], piece["kind"] = rank, kept["step"], local[kept["kind"]]
             piece["start"], piece["duration"] = kept["start"], kept["duration"]
@@ -266,7 +269,7 @@ def cut(trace: TraceWriter, wall: float) -> None:
         trace.writing.check()
 
 
-def open_timeline(config: Any, trace: TraceWriter | None, comm: Comm,
+def open_timeline(config: Config, trace: TraceWriter | None, comm: Comm,
                   resumed_wall: float | None) -> Recorder | None:
     """Every rank (inside ``agreed``): this rank's recorder when the run records a timeline
     (``config.run.timeline``), with rank 0's writer; None otherwise. A resumed run's
