@@ -51,7 +51,8 @@ STUDY_COMMANDS = {
               "manifest of its tasks, from a sweep file (--dry-run lists them; --local -j K runs them here)"),
     "collect": ("hpcopt.study.collect", "one row per run of a study (state, options that differ, final "
                 "figures): study.csv and study.md"),
-    "export": ("hpcopt.study.export", "a run's trace as CSV tables or TensorBoard event files"),
+    "export": ("hpcopt.study.export", "a run's trace as CSV tables or TensorBoard event files, its "
+               "timeline as Trace Event Format JSON (Perfetto)"),
 }
 
 

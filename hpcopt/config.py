@@ -271,6 +271,11 @@ class RunConfig:
     keep_checkpoints: int = option(3, "the newest K checkpoints are kept, older ones deleted")
     trace: bool = option(True, "write OUT/trace.h5")
     trace_every: int = option(8, "clock ticks per trace row (SIGTERM or Ctrl-C stops a run within two)")
+    timeline: bool = option(False, "also record each rank's spans (compute, communication, waits, "
+                            "evaluations, checkpoints) in the trace's /timeline; hpcopt export "
+                            "--format chrome shows them")
+    timeline_max_spans: int = option(200_000, "spans the timeline keeps per rank; later ones are "
+                                     "counted as dropped")
     averaging: str = option("auto", "auto | mpi | shm (node-local shared memory), see hpcopt.comm")
     network: str = option("",
                           "cost-model profile for modelled comm seconds in the trace, see "
@@ -302,7 +307,10 @@ class RunConfig:
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise HpcoptError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("keep_checkpoints", "trace_every"):
+        if self.timeline and not self.trace:
+            raise HpcoptError("timeline is recorded in the trace: it needs trace = true "
+                              "(or timeline = false)")
+        for name in ("keep_checkpoints", "trace_every", "timeline_max_spans"):
             if getattr(self, name) < 1:
                 raise HpcoptError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (0 <= self.stall_timeout < math.inf):
@@ -515,8 +523,9 @@ def config_from_stored(values: dict[str, Any]) -> Config:
 #: and the length of the run (not with the sqrt_nt schedule, whose step size depends on it),
 #: and the device (a GPU run's checkpoint resumes on CPU and vice versa: to float tolerance),
 #: and the failure handling (stall_timeout, on_nonfinite: docs/failures.md).
-RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_every", "progress",
-               "eval_every", "steps", "epochs", "device", "stall_timeout", "on_nonfinite")
+RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_every", "timeline",
+               "timeline_max_spans", "progress", "eval_every", "steps", "epochs", "device", "stall_timeout",
+               "on_nonfinite")
 
 
 def check_resume(stored: Config, config: Config) -> None:

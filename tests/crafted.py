@@ -219,3 +219,27 @@ def truncated_trace(source: Path, path: Path, keep: int = 3000) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(source.read_bytes()[:keep])
     return path
+
+
+def huge_timeline(path: Path, spans: int) -> Path:
+    """A trace whose ``/timeline/spans`` is grown to ``spans`` spans, none of them written."""
+    with h5py.File(path, "r+") as f:
+        f["timeline/spans"].resize((spans,))
+    return path
+
+
+def timeline_attribute(path: Path, name: str, text: str) -> Path:
+    """A trace whose ``/timeline`` attribute ``name`` (``kinds``, ``dropped``) is ``text``."""
+    with h5py.File(path, "r+") as f:
+        f["timeline"].attrs[name] = text
+    return path
+
+
+def timeline_span_kind(path: Path, kind: int) -> Path:
+    """A trace whose first span names kind ``kind`` (beyond the kinds it lists, for a large one)."""
+    with h5py.File(path, "r+") as f:
+        spans = f["timeline/spans"]
+        first = spans[0]
+        first["kind"] = kind
+        spans[0] = first
+    return path

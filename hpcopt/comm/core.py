@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
 
 from ..backend import CPU, Backend
 from ..errors import HpcoptError
@@ -64,6 +65,10 @@ class CommStats:
     #: label -> the ranks its calls span, for the labels of a group's calls (``Comm.group``);
     #: every other label spans the world. The cost model reads it; ``reset`` keeps it.
     ranks: dict[str, int] = field(default_factory=dict)
+    #: With ``--timeline``: told (op, label, seconds) of each call once it is counted, the call
+    #: having ended just now (``hpcopt.io.timeline.Recorder.communicated``); not of the seconds
+    #: in flight (IN_FLIGHT), which overlap the computation.
+    spans: Callable[[str, str, float], None] | None = None
 
     def record(self, op: str, label: str, nbytes: int, seconds: float) -> None:
         if self.delay is not None:
@@ -93,6 +98,8 @@ class CommStats:
         counter.calls += calls
         counter.bytes += nbytes
         counter.seconds += seconds
+        if self.spans is not None and op != IN_FLIGHT:
+            self.spans(op, label, seconds)
 
     def totals(self, label: str | None = None, op: str | None = None) -> OpCounter:
         """Sum over all counters matching ``label`` and ``op`` (None matches anything; its
@@ -328,6 +335,23 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype) if self._rank == root else None
         self.mpi.Gather(values, everyone, root=root)
+        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
+        return everyone
+
+    def gatherv(self, values: np.ndarray, counts: np.ndarray | None, label: str,
+                root: int = 0) -> np.ndarray | None:
+        """Every rank's 1-D host array ``values`` (lengths may differ) concatenated in rank order
+        on ``root``, which passes every rank's length (``counts``); None elsewhere."""
+        start = time.perf_counter()
+        everyone = None
+        if self._rank == root:
+            assert counts is not None, "the root passes every rank's length"
+            everyone = np.empty(int(counts.sum()), dtype=values.dtype)
+            displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            self.mpi.Gatherv(values, [everyone, counts, displacements, from_numpy_dtype(values.dtype)],
+                             root=root)
+        else:
+            self.mpi.Gatherv(values, None, root=root)
         self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
         return everyone
 

@@ -5,13 +5,13 @@ whose heap address was overwritten did, once in 3,600 random byte edits): no Pyt
 runs, and an MPI job loses a rank with a signal instead of getting an error. So a resumed run's
 rank 0 first runs ``python -m hpcopt.io.vet FILE``, which opens the file, checks what it holds
 (``hpcopt.io.structure``: no links out of it, no more declared data than it holds), then its
-content digest and format (reading every attribute and dataset). A crash, a hang or a failed check in
-the child becomes one error line; once the child has read the file cleanly, the job reads the
-same bytes. A checkpoint is vetted once per process (keyed by its path, size and modification
-time). ``hpcopt report`` does the same for the traces it reads (``python -m hpcopt.io.vet
---traces FILE...``, one child for all of them), and so does a resumed run's rank 0 for the
-trace it appends to: a run killed while writing its trace can leave one behind that HDF5 cannot
-read safely.
+content digest and format (reading every attribute and dataset, a trace's timeline too). A
+crash, a hang or a failed check in the child becomes one error line; once the child has read
+the file cleanly, the job reads the same bytes. A checkpoint is vetted once per process (keyed
+by its path, size and modification time). ``hpcopt report`` does the same for the traces it
+reads (``python -m hpcopt.io.vet --traces FILE...``, one child for all of them), and so does a
+resumed run's rank 0 for the trace it appends to: a run killed while writing its trace can
+leave one behind that HDF5 cannot read safely.
 """
 
 from __future__ import annotations
@@ -105,11 +105,13 @@ def main(argv: list[str]) -> int:
     """``FILE`` (a checkpoint) or ``--traces FILE...``; prints ``ok`` when all is well."""
     try:
         if argv[0] == "--traces":
+            from .timeline import read_timeline
             from .trace import read_trace
 
             for path in argv[1:]:
                 print(f"{READING}{path}", flush=True)
                 read_trace(path)
+                read_timeline(path)
         else:
             check(Path(argv[0]))
     except HpcoptError as exc:

@@ -17,7 +17,10 @@ every rank passes in the same order), and at a tick t:
    stop signal in them is seen there).
 
 After the last tick, ``session.last_rows`` and ``session.final`` (the partial last window,
-the end of a partial round, the final evaluation), then ``session.summarize``. A resumed run
+the end of a partial round, the final evaluation), then ``session.summarize``. With
+``--timeline true`` the steps, evaluations, checkpoint writes and counted calls are recorded as
+spans (``hpcopt.io.timeline``), gathered every 64 finished rows, before each checkpoint and at
+the end. A resumed run
 restores the session at a checkpoint's tick and then performs exactly the operations the
 uninterrupted run performs after it, so its results are bitwise the same.
 """
@@ -37,6 +40,7 @@ from ..backend import CPU
 from ..comm import Comm, agreed, node_layout
 from ..comm.staging import prepare_gpu
 from ..config import Config
+from ..io import timeline as timeline_io
 from ..io import trace as trace_io
 from .files import claim, header_end, open_trace, run_directory, vet_resumed
 from .preflight import check_output
@@ -75,6 +79,7 @@ class RunFiles:
     writer: trace_io.TraceWriter | None  # rank 0 only, when tracing
     wall_before: float                   # seconds of earlier segments (a resumed run)
     started: float = 0.0
+    timeline: timeline_io.Recorder | None = None  # with --timeline: this rank's spans
 
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
@@ -198,8 +203,11 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
         writer = agreed(lambda: open_trace(config, out, run_id, comm, session.parameters(),
                                            (ckpt.trace_rows, ckpt.tick) if ckpt else None,
                                            columns, attrs), comm)
+        timeline = agreed(lambda: timeline_io.open_timeline(config, writer, comm,
+                                                            ckpt.wall_seconds if ckpt else None), comm)
         agreed(lambda: check_output(out, session.checkpoint_bytes(), comm), comm)
-        files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0)
+        files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0,
+                         timeline=timeline)
         show = verbose and config.run.progress and comm.rank == 0
         resumed = f"{ckpt.path} at {workload.noun} {ckpt.tick}" if ckpt else ""
         if show:
@@ -211,7 +219,7 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
                 np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # NaN/Inf: nonfinite.py
             summary = _loop(session, files, comm, ckpt, stop_signal, threads, show)
     finally:
-        comm.stats.delay = None  # the network delay mode ends with the run
+        comm.stats.delay = comm.stats.spans = None  # the network delay mode and the timeline end
         if writer is not None:
             writer.close()
         if lock is not None:
@@ -241,13 +249,22 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
     session.begin(files, ckpt)
     files.started = time.perf_counter()
     progress.start -= files.wall_before
+    step, evaluate, save, final_of = session.step, session.evaluate, session.save, session.final
+    timeline = files.timeline
+    if timeline is not None:  # spans of every step, evaluation, checkpoint and counted call
+        timeline.start(files.started - files.wall_before, session.progress())
+        comm.stats.spans = timeline.communicated
+        step = timeline.stepping(step, session.progress)
+        evaluate = timeline.timed("evaluation", "evaluation", evaluate)
+        save = timeline.timed("checkpoint", "checkpoint", save)
+        final_of = timeline.timed("evaluation", "final", final_of)
     for _ in range(session.steps_left()):
-        ended = session.step()
+        ended = step()
         if ended is None:
             continue
         tick = ended
         report_due = progress.due(tick) or report_due
-        evaluation = session.evaluate(tick) if ticks.evaluation_due(tick) else None
+        evaluation = evaluate(tick) if ticks.evaluation_due(tick) else None
         rows = session.row(tick, evaluation, stop_signal.raised) if ticks.row_due(tick) else []
         checkpoint = files.out is not None and ticks.checkpoint_due(tick)
         if checkpoint or _stop(rows):
@@ -259,8 +276,10 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
             if report_due:
                 progress.report(row.tick, session.note(row))
                 report_due = False
+        if timeline is not None:  # before a checkpoint, as the trace's rows
+            timeline.rows_finished(len(rows), comm, due=checkpoint or bool(stop))
         if checkpoint or stop:
-            session.save(tick)
+            save(tick)
         if stop:
             stop_signal.settle()
             break
@@ -270,8 +289,10 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
         session.check_rows(rows, tick)
         for row in rows:
             train_loss = _stats(row).loss_mean
-        final = session.final()
+        final = final_of()
     summary = session.summarize(final, train_loss, threads, signal_name(stop) if stop else "", show)
+    if timeline is not None:
+        timeline.gather(comm)
     if files.writer is not None and final is not None:
         files.writer.finish(session.trace_summary(final, summary))
     return summary

@@ -1,4 +1,5 @@
-"""``hpcopt export RUN... --format csv|tensorboard [--out DIR]``: traces in files other tools read.
+"""``hpcopt export RUN... --format csv|tensorboard|chrome [--out DIR]``: traces in files other
+tools read.
 
 Each run's files go into ``DIR/<run directory name>/`` (default DIR: ``export``), so one
 ``tensorboard --logdir DIR`` shows every exported run side by side:
@@ -11,7 +12,11 @@ Each run's files go into ``DIR/<run directory name>/`` (default DIR: ``export``)
   losses, gradient norms, learning rate (and clipped fraction), ``eval/`` test loss and metric
   (the end-of-run evaluation included), ``comm/bytes/<label>``, ``comm/seconds/<label>`` (and
   ``comm/modelled/<label>``), ``run/`` the other columns (rounds; a pipeline's bubble, ...).
-  Wall time: the trace's start (``created``) plus its ``wall`` column.
+  Wall time: the trace's start (``created``) plus its ``wall`` column;
+- ``chrome``: ``timeline.json``, the run's timeline (``--timeline true``, hpcopt.io.timeline) in
+  the Trace Event Format that Perfetto (ui.perfetto.dev) and chrome://tracing open: a process
+  per rank ("rank N"), a complete event per span (name, category, start and duration in
+  microseconds, the step in ``args``). A trace without a timeline is refused.
 
 Traces are read by a child process first (hpcopt.io.vet), as ``report`` does.
 """
@@ -21,7 +26,9 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="trace files (trace.h5), run directories or study directories (their runs)")
     parser.add_argument("--format", required=True, choices=sorted(FORMATS),
-                        help="csv: rows.csv and comm.csv; tensorboard: event files (needs tensorboardX)")
+                        help="csv: rows.csv and comm.csv; tensorboard: event files (needs tensorboardX); "
+                        "chrome: timeline.json (a run with --timeline true) for Perfetto")
     parser.add_argument("--out", default="export",
                         help="directory for one folder per run (default: export)")
 
@@ -111,7 +119,27 @@ def write_tensorboard(trace: Any, out: Path) -> list[Path]:
     return sorted(out.glob(EVENT_FILES))
 
 
-FORMATS: dict[str, Callable[[Any, Path], list[Path]]] = {"csv": write_csv, "tensorboard": write_tensorboard}
+def write_chrome(trace: Any, out: Path) -> list[Path]:
+    """``timeline.json`` in ``out``: ``trace``'s timeline as Trace Event Format JSON."""
+    from ..io.timeline import chrome_events, dropped_note, read_timeline
+
+    timeline = read_timeline(trace.path)  # vetted with the trace (hpcopt.io.vet)
+    if timeline is None:
+        raise HpcoptError(f"{trace.path} has no timeline: record one with --timeline true")
+    note = dropped_note(timeline)
+    if note:
+        print(f"export: {note}", file=sys.stderr, flush=True)
+    path = out / "timeline.json"
+    with open(path, "w") as handle:  # an event at a time: a long timeline never sits in memory as dicts
+        handle.write('{"displayTimeUnit": "ms", "traceEvents": [')
+        for i, event in enumerate(chrome_events(timeline)):
+            handle.write(("," if i else "") + "\n" + json.dumps(event))
+        handle.write("\n]}\n")
+    return [path]
+
+
+FORMATS: dict[str, Callable[[Any, Path], list[Path]]] = {"csv": write_csv, "tensorboard": write_tensorboard,
+                                                         "chrome": write_chrome}
 
 
 def export(runs: list[str], kind: str, out: str | Path) -> list[Path]:
