@@ -51,16 +51,17 @@ def check_adamw(beta1: float, beta2: float, eps: float) -> None:
         raise HpcoptError(f"adam_eps must be > 0, got {eps}")
 
 
-def blockwise(step: Callable[..., None], *vectors: Array | None) -> None:
-    """``step(*blocks)`` on consecutive blocks of BLOCK elements of the flat NumPy ``vectors``
-    (None passed as None); other arrays (CuPy: one kernel per operation anyway) whole. For an
-    elementwise ``step`` the result is bit for bit that of ``step(*vectors)``."""
-    first = vectors[0]
+def blockwise(step: Callable[..., None], first: Array, *rest: Array | None) -> None:
+    """``step(*blocks)`` on consecutive blocks of BLOCK elements of the flat NumPy vectors
+    ``first, *rest`` (None passed as None); other arrays (CuPy: one kernel per operation
+    anyway) whole. For an elementwise ``step`` the result is bit for bit that of
+    ``step(first, *rest)``."""
     if array_module(first) is not np:
-        step(*vectors)
+        step(first, *rest)
         return
     for start in range(0, max(first.size, 1), BLOCK):
-        step(*(None if v is None else v[start:start + BLOCK] for v in vectors))
+        block = slice(start, start + BLOCK)
+        step(first[block], *(None if v is None else v[block] for v in rest))
 
 
 def sgd_step(x: Array, grad: Array, buffer: Array | None, lr: Any, *, momentum: float,
