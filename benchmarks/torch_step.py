@@ -38,14 +38,21 @@ from threadpoolctl import threadpool_limits
 from versus import add_timing_options, seconds_per_call  # benchmarks/versus.py
 
 from hpcopt.algorithms.local_sgd import LocalSGD
+from hpcopt.backend import CPU
 from hpcopt.comm import Comm
+from hpcopt.data.sampler import MinibatchSampler
+from hpcopt.nn.models import mlp as numpy_mlp
+from hpcopt.problems.classification import ClassificationProblem
 from hpcopt.torch import TensorData, torch_workload
-from hpcopt.torch.models import resnet20, word_lstm
+from hpcopt.torch.models import gpt, resnet18, resnet20, word_lstm
 from hpcopt.torch.text import sequence_loss
 
 nn = torch.nn
 SAMPLES = 1024
 ROUND = 8  # the I of the "round" column
+GPT_VOCAB = 2560
+#: The models of the step-speed targets (docs/torch.md, Speed), in the table's order.
+SUITE = ("resnet20", "wordlstm", "resnet18", "gpt", "mlp", "mlp_numpy")
 NO_AVERAGE = 10**9  # PR-SGD's interval while steps are timed: no average among them
 
 
@@ -84,11 +91,13 @@ def images(shape: tuple[int, ...]) -> Callable[[], TensorData]:
     return make
 
 
-def ptb_sized_windows() -> TensorData:
-    """Random word ids of a 10,000-word vocabulary in windows of 35 (what the PTB runs train on)."""
-    g = torch.Generator().manual_seed(0)
-    return TensorData(torch.randint(0, 10000, (SAMPLES, 35), generator=g),
-                      torch.randint(0, 10000, (SAMPLES, 35), generator=g))
+def token_windows(vocab: int, length: int) -> Callable[[], TensorData]:
+    """Random word ids of a ``vocab``-word vocabulary in windows of ``length``."""
+    def make() -> TensorData:
+        g = torch.Generator().manual_seed(0)
+        return TensorData(torch.randint(0, vocab, (SAMPLES, length), generator=g),
+                          torch.randint(0, vocab, (SAMPLES, length), generator=g))
+    return make
 
 
 @dataclass(frozen=True)
@@ -98,23 +107,44 @@ class Model:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     batch: int
     what: str
+    numpy: bool = False  # hpcopt's own NumPy model of the same shape (``numpy_problem``)
 
 
 MODELS = {
     "mlp": Model(mlp, images((784,)), nn.CrossEntropyLoss(), 32, "MLP 784-512-256-10, batch 32"),
+    "mlp_numpy": Model(mlp, images((784,)), nn.CrossEntropyLoss(), 32,
+                       "MLP 784-512-256-10, hpcopt's NumPy model (`hpcopt.nn.models.mlp`), batch 32",
+                       numpy=True),
     "resnet": Model(resnet, images((3, 32, 32)), nn.CrossEntropyLoss(), 32,
                     "ResNet-8 (16-32-64) on 3x32x32, batch 32"),
     "resnet20": Model(resnet20, images((1, 28, 28)), nn.CrossEntropyLoss(), 32,
                       "ResNet-20 (`models.resnet20`) on 1x28x28, batch 32"),
-    "wordlstm": Model(lambda: word_lstm(10000, 200, 200), ptb_sized_windows, sequence_loss, 20,
+    "wordlstm": Model(lambda: word_lstm(10000, 200, 200), token_windows(10000, 35), sequence_loss, 20,
                       "word LSTM (`models.word_lstm`, 10,000 words, 200 tied) on 20 windows of 35"),
+    "resnet18": Model(resnet18, images((3, 32, 32)), nn.CrossEntropyLoss(), 32,
+                      "ResNet-18 (`models.resnet18`, torchvision's layout) on 3x32x32, batch 32"),
+    "gpt": Model(lambda: gpt(GPT_VOCAB), token_windows(GPT_VOCAB, 64), sequence_loss, 16,
+                 "GPT (`models.gpt`, 2 layers of 128, 4 heads, 2,560 words) on 16 windows of 64"),
 }
+
+
+def numpy_problem(data: TensorData, batch: int, rank: int) -> tuple[ClassificationProblem, np.ndarray]:
+    """hpcopt's NumPy MLP 784-512-256-10 (float32) on ``data`` and its initial parameters."""
+    model = numpy_mlp(784, [512, 256], 10)
+    x0 = model.layout.zeros(CPU, np.float32)
+    model.init(x0, np.random.default_rng(0))
+    sampler = MinibatchSampler(np.arange(SAMPLES), batch, 0, rank)
+    return ClassificationProblem(model, data.inputs.numpy(), data.targets.numpy(), sampler, CPU), x0
 
 
 def hpcopt_step(model: Model, batch: int, args: argparse.Namespace,
                 comm: Comm) -> tuple[Callable[[], None], np.ndarray]:
-    run = torch_workload(model.factory, model.loss, model.data(), comm, batch_size=batch, dtype="float32")
     algorithm = LocalSGD(lr=args.lr, momentum=args.momentum, interval=NO_AVERAGE)
+    if model.numpy:
+        problem, x0 = numpy_problem(model.data(), batch, comm.rank)
+        state = algorithm.init(x0, comm)
+        return (lambda: algorithm.step(state, problem.oracle, comm)), state.x
+    run = torch_workload(model.factory, model.loss, model.data(), comm, batch_size=batch, dtype="float32")
     state = algorithm.init(run.x0, comm, buffers=run.buffers)
     return (lambda: algorithm.step(state, run.problem.oracle, comm)), state.x
 
@@ -221,7 +251,7 @@ def launch(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["mlp", "resnet"])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(SUITE))
     parser.add_argument("--batch", type=int, default=0,
                         help="batch per rank (0: the model's: 32, 20 windows)")
     parser.add_argument("--lr", type=float, default=0.01)
