@@ -13,20 +13,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import HpcoptError
 from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
-from .inner import ADAMW_DEFAULTS, INNER_OPTIMIZERS, adamw_step, check_adamw
+from .inner import ADAMW_DEFAULTS, INNER_OPTIMIZERS, adamw_step, blockwise, check_adamw, sgd_step
 from .momentum import (
     MOMENTUM_LABEL,
     MOMENTUM_POLICIES,
     SECOND_MOMENT_LABEL,
     apply_momentum_policy,
     check_momentum_policy,
-    momentum_direction,
 )
 from .outer import OUTER_OPTIMIZERS, OuterOptimizer, check_outer
 from .schedules import SCHEDULES, Schedule
@@ -136,17 +135,16 @@ class ScheduledSGD:
 
     def inner_step(self, state: DataParallelState, lr: Any) -> None:
         """x <- the inner optimizer's step from the gradient in ``state.grad`` (overwritten)
-        with step size ``lr``: a float, or a 0-d device array in x's dtype."""
+        with step size ``lr``: a float, or a 0-d device array in x's dtype; block by block
+        (``blockwise``), one read and one write of each vector."""
         if self.adamw:
             k1, k2 = self.moment_steps(state)
-            adamw_step(state.x, state.grad, state.exp_avg, state.exp_avg_sq, lr,
-                       beta1=self.adam_beta1, beta2=self.adam_beta2, eps=self.adam_eps,
-                       weight_decay=self.weight_decay, k1=k1, k2=k2)
+            blockwise(partial(adamw_step, lr=lr, beta1=self.adam_beta1, beta2=self.adam_beta2,
+                              eps=self.adam_eps, weight_decay=self.weight_decay, k1=k1, k2=k2),
+                      state.x, state.grad, state.exp_avg, state.exp_avg_sq)
             return
-        if self.weight_decay:
-            state.grad += self.weight_decay * state.x
-        direction = momentum_direction(state.grad, state.momentum, self.momentum, self.nesterov)
-        state.x -= lr * direction
+        blockwise(partial(sgd_step, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
+                          weight_decay=self.weight_decay), state.x, state.grad, state.momentum)
 
     def moment_steps(self, state: DataParallelState) -> tuple[int, int]:
         """AdamW's k1, k2: the steps its moments m, v have accumulated, this one included

@@ -14,21 +14,33 @@ form (``torch.optim.AdamW``: decay first, eps added after the bias correction of
 inner optimizer (Douillard et al., arXiv 2311.08105). m and v are per rank; k1 and k2 count
 the steps since each was last zeroed (at the start, and at each round when its policy is
 ``reset``), this one included, so the bias correction is that of a fresh AdamW after a reset.
+
+Both steps are elementwise, so ``blockwise`` runs them on NumPy vectors block by block: each
+block's slices stay in cache from one operation to the next, and every vector is read from
+memory once and written once per step, with the bits of the whole-vector operations
+(docs/design.md, "Passes over the parameters").
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ..backend import array_module
 from ..errors import HpcoptError
+from .momentum import momentum_direction
 
 Array = Any
 
 INNER_OPTIMIZERS = ("sgd", "adamw")
 #: AdamW's options and their defaults (PyTorch's): refused with sgd unless left at these.
 ADAMW_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8}
+#: Elements per block of a NumPy step: a block of each vector (256 KB in float32) stays in the
+#: core's cache between the step's operations.
+BLOCK = 1 << 16
 
 
 def check_adamw(beta1: float, beta2: float, eps: float) -> None:
@@ -37,6 +49,30 @@ def check_adamw(beta1: float, beta2: float, eps: float) -> None:
             raise HpcoptError(f"{name} must be in [0, 1), got {beta}")
     if not (eps > 0 and math.isfinite(eps)):
         raise HpcoptError(f"adam_eps must be > 0, got {eps}")
+
+
+def blockwise(step: Callable[..., None], first: Array, *rest: Array | None) -> None:
+    """``step(*blocks)`` on consecutive blocks of BLOCK elements of the flat NumPy vectors
+    ``first, *rest`` (None passed as None); other arrays (CuPy: one kernel per operation
+    anyway) whole. For an elementwise ``step`` the result is bit for bit that of
+    ``step(first, *rest)``."""
+    if array_module(first) is not np:
+        step(first, *rest)
+        return
+    for start in range(0, max(first.size, 1), BLOCK):
+        block = slice(start, start + BLOCK)
+        step(first[block], *(None if v is None else v[block] for v in rest))
+
+
+def sgd_step(x: Array, grad: Array, buffer: Array | None, lr: Any, *, momentum: float,
+             nesterov: bool, weight_decay: float) -> None:
+    """One sgd step on x in place (module docstring); ``grad`` is overwritten, ``buffer`` (b;
+    None without momentum) updated. ``lr`` is a float or a 0-d device array in x's dtype."""
+    xp = array_module(x)
+    if weight_decay:
+        grad += weight_decay * x
+    direction = momentum_direction(grad, buffer, momentum, nesterov)
+    x -= xp.multiply(direction, lr, out=grad)
 
 
 def adamw_step(x: Array, grad: Array, m: Array, v: Array, lr: Any, *, beta1: float,

@@ -1,17 +1,23 @@
 """Ready-made modules for ``--model torch:hpcopt.torch.models:NAME``: the ResNet-20 of the
 PR-SGD and CELGC papers' CIFAR-10 experiments (He et al. 2016, section 4.2: three stages of
 three basic blocks, 16, 32 and 64 channels, batch norm, projection shortcuts where the shape
-changes, global average pooling), for 1-channel and 3-channel images of any size >= 8x8.
+changes, global average pooling), for 1-channel and 3-channel images of any size >= 8x8, and
+``resnet18``, shaped as torchvision's ResNet-18 (a 7x7 stride-2 stem and max pooling, four
+stages of two basic blocks, 64-512 channels; 11,181,642 parameters for 10 classes), without
+depending on torchvision.
 
 ``word_lstm`` is a word language model for ``hpcopt.torch.text`` (embedding, LSTM, decoder
 tied to the embedding), the small cousin of the CELGC paper's AWD-LSTM; it takes the
 vocabulary size, so it is given to ``language_workload`` with its arguments bound
-(``functools.partial``), not named on the command line."""
+(``functools.partial``), not named on the command line; so is ``gpt``, a small GPT-2-style
+decoder-only transformer (Radford et al. 2019: pre-norm blocks of causal self-attention and a
+4x GELU MLP, learned positions, decoder tied to the embedding)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional
 
 
 class BasicBlock(nn.Module):
@@ -59,6 +65,19 @@ def resnet20_rgb() -> nn.Sequential:
     return resnet(20, channels=3)
 
 
+def resnet18(channels: int = 3, classes: int = 10) -> nn.Sequential:
+    """torchvision's ResNet-18 layout for ``channels``-channel images (each stage halves the
+    size, from the stem's 1/4; 32x32 images reach the last stage at 1x1)."""
+    layers: list[nn.Module] = [nn.Conv2d(channels, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                               nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+    inputs = 64
+    for stage in range(4):
+        outputs = 64 * 2 ** stage
+        layers += [BasicBlock(inputs, outputs, 2 if stage else 1), BasicBlock(outputs, outputs, 1)]
+        inputs = outputs
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inputs, classes))
+
+
 class WordLSTM(nn.Module):
     """Embedding, ``layers`` LSTM layers, dropout, a linear decoder to vocabulary scores.
 
@@ -94,3 +113,63 @@ def word_lstm(vocab: int = 10000, embedding: int = 200, hidden: int = 200, layer
               dropout: float = 0.0, tied: bool = True) -> WordLSTM:
     """A word LSTM for a ``vocab``-word corpus (10,000: Penn Treebank)."""
     return WordLSTM(vocab, embedding, hidden, layers, dropout, tied)
+
+
+class CausalBlock(nn.Module):
+    """x + attention(LN(x)), then x + MLP(LN(x)): causal multi-head self-attention, 4x GELU MLP."""
+
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} is not a multiple of heads {heads}")
+        self.heads, self.dropout = heads, dropout
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width),
+                                 nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, width = x.shape
+        q, k, v = (part.view(batch, time, self.heads, -1).transpose(1, 2)
+                   for part in self.qkv(self.ln1(x)).split(width, dim=2))
+        attended = functional.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, time, width))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Token and learned position embeddings, ``layers`` causal blocks, a final layer norm and
+    a decoder tied to the token embedding (no bias), GPT-2's initialization (normal, std 0.02).
+
+    ``forward(tokens)``: (batch, time) token ids, time <= ``context``, to (batch, time, vocab)
+    scores, each position from the tokens up to it."""
+
+    def __init__(self, vocab: int, width: int = 128, layers: int = 2, heads: int = 4,
+                 context: int = 64, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.context = context
+        self.embedding, self.position = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(*(CausalBlock(width, heads, dropout) for _ in range(layers)))
+        self.ln = nn.LayerNorm(width)
+        self.decoder = nn.Linear(width, vocab, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        self.decoder.weight = self.embedding.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] > self.context:
+            raise ValueError(f"windows of {tokens.shape[1]} tokens, the context is {self.context}")
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.drop(self.embedding(tokens) + self.position(positions))
+        return self.decoder(self.ln(self.blocks(x)))
+
+
+def gpt(vocab: int = 10000, width: int = 128, layers: int = 2, heads: int = 4, context: int = 64,
+        dropout: float = 0.0) -> GPT:
+    """A GPT-style language model for a ``vocab``-word corpus (windows of up to ``context``)."""
+    return GPT(vocab, width, layers, heads, context, dropout)
