@@ -4,14 +4,19 @@ three basic blocks, 16, 32 and 64 channels, batch norm, projection shortcuts whe
 changes, global average pooling), for 1-channel and 3-channel images of any size >= 8x8.
 
 ``word_lstm`` is a word language model for ``hpcopt.torch.text`` (embedding, LSTM, decoder
-tied to the embedding), the small cousin of the CELGC paper's AWD-LSTM; it takes the
-vocabulary size, so it is given to ``language_workload`` with its arguments bound
-(``functools.partial``), not named on the command line."""
+tied to the embedding), the small cousin of the CELGC paper's AWD-LSTM, every window from a
+zero state; ``word_lstm_carried`` is the same model carrying its state (h, c) from window to
+window (truncated BPTT). Both take the vocabulary size: ``--model
+torch:hpcopt.torch.models:word_lstm_carried`` on a text corpus, or ``functools.partial`` with
+its other arguments for ``language_workload``."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+#: An LSTM's state: (h, c), each (layers, batch, hidden).
+LSTMState = tuple[torch.Tensor, torch.Tensor]
 
 
 class BasicBlock(nn.Module):
@@ -59,13 +64,12 @@ def resnet20_rgb() -> nn.Sequential:
     return resnet(20, channels=3)
 
 
-class WordLSTM(nn.Module):
+class _WordLSTMLayers(nn.Module):
     """Embedding, ``layers`` LSTM layers, dropout, a linear decoder to vocabulary scores.
 
-    ``forward(tokens)``: (batch, time) token ids to (batch, time, vocab) scores, each window
-    from a zero state. With ``tied`` (the default; needs ``embedding == hidden``) the decoder's
-    weight is the embedding's (Press and Wolf 2017), as in AWD-LSTM. Embedding and decoder are
-    initialized uniform in [-0.1, 0.1], the decoder's bias zero (PyTorch's word language model).
+    With ``tied`` (the default; needs ``embedding == hidden``) the decoder's weight is the
+    embedding's (Press and Wolf 2017), as in AWD-LSTM. Embedding and decoder are initialized
+    uniform in [-0.1, 0.1], the decoder's bias zero (PyTorch's word language model).
     """
 
     def __init__(self, vocab: int, embedding: int = 200, hidden: int = 200, layers: int = 1,
@@ -85,12 +89,38 @@ class WordLSTM(nn.Module):
         else:
             nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
 
+    def scores(self, tokens: torch.Tensor, state: LSTMState | None) -> tuple[torch.Tensor, LSTMState]:
+        """(batch, time, vocab) scores of (batch, time) token ids from ``state`` (zeros: None),
+        and the state (h, c) after the last token."""
+        states, last = self.lstm(self.drop(self.embedding(tokens)), state)
+        return self.decoder(self.drop(states)), last
+
+
+class WordLSTM(_WordLSTMLayers):
+    """``forward(tokens)``: (batch, time) token ids to (batch, time, vocab) scores, each window
+    from a zero state."""
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        states, _ = self.lstm(self.drop(self.embedding(tokens)))
-        return self.decoder(self.drop(states))
+        return self.scores(tokens, None)[0]
+
+
+class CarriedWordLSTM(_WordLSTMLayers):
+    """``forward(tokens, state=None) -> (scores, (h, c))``: the word LSTM carrying its state,
+    each (layers, batch, hidden), from one window to the next; the same parameters (and
+    state_dict keys) as ``WordLSTM``."""
+
+    def forward(self, tokens: torch.Tensor,
+                state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
+        return self.scores(tokens, state)
 
 
 def word_lstm(vocab: int = 10000, embedding: int = 200, hidden: int = 200, layers: int = 1,
               dropout: float = 0.0, tied: bool = True) -> WordLSTM:
     """A word LSTM for a ``vocab``-word corpus (10,000: Penn Treebank)."""
     return WordLSTM(vocab, embedding, hidden, layers, dropout, tied)
+
+
+def word_lstm_carried(vocab: int = 10000, embedding: int = 200, hidden: int = 200, layers: int = 1,
+                      dropout: float = 0.0, tied: bool = True) -> CarriedWordLSTM:
+    """``word_lstm`` carrying its state across windows (truncated BPTT)."""
+    return CarriedWordLSTM(vocab, embedding, hidden, layers, dropout, tied)
