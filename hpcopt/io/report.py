@@ -86,9 +86,13 @@ def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
     """Read each trace (a trace file, or a run directory holding ``trace.h5``), after a child
     process has read them all (hpcopt.io.vet: a trace HDF5 crashes on becomes one line). A
     study directory (``hpcopt sweep``) stands for the traces of its runs that could be read."""
+    given = [Path(p) for p in paths]
+    files = {path: path / FILE_NAME if path.is_dir() else path for path in given
+             if not (path.is_dir() and is_study(path))}
+    vet_traces(list(files.values()))  # one child for them all: a child's start-up dominates
     traces: list[Trace] = []
-    for path in map(Path, paths):
-        if path.is_dir() and is_study(path):
+    for path in given:
+        if path not in files:  # a study
             readable = [t for t in read_each(study_traces(path)) if isinstance(t, Trace)]
             tasks = len(read_manifest(path))
             if len(readable) < tasks:  # not started, or no readable trace yet
@@ -97,9 +101,7 @@ def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
                       file=sys.stderr, flush=True)
             traces += readable
             continue
-        file = path / FILE_NAME if path.is_dir() else path
-        vet_traces([file])
-        traces.append(read_trace(file))
+        traces.append(read_trace(files[path]))
     return traces
 
 

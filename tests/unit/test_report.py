@@ -252,3 +252,16 @@ def test_more_runs_than_colours_are_told_apart_by_line_style(two_runs):
         assert len(styles) == 12 and len(set(styles)) == 12
     loss, accuracy = fig.axes
     assert [ln.get_color() for ln in loss.get_lines()] == [ln.get_color() for ln in accuracy.get_lines()]
+
+
+def test_one_child_process_checks_every_trace_of_a_report(two_runs, monkeypatch):
+    """A child's start-up (Python, h5py) costs more than reading a small trace: the runs of a
+    report are checked by one child, not one each."""
+    from hpcopt import child
+
+    calls = []
+    real = child.run_module
+    monkeypatch.setattr(child, "run_module", lambda *a: calls.append(a[1]) or real(*a))
+    traces = load_traces([*two_runs, two_runs[0].parent])
+    assert [t.path for t in traces] == [*two_runs, two_runs[0]]
+    assert calls == [["--traces", *map(str, two_runs), str(two_runs[0])]]
