@@ -1,5 +1,6 @@
 """Small torch modules the tests name on the command line (``--model torch:tests.torch_models:NAME``)."""
 
+import torch
 from torch import nn
 
 
@@ -62,3 +63,24 @@ def logits_output() -> nn.Module:
 def tiny_lm(vocab: int) -> nn.Module:
     """A language model for a ``vocab``-token corpus: (batch, time) ids to (batch, time, vocab)."""
     return nn.Sequential(nn.Embedding(vocab, 8), nn.Linear(8, vocab))
+
+
+class CountingCarriedLSTM(nn.Module):
+    """A word LSTM carrying its state (h, c), with an integer buffer counting its forwards:
+    both are per-rank state a checkpoint must carry."""
+
+    def __init__(self, vocab: int, width: int = 8) -> None:
+        super().__init__()
+        from hpcopt.torch.models import word_lstm_carried
+
+        self.lm = word_lstm_carried(vocab, embedding=width, hidden=width)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, tokens, state=None):
+        self.calls += 1
+        return self.lm(tokens, state)
+
+
+def tiny_carried_lm(vocab: int) -> nn.Module:
+    """``CountingCarriedLSTM`` for a ``vocab``-token corpus (``--model torch:...`` on a corpus)."""
+    return CountingCarriedLSTM(vocab)

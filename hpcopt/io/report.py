@@ -86,9 +86,13 @@ def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
     """Read each trace (a trace file, or a run directory holding ``trace.h5``), after a child
     process has read them all (hpcopt.io.vet: a trace HDF5 crashes on becomes one line). A
     study directory (``hpcopt sweep``) stands for the traces of its runs that could be read."""
+    given = [Path(p) for p in paths]
+    files = {path: path / FILE_NAME if path.is_dir() else path for path in given
+             if not (path.is_dir() and is_study(path))}
+    vet_traces(list(files.values()))  # one child for them all: a child's start-up dominates
     traces: list[Trace] = []
-    for path in map(Path, paths):
-        if path.is_dir() and is_study(path):
+    for path in given:
+        if path not in files:  # a study
             readable = [t for t in read_each(study_traces(path)) if isinstance(t, Trace)]
             tasks = len(read_manifest(path))
             if len(readable) < tasks:  # not started, or no readable trace yet
@@ -97,9 +101,7 @@ def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
                       file=sys.stderr, flush=True)
             traces += readable
             continue
-        file = path / FILE_NAME if path.is_dir() else path
-        vet_traces([file])
-        traces.append(read_trace(file))
+        traces.append(read_trace(files[path]))
     return traces
 
 
@@ -190,11 +192,46 @@ def _figure_classes() -> tuple[Any, Any]:
     return Figure, FormatStrFormatter
 
 
+#: Line colours (matplotlib's tab10); past ten runs the line style tells runs of one colour apart.
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+LINE_STYLES = ("-", "--", ":", "-.")
+#: The figure's size in inches: two panels, and the legend beside them (never over a curve).
+FIGURE_SIZE = (11, 7.5)
+
+
+def line_style(run: int) -> dict[str, str]:
+    """Colour and line style of the ``run``-th run: unique for the first 40 runs."""
+    return {"color": COLOURS[run % len(COLOURS)],
+            "linestyle": LINE_STYLES[run // len(COLOURS) % len(LINE_STYLES)]}
+
+
+def log_labels(axis: Any) -> None:
+    """Tick labels of a log ``axis`` that do not collide: the decades, and the ticks between
+    them only where the axis spans about one decade or less (a subset of them up to one
+    decade, all up to 0.4: matplotlib's ``LogFormatter`` decides which), as plain numbers
+    (0.5, 2, 1000)."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return f"{x:g}" if super().__call__(x, pos) else ""
+
+    axis.set_major_formatter(Plain(labelOnlyBase=False))
+    axis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
+def legend_beside(fig: Any, ax: Any) -> None:
+    """The legend of ``ax``'s lines to the right of the panels, outside them."""
+    if ax.get_lines():
+        fig.legend(handles=ax.get_lines(), loc="outside right upper", fontsize="small")
+
+
 def _panel_figures(axes: Sequence[Axis]) -> Iterator[tuple[Axis, Any, Any, Any]]:
     """For each x axis: (axis, figure, top panel, bottom panel), the panels sharing x."""
     Figure, _ = _figure_classes()
     for axis in axes:
-        fig = Figure(figsize=(8, 7.5), layout="constrained")
+        fig = Figure(figsize=FIGURE_SIZE, layout="constrained")
         top, bottom = fig.subplots(2, 1, sharex=True)
         yield axis, fig, top, bottom
 
@@ -203,31 +240,32 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
     """name -> matplotlib Figure: loss and the test metric against one axis, a line per run."""
     if is_pipeline(traces):
         return pipeline_figures(traces, labels)
-    _, FormatStrFormatter = _figure_classes()
     column, metric = _metric(traces)
     out = {}
     for axis, fig, loss_ax, acc_ax in _panel_figures(AXES):
-        for trace, label in zip(traces, labels):
+        for run, (trace, label) in enumerate(zip(traces, labels)):
             x = axis.rows(trace)
-            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4)
+            style = line_style(run)
+            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4, **style)
             evaluated = np.isfinite(trace.columns[column])
             ex = list(x[evaluated])
             ey = list(trace.columns[column][evaluated])
             if trace.summary and isinstance(trace.summary.get(column), float):
                 ex.append(axis.final(trace))
                 ey.append(trace.summary[column])
-            acc_ax.plot(ex, ey, marker="o", markersize=4, linewidth=1.4, label=label)
+            acc_ax.plot(ex, ey, marker="o", markersize=4, linewidth=1.4, label=label, **style)
         loss_ax.set(ylabel="training loss (mean over ranks)", yscale="log", xscale=axis.scale,
                     title=f"Training loss and {metric} against {axis.label}")
         acc_ax.set(xlabel=axis.label, ylabel=metric)
         if all(len(line.get_xdata()) <= 1 for line in acc_ax.get_lines()):
             acc_ax.text(0.5, 0.5, ONE_POINT_NOTE, transform=acc_ax.transAxes, ha="center",
                         va="center", fontsize="small", alpha=0.7)
-        for which in (loss_ax.yaxis.set_major_formatter, loss_ax.yaxis.set_minor_formatter):
-            which(FormatStrFormatter("%g"))
+        log_labels(loss_ax.yaxis)
+        if axis.scale == "log":
+            log_labels(acc_ax.xaxis)
         for ax in (loss_ax, acc_ax):
             ax.grid(True, which="both" if ax is loss_ax else "major", alpha=0.3)
-        loss_ax.legend(fontsize="small")
+        legend_beside(fig, loss_ax)
         out[axis.name] = fig
     return out
 
@@ -238,18 +276,21 @@ def pipeline_figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str
     positive = all((trace.columns["loss_mean"] > 0).all() for trace in traces)
     out = {}
     for axis, fig, loss_ax, bubble_ax in _panel_figures(PIPELINE_AXES):
-        for trace, label in zip(traces, labels):
+        for run, (trace, label) in enumerate(zip(traces, labels)):
             x = axis.rows(trace)
-            line, = loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4)
-            bubble_ax.plot(x, 100 * trace.columns["bubble"], color=line.get_color(), linewidth=1.4)
-            bubble_ax.plot(x, 100 * trace.columns["bubble_ideal"], color=line.get_color(),
+            style = line_style(run)
+            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4, **style)
+            bubble_ax.plot(x, 100 * trace.columns["bubble"], linewidth=1.4, **style)
+            bubble_ax.plot(x, 100 * trace.columns["bubble_ideal"], color=style["color"],
                            linestyle="--", linewidth=1)
         loss_ax.set(ylabel="loss f(x) (no smoothing)", yscale="log" if positive else "linear",
                     title=f"Loss and pipeline bubble against {axis.label.split(':')[0]}")
         bubble_ax.set(xlabel=axis.label, ylabel="bubble % (measured; ideal dashed)")
+        if positive:
+            log_labels(loss_ax.yaxis)
         for ax in (loss_ax, bubble_ax):
             ax.grid(True, alpha=0.3)
-        loss_ax.legend(fontsize="small")
+        legend_beside(fig, loss_ax)
         out[axis.name] = fig
     return out
 
@@ -267,28 +308,28 @@ def interval_figure(traces: Sequence[Trace]) -> Any:
     for trace, setting in zip(finished, chosen):
         label = ", ".join(f"{k}={text(setting.get(k))}" for k in keys) or "every run"
         groups.setdefault(label, []).append((float(setting.get("interval", math.nan)), trace))
-    fig = Figure(figsize=(8, 7.5), layout="constrained")
+    fig = Figure(figsize=FIGURE_SIZE, layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     values = ((top, lambda t: _final(t, column)), (bottom, lambda t: _final(t, "bytes") / MB))
-    for label, members in groups.items():
+    for group, (label, members) in enumerate(groups.items()):
         intervals = sorted({interval for interval, _ in members})
+        style = line_style(group)
         for ax, value in values:
             means = [float(np.mean([value(t) for i, t in members if i == x])) for x in intervals]
-            line, = ax.plot(intervals, means, marker="o", markersize=4, linewidth=1.4, label=label)
+            ax.plot(intervals, means, marker="o", markersize=4, linewidth=1.4, label=label, **style)
             ax.scatter([i for i, _ in members], [value(t) for _, t in members], s=14, alpha=0.5,
-                       color=line.get_color())
+                       color=style["color"])
     top.set(ylabel=f"final {metric}", title=f"Final {metric} and bytes against the averaging interval\n"
             f"({len(finished)} finished runs: a dot each; lines: means over seeds)")
     bottom.set(xlabel="averaging interval I (local steps per round)", ylabel="MB communicated (rank 0)",
                yscale="log")
     bottom.set_xscale("log", base=2)
     bottom.set_xticks(sorted({i for members in groups.values() for i, _ in members}))
-    for which in (bottom.xaxis.set_major_formatter, bottom.yaxis.set_major_formatter,
-                  bottom.yaxis.set_minor_formatter):
-        which(FormatStrFormatter("%g"))
+    bottom.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    log_labels(bottom.yaxis)
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
-    top.legend(fontsize="small")
+    legend_beside(fig, top)
     return fig
 
 

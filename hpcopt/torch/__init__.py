@@ -16,12 +16,12 @@ except ImportError as exc:  # pragma: no cover - only where PyTorch is missing
                       "pip install 'hpcopt[torch]' (see docs/torch.md)") from exc
 
 from .adapter import TorchModel
-from .build import config_workload, load_factory, torch_workload
+from .build import config_workload, load_factory, prepared_model, torch_workload
 from .data import BatchFactory, IteratorSampler, TensorData
 from .export import load_state_dict, save_state_dict
 from .problem import TorchProblem
 from .text import evaluate_tokens, language_workload
 
-__all__ = ["TorchModel", "TorchProblem", "torch_workload", "config_workload", "load_factory", "TensorData",
-           "BatchFactory", "IteratorSampler", "save_state_dict", "load_state_dict", "language_workload",
-           "evaluate_tokens"]
+__all__ = ["TorchModel", "TorchProblem", "torch_workload", "prepared_model", "config_workload",
+           "load_factory", "TensorData", "BatchFactory", "IteratorSampler", "save_state_dict",
+           "load_state_dict", "language_workload", "evaluate_tokens"]

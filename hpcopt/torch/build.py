@@ -32,8 +32,8 @@ Array = Any
 ModuleOrFactory = torch.nn.Module | Callable[[], torch.nn.Module]
 
 
-def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | BatchFactory, comm: Any,
-                   *, batch_size: int, seed: int = 0, dtype: Any = None, backend: Backend = CPU,
+def torch_workload(module: ModuleOrFactory | TorchModel, loss: Loss, data: TensorData | BatchFactory,
+                   comm: Any, *, batch_size: int, seed: int = 0, dtype: Any = None, backend: Backend = CPU,
                    partition: str = "iid", alpha: float | None = None,
                    similarity: float | None = None, test: tuple[Any, Any] | None = None,
                    eval_chunk: int = 1024, classes: int | None = None) -> Workload:
@@ -42,7 +42,8 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
     module is ``workload.problem.model.module``.
 
     ``module`` is a module or a factory of one, called with torch's generator seeded from
-    ``seed`` (the caller's generator state is kept). ``dtype`` (float32 or float64) converts
+    ``seed`` (the caller's generator state is kept), or a ``TorchModel`` from
+    ``prepared_model``, used as it is. ``dtype`` (float32 or float64) converts
     the module; None keeps its own. ``data`` is a ``TensorData`` (sharded by ``partition``,
     drawn by ``MinibatchSampler``: bitwise resume) or a ``BatchFactory`` (see
     ``hpcopt.torch.data``). ``test`` (inputs, targets) is the evaluation set; without it a
@@ -59,21 +60,9 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
     floating-point buffers are broadcast from rank 0 (label "init"), as the algorithm's
     ``init`` does with x0.
     """
-    built = _instantiate(module, seed)
-    try:
-        model = TorchModel(built, dtype, backend)
-    except ValueError as exc:  # parameters or a dtype it cannot train
-        raise HpcoptError(str(exc)) from None
+    model = module if isinstance(module, TorchModel) else prepared_model(module, comm, seed, dtype, backend)
     device, tdtype = device_of(backend), torch_dtype(model.dtype)
-    x0 = model.parameters_vector()
-    model.bind(x0)
-    buffers = model.buffers_vector()
-    if buffers is not None:
-        model.bind_buffers(buffers)
-    if comm.size > 1 and isinstance(module, torch.nn.Module):
-        for constants in (model.frozen, buffers):
-            if constants is not None and constants.size:
-                comm.bcast_(constants, root=0, label="init")
+    x0, buffers = model.bound()[0], model.buffers
     batches: ShardBatches | IteratorSampler
     if isinstance(data, TensorData):
         inputs, targets = as_tensor(data.inputs), as_tensor(data.targets)
@@ -110,6 +99,27 @@ def torch_workload(module: ModuleOrFactory, loss: Loss, data: TensorData | Batch
     per_epoch = (train_samples // comm.size) // batch_size if train_samples else 0
     return Workload(model.layout, problem, x0, evaluate, per_epoch, description, "samples",
                     lambda steps: steps * batch_size, carried=carried, buffers=buffers)
+
+
+def prepared_model(module: ModuleOrFactory, comm: Any, seed: int = 0, dtype: Any = None,
+                   backend: Backend = CPU) -> TorchModel:
+    """The module (built by the factory with torch's generator seeded from ``seed``) as a
+    ``TorchModel`` bound to its initial parameters and floating-point buffers, the same on every
+    rank (see ``torch_workload``); HpcoptError for parameters ``TorchModel`` refuses."""
+    built = _instantiate(module, seed)
+    try:
+        model = TorchModel(built, dtype, backend)
+    except ValueError as exc:  # parameters or a dtype it cannot train
+        raise HpcoptError(str(exc)) from None
+    model.bind(model.parameters_vector())
+    buffers = model.buffers_vector()
+    if buffers is not None:
+        model.bind_buffers(buffers)
+    if comm.size > 1 and isinstance(module, torch.nn.Module):
+        for constants in (model.frozen, buffers):
+            if constants is not None and constants.size:
+                comm.bcast_(constants, root=0, label="init")
+    return model
 
 
 def config_workload(config: Config, comm: Any, backend: Backend) -> Workload:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -27,6 +27,16 @@ from ..errors import HpcoptError
 Batch = tuple[Any, Any]
 #: ``factory(rank=, size=, seed=, epoch=)``: this rank's (inputs, targets) batches of one epoch.
 BatchFactory = Callable[..., Iterable[Batch]]
+
+
+class Batches(Protocol):
+    """Where a ``TorchProblem``'s batches come from: ``ShardBatches``, ``IteratorSampler``,
+    ``hpcopt.torch.streams.StreamWindows``."""
+
+    @property
+    def sampler(self) -> Any: ...
+
+    def next_batch(self) -> Batch: ...
 
 
 @dataclass

@@ -7,9 +7,11 @@ stages of two basic blocks, 64-512 channels; 11,181,642 parameters for 10 classe
 depending on torchvision.
 
 ``word_lstm`` is a word language model for ``hpcopt.torch.text`` (embedding, LSTM, decoder
-tied to the embedding), the small cousin of the CELGC paper's AWD-LSTM; it takes the
-vocabulary size, so it is given to ``language_workload`` with its arguments bound
-(``functools.partial``), not named on the command line; so is ``gpt``, a small GPT-2-style
+tied to the embedding), the small cousin of the CELGC paper's AWD-LSTM, every window from a
+zero state; ``word_lstm_carried`` is the same model carrying its state (h, c) from window to
+window (truncated BPTT). Both take the vocabulary size: ``--model
+torch:hpcopt.torch.models:word_lstm_carried`` on a text corpus, or ``functools.partial`` with
+its other arguments for ``language_workload``; so does ``gpt``, a small GPT-2-style
 decoder-only transformer (Radford et al. 2019: pre-norm blocks of causal self-attention and a
 4x GELU MLP, learned positions, decoder tied to the embedding)."""
 
@@ -18,6 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional
+
+#: An LSTM's state: (h, c), each (layers, batch, hidden).
+LSTMState = tuple[torch.Tensor, torch.Tensor]
 
 
 class BasicBlock(nn.Module):
@@ -78,13 +83,12 @@ def resnet18(channels: int = 3, classes: int = 10) -> nn.Sequential:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inputs, classes))
 
 
-class WordLSTM(nn.Module):
+class _WordLSTMLayers(nn.Module):
     """Embedding, ``layers`` LSTM layers, dropout, a linear decoder to vocabulary scores.
 
-    ``forward(tokens)``: (batch, time) token ids to (batch, time, vocab) scores, each window
-    from a zero state. With ``tied`` (the default; needs ``embedding == hidden``) the decoder's
-    weight is the embedding's (Press and Wolf 2017), as in AWD-LSTM. Embedding and decoder are
-    initialized uniform in [-0.1, 0.1], the decoder's bias zero (PyTorch's word language model).
+    With ``tied`` (the default; needs ``embedding == hidden``) the decoder's weight is the
+    embedding's (Press and Wolf 2017), as in AWD-LSTM. Embedding and decoder are initialized
+    uniform in [-0.1, 0.1], the decoder's bias zero (PyTorch's word language model).
     """
 
     def __init__(self, vocab: int, embedding: int = 200, hidden: int = 200, layers: int = 1,
@@ -104,9 +108,29 @@ class WordLSTM(nn.Module):
         else:
             nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
 
+    def scores(self, tokens: torch.Tensor, state: LSTMState | None) -> tuple[torch.Tensor, LSTMState]:
+        """(batch, time, vocab) scores of (batch, time) token ids from ``state`` (zeros: None),
+        and the state (h, c) after the last token."""
+        states, last = self.lstm(self.drop(self.embedding(tokens)), state)
+        return self.decoder(self.drop(states)), last
+
+
+class WordLSTM(_WordLSTMLayers):
+    """``forward(tokens)``: (batch, time) token ids to (batch, time, vocab) scores, each window
+    from a zero state."""
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        states, _ = self.lstm(self.drop(self.embedding(tokens)))
-        return self.decoder(self.drop(states))
+        return self.scores(tokens, None)[0]
+
+
+class CarriedWordLSTM(_WordLSTMLayers):
+    """``forward(tokens, state=None) -> (scores, (h, c))``: the word LSTM carrying its state,
+    each (layers, batch, hidden), from one window to the next; the same parameters (and
+    state_dict keys) as ``WordLSTM``."""
+
+    def forward(self, tokens: torch.Tensor,
+                state: LSTMState | None = None) -> tuple[torch.Tensor, LSTMState]:
+        return self.scores(tokens, state)
 
 
 def word_lstm(vocab: int = 10000, embedding: int = 200, hidden: int = 200, layers: int = 1,
@@ -173,3 +197,9 @@ def gpt(vocab: int = 10000, width: int = 128, layers: int = 2, heads: int = 4, c
         dropout: float = 0.0) -> GPT:
     """A GPT-style language model for a ``vocab``-word corpus (windows of up to ``context``)."""
     return GPT(vocab, width, layers, heads, context, dropout)
+
+
+def word_lstm_carried(vocab: int = 10000, embedding: int = 200, hidden: int = 200, layers: int = 1,
+                      dropout: float = 0.0, tied: bool = True) -> CarriedWordLSTM:
+    """``word_lstm`` carrying its state across windows (truncated BPTT)."""
+    return CarriedWordLSTM(vocab, embedding, hidden, layers, dropout, tied)

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from ..comm import Comm
 from ..problems.classification import Evaluation
 from .adapter import TorchModel
 from .arrays import as_array, device_of
-from .data import IteratorSampler, ShardBatches
+from .data import Batches
 
 Array = Any
 #: ``loss(outputs, targets)``: the mean loss of a batch as a 0-d tensor (e.g. nn.CrossEntropyLoss()).
@@ -31,7 +32,7 @@ class TorchProblem:
     random layers (dropout) draw the same on a resumed run as on the uninterrupted one.
     """
 
-    def __init__(self, model: TorchModel, loss: Loss, batches: ShardBatches | IteratorSampler) -> None:
+    def __init__(self, model: TorchModel, loss: Loss, batches: Batches) -> None:
         self.model, self.loss, self.batches = model, loss, batches
         self.sampler = batches.sampler
         device = device_of(model.backend)
@@ -44,9 +45,13 @@ class TorchProblem:
         s = self.sampler
         self._generator.manual_seed(_mix(s.seed, s.rank, s.epoch, s.position))
         inputs, targets = self.batches.next_batch()
-        loss = self.loss(self.model.module(inputs), targets)
+        loss = self.loss(self._forward(inputs), targets)
         self.model.backward(loss)
         return as_array(loss.detach(), self.model.backend)
+
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The module's outputs on a training batch (a stateful problem carries its state here)."""
+        return self.model.module(inputs)
 
     def evaluate(self, params: Array, scratch_grads: Array, inputs: torch.Tensor,
                  targets: torch.Tensor, comm: Comm, chunk: int = 1024,
@@ -60,33 +65,40 @@ class TorchProblem:
         on return. ``scratch_grads`` is unused (no gradient is taken); it keeps the signature
         of the other problems.
         """
-        model, module = self.model, self.model.module
         n = int(targets.shape[0])
         lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
+        loss_sum = torch.zeros((), dtype=torch.float64, device=inputs.device)
+        correct = torch.zeros((), dtype=torch.float64, device=inputs.device)
+        with self.evaluating(params, buffers):
+            for start in range(lo, hi, chunk):
+                stop = min(hi, start + chunk)
+                outputs, labels = self.model.module(inputs[start:stop]), targets[start:stop]
+                loss_sum += self.loss(outputs, labels).double() * (stop - start)
+                correct += _correct(outputs, labels)
+        totals = np.array([loss_sum.item(), correct.item(), hi - lo], dtype=np.float64)
+        comm.allreduce_host_(totals, label="eval")
+        return Evaluation(loss=totals[0] / totals[2], accuracy=totals[1] / totals[2],
+                          samples=int(totals[2]))
+
+    @contextmanager
+    def evaluating(self, params: Array, buffers: Array | None = None) -> Iterator[None]:
+        """The module bound to ``params`` (and ``buffers``, if given) in eval mode, without
+        gradients; bound back to what it was bound to, in train mode, on leaving."""
+        model, module = self.model, self.model.module
         (trained, _), training_buffers = model.bound(), model.buffers
         model.bind(params)
         if buffers is not None:
             model.bind_buffers(buffers)
         module.eval()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=inputs.device)
-        correct = torch.zeros((), dtype=torch.float64, device=inputs.device)
         try:
             with torch.no_grad():
-                for start in range(lo, hi, chunk):
-                    stop = min(hi, start + chunk)
-                    outputs, labels = module(inputs[start:stop]), targets[start:stop]
-                    loss_sum += self.loss(outputs, labels).double() * (stop - start)
-                    correct += _correct(outputs, labels)
+                yield
         finally:
             module.train()
             if trained is not None:
                 model.bind(trained)
             if buffers is not None and training_buffers is not None:
                 model.bind_buffers(training_buffers)
-        totals = np.array([loss_sum.item(), correct.item(), hi - lo], dtype=np.float64)
-        comm.allreduce_host_(totals, label="eval")
-        return Evaluation(loss=totals[0] / totals[2], accuracy=totals[1] / totals[2],
-                          samples=int(totals[2]))
 
 
 def _correct(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | float:

@@ -4,9 +4,11 @@ The training tokens are cut into non-overlapping windows of ``bptt`` tokens (inp
 ``tokens[i*bptt : (i+1)*bptt]``, targets one token later), the windows are a ``TensorData`` set
 dealt to the ranks by ``partition`` (``iid`` or ``block``) and drawn in random minibatches by
 hpcopt's sampler, so a resumed run draws the same windows (bitwise resume). Every window starts
-from the module's zero state: the hidden state is *not* carried from one window to the next,
-unlike AWD-LSTM's truncated BPTT over contiguous streams (``hpcopt.problems.language_model``
-carries it); the first tokens of a window see no context, which costs perplexity.
+from the module's zero state: the first tokens of a window see no context.
+
+A module that carries its state (``forward(tokens, state) -> (scores, new_state)``, detected
+by ``returns_state``) trains instead on contiguous streams with the state carried from window
+to window (``hpcopt.torch.streams``: truncated BPTT, as AWD-LSTM trains).
 
 Evaluation is the mean next-token cross-entropy over the windows of the evaluation split, in
 eval mode, reported as ``LMEvaluation`` (perplexity = exp(loss)); the trace gets an
@@ -17,7 +19,6 @@ split after training on the valid one).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,10 @@ from ..build import Workload
 from ..comm import Comm
 from ..problems.language_model import LMEvaluation
 from .arrays import device_of, torch_dtype
-from .build import ModuleOrFactory, torch_workload
+from .build import ModuleOrFactory, prepared_model, torch_workload
+from .check import returns_state
 from .data import TensorData, as_tensor, to_device
+from .streams import StreamProblem, eval_streams, lm_evaluation, stream_workload
 
 Array = Any
 
@@ -59,9 +62,18 @@ def language_workload(module: ModuleOrFactory, train: Any, valid: Any, comm: Com
     """This rank's workload for ``hpcopt.train``: ``module`` (a module or a factory of one,
     mapping (batch, time) token ids to (batch, time, vocab) scores) trained on the windows of
     the ``train`` token ids, ``batch_size`` windows per rank and step, evaluated on the windows
-    of ``valid``. Throughput counts tokens. See ``torch_workload`` for the rest."""
+    of ``valid``. Throughput counts tokens. See ``torch_workload`` for the rest.
+
+    A module whose forward returns (scores, state) carries its state: it trains on
+    ``batch_size`` contiguous streams of this rank's share of ``train`` and is evaluated on
+    streams of ``valid`` (``stream_workload``); ``eval_chunk`` is then unused."""
     inputs, targets = windows(train, bptt)
-    workload = torch_workload(module, sequence_loss, TensorData(inputs, targets), comm,
+    model = prepared_model(module, comm, seed, dtype, backend)
+    probe = to_device(inputs[:batch_size], device_of(backend), torch_dtype(model.dtype))
+    if returns_state(model, probe):
+        return stream_workload(model, sequence_loss, train, valid, comm, bptt=bptt,
+                               batch_size=batch_size, seed=seed, partition=partition)
+    workload = torch_workload(model, sequence_loss, TensorData(inputs, targets), comm,
                               batch_size=batch_size, seed=seed, dtype=dtype, backend=backend,
                               partition=partition, test=windows(valid, bptt), eval_chunk=eval_chunk)
     per_window = workload.evaluate
@@ -79,8 +91,11 @@ def language_workload(module: ModuleOrFactory, train: Any, valid: Any, comm: Com
 def evaluate_tokens(workload: Workload, params: Array, tokens: Any, comm: Comm, *, bptt: int = 35,
                     chunk: int = 256) -> LMEvaluation:
     """``params`` (this rank's model vector, e.g. the averaged model at the end of a run)
-    evaluated on the windows of ``tokens`` (collective: every rank evaluates its block)."""
+    evaluated on the windows of ``tokens`` (collective: every rank evaluates its block); a
+    module that carries its state on streams of ``tokens`` instead, the state carried."""
     problem = workload.problem
+    if isinstance(problem, StreamProblem):
+        return problem.evaluate_streams(params, eval_streams(problem, tokens, comm), bptt, comm)
     model = problem.model
     device, tdtype = device_of(model.backend), torch_dtype(model.dtype)
     inputs, targets = (to_device(t, device, tdtype) for t in windows(tokens, bptt))
@@ -88,5 +103,4 @@ def evaluate_tokens(workload: Workload, params: Array, tokens: Any, comm: Comm, 
 
 
 def _perplexity(evaluation: Any, bptt: int) -> LMEvaluation:
-    return LMEvaluation(loss=evaluation.loss, perplexity=math.exp(min(evaluation.loss, 700.0)),
-                        tokens=evaluation.samples * bptt)
+    return lm_evaluation(evaluation.loss, evaluation.samples * bptt)

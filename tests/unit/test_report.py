@@ -193,3 +193,75 @@ def test_labels_carry_only_the_differing_options_that_apply_to_each_run(tmp_path
 def test_the_one_point_note_is_absent_when_runs_were_evaluated_along_the_way(two_runs):
     traces = load_traces(two_runs)
     assert not figures(traces, run_labels(traces))["steps"].axes[1].texts
+
+
+def _drawn(fig):
+    """``fig`` drawn on an Agg canvas; its renderer."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _shown_tick_labels(axis, renderer):
+    """(value, box) of every non-empty tick label inside the axis's view, major and minor."""
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = [*axis.get_major_ticks(), *axis.get_minor_ticks()]
+    return [(tick.get_loc(), tick.label1.get_window_extent(renderer)) for tick in ticks
+            if lo <= tick.get_loc() <= hi and tick.label1.get_visible() and tick.label1.get_text()]
+
+
+def test_log_axis_tick_labels_do_not_collide(two_runs):
+    """A loss over three decades and bytes over two: on every log axis the labelled ticks
+    (decades, and ticks between them only on a short axis) leave room between their labels."""
+    import numpy as np
+
+    traces = load_traces(two_runs)
+    traces[0].columns["loss_mean"] = np.geomspace(2.0, 0.002, traces[0].rows)
+    for fig in figures(traces, run_labels(traces)).values():
+        renderer = _drawn(fig)
+        loss, accuracy = fig.axes
+        for axis in (loss.yaxis, *((accuracy.xaxis,) if accuracy.get_xscale() == "log" else ())):
+            shown = _shown_tick_labels(axis, renderer)
+            assert len(shown) >= 2
+            boxes = [box for _, box in shown]
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1:]:
+                    assert not a.overlaps(b), [v for v, _ in shown]
+        assert {0.01, 0.1, 1} <= {round(v, 9) for v, _ in _shown_tick_labels(loss.yaxis, renderer)}
+
+
+def test_the_legend_stands_beside_the_panels_and_covers_no_curve(two_runs):
+    traces = load_traces(two_runs)
+    for fig in figures(traces, run_labels(traces)).values():
+        renderer = _drawn(fig)
+        assert all(ax.get_legend() is None for ax in fig.axes)
+        legend, = fig.legends
+        assert [t.get_text() for t in legend.get_texts()] == ["interval=2", "interval=8"]
+        box = legend.get_window_extent(renderer)
+        assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+
+
+def test_more_runs_than_colours_are_told_apart_by_line_style(two_runs):
+    traces = load_traces(two_runs) * 6
+    labels = [f"run {i}" for i in range(12)]
+    fig = figures(traces, labels)["steps"]
+    for ax in fig.axes:
+        styles = [(line.get_color(), line.get_linestyle()) for line in ax.get_lines()]
+        assert len(styles) == 12 and len(set(styles)) == 12
+    loss, accuracy = fig.axes
+    assert [ln.get_color() for ln in loss.get_lines()] == [ln.get_color() for ln in accuracy.get_lines()]
+
+
+def test_one_child_process_checks_every_trace_of_a_report(two_runs, monkeypatch):
+    """A child's start-up (Python, h5py) costs more than reading a small trace: the runs of a
+    report are checked by one child, not one each."""
+    from hpcopt import child
+
+    calls = []
+    real = child.run_module
+    monkeypatch.setattr(child, "run_module", lambda *a: calls.append(a[1]) or real(*a))
+    traces = load_traces([*two_runs, two_runs[0].parent])
+    assert [t.path for t in traces] == [*two_runs, two_runs[0]]
+    assert calls == [["--traces", *map(str, two_runs), str(two_runs[0])]]
