@@ -44,7 +44,7 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     comm = comm or Comm()
     pipeline = config.algorithm.algorithm in PIPELINE_ALGORITHMS
     if pipeline and (workload is None or isinstance(workload, StagedProblem)):
-        from ..pipeline.run import train_pipeline
+        from .pipeline import train_pipeline
 
         return train_pipeline(config, comm, verbose, resume, problem=workload, faults=faults)
     if not pipeline and (workload is None or isinstance(workload, Workload)):

@@ -40,7 +40,7 @@ from ..comm.costmodel import (
 )
 from ..config import Config, check_resume
 from ..errors import HpcoptError
-from ..io import checkpoint as ckpt_io
+from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..problems.classification import Evaluation
 from ..problems.language_model import LMEvaluation

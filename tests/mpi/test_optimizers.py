@@ -14,7 +14,7 @@ from hpcopt import train
 from hpcopt.algorithms import state as fields
 from hpcopt.build import build_run
 from hpcopt.config import build_config
-from hpcopt.io import checkpoint as ckpt_io
+from hpcopt.io import data_parallel_checkpoint as ckpt_io
 from hpcopt.io.trace import Window
 from tests.conftest import host, on_devices
 from tests.reference import celgc_reference, prsgd_reference, worker_parts
