@@ -11,8 +11,8 @@ An algorithm is one module of this package holding a frozen dataclass with a cla
 
 Its state is a dataclass whose fields declare what a checkpoint holds
 (``hpcopt.algorithms.state``), so a new algorithm resumes bit for bit by construction. A
-data-parallel algorithm (``workload = "data_parallel"``) implements ``DataParallelAlgorithm``;
-a pipeline one (``workload = "pipeline"``) is stepped by the pipeline runner with a staged
+data-parallel algorithm (``parallelism = "data_parallel"``) implements ``DataParallelAlgorithm``;
+a pipeline one (``parallelism = "pipeline"``) is stepped by the pipeline runner with a staged
 oracle. Adding an algorithm means adding one module here: the registry imports every module
 of the package and collects the classes with a ``name``.
 """
@@ -126,7 +126,7 @@ class AlgorithmClass(Protocol):
     classes, constructed by ``create`` from their option and context fields)."""
 
     name: ClassVar[str]
-    workload: ClassVar[str]
+    parallelism: ClassVar[str]  # DATA_PARALLEL or PIPELINE: which session trains it
     clips: ClassVar[bool]      # whether its state counts clipped steps (trace column clip_fraction)
     #: Options of other algorithms it accepts at the value it embodies (naive_clip: interval 1).
     implied: ClassVar[dict[str, Any]]
@@ -140,7 +140,7 @@ class DataParallelAlgorithm(Protocol):
     "how" of each round is the algorithm's own ``step``."""
 
     name: ClassVar[str]
-    workload: ClassVar[str]
+    parallelism: ClassVar[str]  # DATA_PARALLEL or PIPELINE: which session trains it
     clips: ClassVar[bool]      # whether its state counts clipped steps (trace column clip_fraction)
     buffer_policy: str
     #: Options of other algorithms it accepts at the value it embodies (naive_clip: interval 1).
@@ -185,10 +185,10 @@ _ORDER = {name: i for i, name in enumerate(
     ("prsgd", "celgc", "naive_clip", "pprs", "pipelined_gd", "pipelined_agd"))}
 
 
-def names(workload: str | None = None) -> tuple[str, ...]:
-    """Registered algorithm names (of one workload, when given)."""
+def names(parallelism: str | None = None) -> tuple[str, ...]:
+    """Registered algorithm names (of one parallelism, when given)."""
     return tuple(n for n, cls in registry().items()
-                 if workload is None or getattr(cls, "workload", DATA_PARALLEL) == workload)
+                 if parallelism is None or getattr(cls, "parallelism", DATA_PARALLEL) == parallelism)
 
 
 def create(name: str, options: Mapping[str, Any], run_context: Mapping[str, Any]) -> Any:

@@ -62,7 +62,7 @@ class ScheduledSGD:
     optimizer (sgd with momentum, or adamw), weight decay and the batch-norm buffer policy;
     context: the world size and run length (sqrt_nt)."""
 
-    workload: ClassVar[str] = DATA_PARALLEL
+    parallelism: ClassVar[str] = DATA_PARALLEL
     clips: ClassVar[bool] = False
     implied: ClassVar[dict[str, Any]] = {}
 

@@ -1,6 +1,6 @@
 """Data-parallel training: every rank holds a model, the algorithm averages them.
 
-The workload (``hpcopt.build.Workload``: from the config's [data] and [model] sections, or
+The workload (``hpcopt.Workload``: from the config's [data] and [model] sections, or
 from user code) plugs into the runner (``hpcopt.run.runner``) through this module's session.
 Ticks are those of ``algorithm.clock``; at a tick the runner asks, in order:
 
@@ -28,7 +28,7 @@ from mpi4py import MPI
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
 from ..algorithms.local_sgd import AVERAGE_LABEL
-from ..build import RunParts, Workload, build_run
+from ..build import RunParts, build_run
 from ..comm import Comm
 from ..comm.costmodel import (
     SETUP_LABELS,
@@ -44,6 +44,7 @@ from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..problems.classification import Evaluation
 from ..problems.language_model import LMEvaluation
+from ..workload import Workload
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
@@ -149,8 +150,8 @@ def _evaluation_fields(evaluation: Evaluation | LMEvaluation | None, lm: bool) -
     return fields
 
 
-class DataParallelWorkload:
-    """The runner's view of a data-parallel run: ``workload`` (None: the config's) trained by
+class DataParallelSessionBuilder:
+    """The runner's builder of a data-parallel run: ``workload`` (None: the config's) trained by
     the configured algorithm, with ``faults`` (hpcopt.run.faults) injected for tests."""
 
     noun = "step"
@@ -398,5 +399,5 @@ def train_data_parallel(config: Config, comm: Comm, verbose: bool = True,
     comm.averaging = config.run.averaging
     if config.run.network_delay:  # sleep what the modelled network would take, after every call
         comm.stats.delay = network_delay(get_profile(config.run.network), comm.size)
-    summary, session = run(DataParallelWorkload(workload, faults), config, comm, verbose, resume)
+    summary, session = run(DataParallelSessionBuilder(workload, faults), config, comm, verbose, resume)
     return summary, session.state

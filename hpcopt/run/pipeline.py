@@ -1,4 +1,4 @@
-"""The pipeline workload (PPRS, pipelined GD and AGD): one rank per stage.
+"""The pipeline session (PPRS, pipelined GD and AGD): one rank per stage.
 
 ``mpiexec -n DELTA python -m hpcopt train --algorithm pprs ...`` ends up here (``hpcopt.train``
 dispatches on the algorithm). The data-parallel session averages one model per rank; here rank
@@ -142,12 +142,12 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     a non-finite loss in a trace row or non-finite parameters before a checkpoint (exit 3, the
     last good checkpoint kept), and ``faults``, a debug fault to inject (hpcopt.run.faults; STEP
     counts iterations)."""
-    summary, session = run(PipelineWorkload(problem, faults), config, comm or Comm(), verbose, resume)
+    summary, session = run(PipelineSessionBuilder(problem, faults), config, comm or Comm(), verbose, resume)
     return summary, session.state
 
 
-class PipelineWorkload:
-    """The runner's view of a pipeline run: ``problem`` (None: the config's) cut into stages."""
+class PipelineSessionBuilder:
+    """The runner's builder of a pipeline run: ``problem`` (None: the config's) cut into stages."""
 
     noun = "iteration"
 

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from ..backend import CPU, Backend
-from ..build import Workload
 from ..comm import Comm
 from ..problems.language_model import LMEvaluation
+from ..workload import Workload
 from .arrays import device_of, torch_dtype
 from .build import ModuleOrFactory, torch_workload
 from .data import TensorData, as_tensor, to_device
