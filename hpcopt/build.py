@@ -43,11 +43,6 @@ class RunParts:
     total_steps: int         # T, the nominal number of local steps
     local_steps: int         # steps this rank runs (differs from T only with local_steps)
 
-    @property
-    def clipping(self) -> bool:
-        """Whether the algorithm clips (its state counts clipped steps)."""
-        return self.algorithm.clips
-
 
 def build_run(config: Config, comm: Comm, workload: Workload | None = None) -> RunParts:
     """The algorithm for ``workload`` (default: the one the config describes) and the run's

@@ -12,6 +12,8 @@ from .problems.classification import Evaluation
 from .problems.language_model import LMEvaluation
 
 Array = Any
+#: What ``Workload.evaluate`` returns; each kind reports its own summary line and trace fields.
+ModelEvaluation = Evaluation | LMEvaluation
 
 
 @dataclass
@@ -30,7 +32,7 @@ class Workload:
     layout: ParamLayout      # the parameters' names and shapes in x0 (and in checkpoints)
     problem: Any
     x0: Array                # the initial parameters, one flat vector (the same on every rank)
-    evaluate: Callable[..., Evaluation | LMEvaluation]
+    evaluate: Callable[..., ModelEvaluation]
     steps_per_epoch: int     # local steps of one pass over this rank's data
     description: str         # the data and model, for the run's header
     unit: str = "steps"      # what the throughput counts: steps, samples, tokens for a corpus

@@ -24,7 +24,7 @@ import importlib
 import math
 import pkgutil
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
@@ -156,6 +156,12 @@ class DataParallelAlgorithm(Protocol):
     def finish(self, state: Any, comm: Comm, label: str) -> None: ...
     def describe(self) -> str: ...
     def state_vectors(self) -> tuple[int, int]: ...  # (per-rank, shared) d-vectors besides x
+    # what it reports besides the loss: the session asks, and names no algorithm
+    average_label: ClassVar[str]  # the label of its averaging (the summary's "averaging" bytes)
+    def trace_columns(self) -> tuple[str, ...]: ...  # columns it adds to every trace row
+    def step_clipped(self, state: Any) -> Any: ...  # the last step was clipped (when ``clips``)
+    def summary_tallies(self, state: Any) -> tuple[float, ...]: ...  # summed over the ranks
+    def summary_report(self, sums: Sequence[float]) -> tuple[dict[str, Any], list[str]]: ...
 
 
 @lru_cache(maxsize=1)

@@ -11,7 +11,7 @@ state's fields declare what a checkpoint holds (``hpcopt.algorithms.state``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from ..comm import Comm
 
 Array = Any
+
+AVERAGE_LABEL = "average"  # the communication label of a round's average of the models
 
 
 @dataclass
@@ -85,6 +87,9 @@ class ScheduledSGD:
                                            f"{', '.join(BUFFER_POLICIES)}")
     workers: int = context(1)
     total_steps: int = context(1)
+
+    #: The label of the averaging whose bytes the run's summary reports ("averaging the d parameters").
+    average_label: ClassVar[str] = AVERAGE_LABEL
 
     def __post_init__(self) -> None:
         positive_finite("lr", self.lr)
@@ -181,6 +186,25 @@ class ScheduledSGD:
     def describe(self) -> str:
         """The settings that matter, for the run's header."""
         return f"lr {self.lr:g}"
+
+    # -- what the algorithm reports besides the loss (the session names no algorithm) ----------
+
+    def trace_columns(self) -> tuple[str, ...]:
+        """The columns it adds to every trace row (``hpcopt.io.trace.OPTIONAL_COLUMNS``): none."""
+        return ()
+
+    def step_clipped(self, state: Any) -> Any:
+        """Whether its last step was clipped (the trace window counts them when ``clips``): no."""
+        return False
+
+    def summary_tallies(self, state: Any) -> tuple[float, ...]:
+        """This rank's numbers the run's summary sums over the ranks (for ``summary_report``)."""
+        return ()
+
+    def summary_report(self, sums: Sequence[float]) -> tuple[dict[str, Any], list[str]]:
+        """From ``summary_tallies`` summed over the ranks: the run summary's fields it sets
+        (``hpcopt.run.data_parallel.Summary``) and the lines it adds there."""
+        return {}, []
 
     def describe_inner(self) -> str:
         """The inner optimizer, for ``describe`` (empty for plain sgd)."""

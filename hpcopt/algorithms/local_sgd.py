@@ -34,15 +34,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
-from .data_parallel import DataParallelState, OuterOptions, Rounds
+from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 
 if TYPE_CHECKING:
     from ..comm import Comm
 
 Array = Any
 Oracle = Callable[[Array, Array], Any]
-
-AVERAGE_LABEL = "average"
 
 
 @dataclass(frozen=True, kw_only=True)
