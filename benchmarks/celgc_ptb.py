@@ -41,7 +41,7 @@ from hpcopt.backend import CPU  # noqa: E402
 from hpcopt.comm import Comm  # noqa: E402
 from hpcopt.data.bptt import BpttSampler, rank_streams  # noqa: E402
 from hpcopt.data.text import Corpus, load_corpus  # noqa: E402
-from hpcopt.io.checkpoint import Checkpoint, find_checkpoint, read_checkpoint  # noqa: E402
+from hpcopt.io.data_parallel_checkpoint import Checkpoint, find_checkpoint, read_checkpoint  # noqa: E402
 from hpcopt.io.trace import read_trace  # noqa: E402
 from hpcopt.nn.language_model import LSTMLanguageModel  # noqa: E402
 from hpcopt.problems.language_model import LanguageModelProblem  # noqa: E402

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hpcopt.config import build_config  # noqa: E402
 from hpcopt.flat import ParamLayout  # noqa: E402
 from hpcopt.io import check_format  # noqa: E402
-from hpcopt.io import checkpoint as ckpt_io  # noqa: E402
-from hpcopt.io.checkpoint import Checkpoint, read_checkpoint, write_checkpoint  # noqa: E402
+from hpcopt.io import data_parallel_checkpoint as ckpt_io  # noqa: E402
+from hpcopt.io.data_parallel_checkpoint import Checkpoint, read_checkpoint, write_checkpoint  # noqa: E402
 
 
 def synthetic(megabytes: float, ranks: int) -> Checkpoint:

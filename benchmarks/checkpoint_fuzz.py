@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcopt.errors import HpcoptError  # noqa: E402
-from hpcopt.io.checkpoint import Checkpoint, read_checkpoint  # noqa: E402
+from hpcopt.io.data_parallel_checkpoint import Checkpoint, read_checkpoint  # noqa: E402
 from hpcopt.io.vet import vet_checkpoint  # noqa: E402
 from tests.checkpoints import differences, small_checkpoint  # noqa: E402
 

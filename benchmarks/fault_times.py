@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcopt.io.checkpoint import read_checkpoint  # noqa: E402
-from hpcopt.pipeline import checkpoint as pipeline_checkpoint  # noqa: E402
+from hpcopt.io import pipeline_checkpoint  # noqa: E402
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint  # noqa: E402
 from tests.faults import test_failures, test_pipeline_failures  # noqa: E402
 from tests.faults.jobs import SMALL, STEPS, run_job  # noqa: E402
 

@@ -48,9 +48,9 @@ from sections import replace_section
 from hpcopt.comm import Comm, node_layout
 from hpcopt.config import build_config
 from hpcopt.pipeline.parts import L1_BLOCK_DIM, L1_BLOCKS, L1_ROWS
-from hpcopt.pipeline.run import train_pipeline
 from hpcopt.problems.l1_chain import l1_chain
 from hpcopt.problems.staged import StagedProblem
+from hpcopt.run.pipeline import train_pipeline
 from hpcopt.run.threads import configure_threads
 
 MOMENTUM = 0.9

@@ -38,7 +38,7 @@ from pathlib import Path
 from hpcopt.comm import Comm, node_layout
 from hpcopt.config import build_config
 from hpcopt.pipeline.parts import build_problem
-from hpcopt.pipeline.run import train_pipeline
+from hpcopt.run.pipeline import train_pipeline
 from hpcopt.run.threads import configure_threads
 
 #: Per problem: the data/model options and PPRS's smoothing gamma (hand-set, as in the paper).

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcopt.io.checkpoint import read_checkpoint  # noqa: E402
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint  # noqa: E402
 from tests import crafted  # noqa: E402
 from tests.faults.jobs import INJECTED, SMALL, Send, assert_same_run, run_job  # noqa: E402
 

@@ -5,7 +5,7 @@ are imported on first use.
 
 - ``train(config, ..., workload=None)``: run a configured algorithm (``hpcopt.run``);
 - ``Config``, ``build_config``: the run's configuration (``hpcopt.config``);
-- ``Workload``: a data-parallel problem from user code (``hpcopt.build``);
+- ``Workload``: a data-parallel problem from user code (``hpcopt.workload``);
 - ``Comm``: the communicator every byte goes through (``hpcopt.comm``);
 - ``registry()``: the registered algorithm classes by name (``hpcopt.algorithms.base``);
 - ``HpcoptError``: what the library raises for bad input (the CLI prints it, exit 2).
@@ -22,7 +22,7 @@ _EXPORTS = {
     "train": "hpcopt.run",
     "Config": "hpcopt.config",
     "build_config": "hpcopt.config",
-    "Workload": "hpcopt.build",
+    "Workload": "hpcopt.workload",
     "Comm": "hpcopt.comm",
     "HpcoptError": "hpcopt.errors",
     "registry": "hpcopt.algorithms.base",

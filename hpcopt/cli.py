@@ -166,7 +166,7 @@ def run_config(args: argparse.Namespace) -> Config | None:
         in_file = set(run_table) if isinstance(run_table, dict) else set()
         defaults = {k: v for k, v in CLI_DEFAULTS.items() if k not in in_file}
         return build_config(file_values, {**defaults, **overrides})
-    from .pipeline.checkpoint import stored_config  # a data-parallel or a pipeline checkpoint
+    from .io.pipeline_checkpoint import stored_config  # a data-parallel or a pipeline checkpoint
 
     build_config(file_values)  # reject unknown keys in the file
     given: dict[str, Any] = {"out": ""}

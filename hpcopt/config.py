@@ -37,7 +37,7 @@ CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
 DTYPES = ("float32", "float64")
 #: hpcopt.run.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
 NONFINITE_MODES = ("stop", "skip")
-#: Algorithms whose ranks are pipeline stages (hpcopt.pipeline.run).
+#: Algorithms whose ranks are pipeline stages (hpcopt.run.pipeline).
 PIPELINE_ALGORITHMS = algorithm_names(PIPELINE)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcopt.config import build_config
-from hpcopt.io.checkpoint import Checkpoint
+from hpcopt.io.data_parallel_checkpoint import Checkpoint
 from tests.runs import fresh_train
 
 

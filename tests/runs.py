@@ -11,8 +11,8 @@ from hpcopt import train
 from hpcopt.algorithms import state as fields
 from hpcopt.comm import Comm
 from hpcopt.config import Config
-from hpcopt.pipeline.run import train_pipeline
 from hpcopt.run.faults import FaultPlan
+from hpcopt.run.pipeline import train_pipeline
 from tests.conftest import host
 
 #: Pipeline trace columns that are measured times, not results.

@@ -11,8 +11,8 @@ An algorithm is one module of this package holding a frozen dataclass with a cla
 
 Its state is a dataclass whose fields declare what a checkpoint holds
 (``hpcopt.algorithms.state``), so a new algorithm resumes bit for bit by construction. A
-data-parallel algorithm (``workload = "data_parallel"``) implements ``DataParallelAlgorithm``;
-a pipeline one (``workload = "pipeline"``) is stepped by the pipeline runner with a staged
+data-parallel algorithm (``parallelism = "data_parallel"``) implements ``DataParallelAlgorithm``;
+a pipeline one (``parallelism = "pipeline"``) is stepped by the pipeline runner with a staged
 oracle. Adding an algorithm means adding one module here: the registry imports every module
 of the package and collects the classes with a ``name``.
 """
@@ -24,7 +24,7 @@ import importlib
 import math
 import pkgutil
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
@@ -126,7 +126,7 @@ class AlgorithmClass(Protocol):
     classes, constructed by ``create`` from their option and context fields)."""
 
     name: ClassVar[str]
-    workload: ClassVar[str]
+    parallelism: ClassVar[str]  # DATA_PARALLEL or PIPELINE: which session trains it
     clips: ClassVar[bool]      # whether its state counts clipped steps (trace column clip_fraction)
     #: Options of other algorithms it accepts at the value it embodies (naive_clip: interval 1).
     implied: ClassVar[dict[str, Any]]
@@ -140,7 +140,7 @@ class DataParallelAlgorithm(Protocol):
     "how" of each round is the algorithm's own ``step``."""
 
     name: ClassVar[str]
-    workload: ClassVar[str]
+    parallelism: ClassVar[str]  # DATA_PARALLEL or PIPELINE: which session trains it
     clips: ClassVar[bool]      # whether its state counts clipped steps (trace column clip_fraction)
     buffer_policy: str
     #: Options of other algorithms it accepts at the value it embodies (naive_clip: interval 1).
@@ -156,6 +156,14 @@ class DataParallelAlgorithm(Protocol):
     def finish(self, state: Any, comm: Comm, label: str) -> None: ...
     def describe(self) -> str: ...
     def state_vectors(self) -> tuple[int, int]: ...  # (per-rank, shared) d-vectors besides x
+    # what it reports besides the loss: the session asks, and names no algorithm
+    averaged_labels: ClassVar[tuple[str, ...]]  # its averaging's labels (the summary's bytes)
+    round_labels: ClassVar[tuple[str, ...]]  # a round's labels (modelled seconds per call)
+    def trace_columns(self) -> tuple[str, ...]: ...  # columns it adds to every trace row
+    def trace_row(self, state: Any) -> dict[str, Any]: ...  # those of them it fills at a row
+    def step_clipped(self, state: Any) -> Any: ...  # the last step was clipped (when ``clips``)
+    def summary_tallies(self, state: Any) -> tuple[float, ...]: ...  # summed over the ranks
+    def summary_report(self, sums: Sequence[float]) -> tuple[dict[str, Any], list[str]]: ...
 
 
 @lru_cache(maxsize=1)
@@ -185,10 +193,10 @@ _ORDER = {name: i for i, name in enumerate(
     ("prsgd", "celgc", "naive_clip", "pprs", "pipelined_gd", "pipelined_agd"))}
 
 
-def names(workload: str | None = None) -> tuple[str, ...]:
-    """Registered algorithm names (of one workload, when given)."""
+def names(parallelism: str | None = None) -> tuple[str, ...]:
+    """Registered algorithm names (of one parallelism, when given)."""
     return tuple(n for n, cls in registry().items()
-                 if workload is None or getattr(cls, "workload", DATA_PARALLEL) == workload)
+                 if parallelism is None or getattr(cls, "parallelism", DATA_PARALLEL) == parallelism)
 
 
 def create(name: str, options: Mapping[str, Any], run_context: Mapping[str, Any]) -> Any:

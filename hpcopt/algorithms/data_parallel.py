@@ -11,7 +11,7 @@ state's fields declare what a checkpoint holds (``hpcopt.algorithms.state``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from ..comm import Comm
 
 Array = Any
+
+AVERAGE_LABEL = "average"  # the communication label of a round's average of the models
 
 
 @dataclass
@@ -64,7 +66,7 @@ class ScheduledSGD:
     optimizer (sgd with momentum, or adamw), weight decay and the batch-norm buffer policy;
     context: the world size and run length (sqrt_nt)."""
 
-    workload: ClassVar[str] = DATA_PARALLEL
+    parallelism: ClassVar[str] = DATA_PARALLEL
     clips: ClassVar[bool] = False
     implied: ClassVar[dict[str, Any]] = {}
 
@@ -87,6 +89,11 @@ class ScheduledSGD:
                                            f"{', '.join(BUFFER_POLICIES)}")
     workers: int = context(1)
     total_steps: int = context(1)
+
+    #: The labels of the averaging whose bytes the run's summary reports ("averaging the d
+    #: parameters"), and those of a round's calls whose modelled seconds it shows per call.
+    averaged_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL,)
+    round_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL,)
 
     def __post_init__(self) -> None:
         positive_finite("lr", self.lr)
@@ -182,6 +189,30 @@ class ScheduledSGD:
     def describe(self) -> str:
         """The settings that matter, for the run's header."""
         return f"lr {self.lr:g}"
+
+    # -- what the algorithm reports besides the loss (the session names no algorithm) ----------
+
+    def trace_columns(self) -> tuple[str, ...]:
+        """The columns it adds to every trace row (``hpcopt.io.trace.OPTIONAL_COLUMNS``): none."""
+        return ()
+
+    def trace_row(self, state: Any) -> dict[str, Any]:
+        """The values of its own ``trace_columns`` that it knows at a row (the trace window
+        fills the others, e.g. clip_fraction): none."""
+        return {}
+
+    def step_clipped(self, state: Any) -> Any:
+        """Whether its last step was clipped (the trace window counts them when ``clips``): no."""
+        return False
+
+    def summary_tallies(self, state: Any) -> tuple[float, ...]:
+        """This rank's numbers the run's summary sums over the ranks (for ``summary_report``)."""
+        return ()
+
+    def summary_report(self, sums: Sequence[float]) -> tuple[dict[str, Any], list[str]]:
+        """From ``summary_tallies`` summed over the ranks: the run summary's fields it sets
+        (``hpcopt.run.data_parallel.Summary``) and the lines it adds there."""
+        return {}, []
 
     def describe_inner(self) -> str:
         """The inner optimizer, for ``describe`` (empty for plain sgd)."""

@@ -37,7 +37,7 @@ average, as when I divides T); evaluations and checkpoints between rounds see th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -88,6 +88,24 @@ class _ClippedSGD(ScheduledSGD):
         super().__post_init__()
         if not self.gamma > 0:  # inf is allowed (no clipping), nan is not
             raise HpcoptError(f"clipping gamma must be > 0 (inf disables clipping), got {self.gamma}")
+
+    def trace_columns(self) -> tuple[str, ...]:
+        """clip_fraction: the window's clipped steps / steps over all ranks."""
+        return ("clip_fraction",)
+
+    def step_clipped(self, state: LocalClipState) -> Any:
+        return state.clipped
+
+    def summary_tallies(self, state: LocalClipState) -> tuple[float, ...]:
+        """The steps this rank clipped, and the steps it took."""
+        return int(state.clip_count), state.step
+
+    def summary_report(self, sums: Sequence[float]) -> tuple[dict[str, Any], list[str]]:
+        """``clip_fraction``: clipped steps / steps over all ranks, and its line."""
+        clipped, steps = sums
+        fraction = float(clipped / steps) if steps else 0.0
+        return ({"clip_fraction": fraction},
+                [f"clipped           {100 * fraction:.1f}% of the steps (all ranks)"])
 
     def step_size(self, t: int, norm: Any) -> Any:
         """min(eta_t, gamma_t / (norm + 1e-10)) with gamma_t = gamma * eta_t / eta_0.

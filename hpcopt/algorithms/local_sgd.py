@@ -42,17 +42,15 @@ from ..comm.wire import WIRES, check_wire, wire_average_
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
-from .data_parallel import DataParallelState, OuterOptions, Rounds
-from .groups import GroupRounds
-from .streaming import FragmentOptions, FragmentSchedule
+from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
+from .groups import GROUP_LABEL, GroupRounds
+from .streaming import FRAGMENT_LABEL, FragmentOptions, FragmentSchedule
 
 if TYPE_CHECKING:
     from ..comm import Comm
 
 Array = Any
 Oracle = Callable[[Array, Array], Any]
-
-AVERAGE_LABEL = "average"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +153,19 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
                 sync_buffers(state.buffers, self.buffer_policy, comm)
             state.rounds += 1
             state.steps_in_round = 0
+
+    averaged_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, FRAGMENT_LABEL)
+    round_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, GROUP_LABEL)
+
+    def trace_columns(self) -> tuple[str, ...]:
+        """A streaming run's peak_bytes_in_flight (``hpcopt.algorithms.streaming``)."""
+        return ("peak_bytes_in_flight",) if self.streaming else ()
+
+    def trace_row(self, state: DataParallelState) -> dict[str, Any]:
+        """peak_bytes_in_flight over the round up to ``state``'s step (streaming runs)."""
+        if not self.streaming:
+            return {}
+        return {"peak_bytes_in_flight": self.streamed.peak_bytes(state.step, state.x.itemsize)}
 
     def state_vectors(self) -> tuple[int, int]:
         """Rounds', the wire's error feedback and a streaming run's ``in_flight`` (per rank)."""

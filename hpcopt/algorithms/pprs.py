@@ -153,7 +153,7 @@ def _nesterov_step(state: PipelineState, oracle: StagedOracle, lr: float, moment
 class _Pipelined:
     """Options every pipeline algorithm has: the step size and the pipeline schedule."""
 
-    workload: ClassVar[str] = PIPELINE
+    parallelism: ClassVar[str] = PIPELINE
     clips: ClassVar[bool] = False  # pipeline algorithms never clip
     implied: ClassVar[dict[str, Any]] = {}
 

@@ -1,8 +1,8 @@
 """State fields that declare what a checkpoint holds.
 
 An algorithm's state is a dataclass whose fields say, through these constructors, how each one
-is saved; checkpoints (``hpcopt.io.checkpoint``, ``hpcopt.pipeline.checkpoint``) write and read
-exactly the declared fields, so a new algorithm resumes bit for bit by construction::
+is saved; checkpoints (``hpcopt.io.data_parallel_checkpoint``, ``hpcopt.io.pipeline_checkpoint``)
+write and read exactly the declared fields, so a new algorithm resumes bit for bit by construction::
 
     @dataclass
     class MyState:

@@ -47,14 +47,6 @@ Array = Any
 FRAGMENT_LABEL = "fragments"
 
 
-def trace_fields(algorithm: Any, state: Any) -> dict[str, int]:
-    """The trace row's streaming column at ``state``'s step (trace column
-    ``peak_bytes_in_flight``); empty for a run without fragments."""
-    if not getattr(algorithm, "streaming", False):
-        return {}
-    return {"peak_bytes_in_flight": algorithm.streamed.peak_bytes(state.step, state.x.itemsize)}
-
-
 def streamed(options: Any) -> bool:
     """Whether these options (an algorithm's, or a config's ``[algorithm]`` section, which has
     every algorithm's) stream the rounds: any of the three changed from the whole-model round."""

@@ -1,5 +1,6 @@
-"""HDF5 files a run leaves behind: checkpoints (``checkpoint.py``) and the run trace (``trace.py``);
-checkpoints are sealed with a SHA-256 content digest (``digest.py``).
+"""HDF5 files a run leaves behind: checkpoints (``data_parallel_checkpoint.py``,
+``pipeline_checkpoint.py``) and the run trace (``trace.py``); checkpoints are sealed with a
+SHA-256 content digest (``digest.py``).
 
 Both are plain HDF5 that h5py opens without hpcopt; their layouts are in docs/formats.md. Files
 are data only: numbers, strings, TOML and JSON text, read with tomllib and json, never pickle.

@@ -131,7 +131,7 @@ def refuse_damaged(f: Any, path: Path, name: str, version: int | tuple[int, ...]
     """``error``, found by a reader that looked at part of ``f`` before verifying its digest,
     unless the file is damaged: then the digest's (or the format's) error instead."""
     from . import READ_ERRORS
-    from .checkpoint import damaged
+    from .data_parallel_checkpoint import damaged
 
     try:
         check_sealed(f, path, name, version, kind)

@@ -52,7 +52,7 @@ ROW_DTYPE = np.dtype(list(COLUMNS.items()))
 #: Columns only some runs have: ``clip_fraction`` with a clipping algorithm (celgc, naive_clip),
 #: ``eval_perplexity`` with a language model (whose ``eval_accuracy`` is NaN).
 OPTIONAL_COLUMNS = {"clip_fraction": "float64", "eval_perplexity": "float64",
-                    # pipeline runs (hpcopt.pipeline.run): measured and ideal bubble, seconds per
+                    # pipeline runs (hpcopt.run.pipeline): measured and ideal bubble, seconds per
                     # op tau, modelled pipeline time, point-to-point messages so far (all stages)
                     "bubble": "float64", "bubble_ideal": "float64", "tau": "float64",
                     "modelled_time": "float64", "messages": "int64",

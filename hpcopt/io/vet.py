@@ -41,7 +41,7 @@ def vet_checkpoint(path: str | Path) -> Path:
     """The checkpoint file ``path`` names, once a child process has read it whole and found its
     digest and format right; HpcoptError (one line naming the file) otherwise."""
     from ..child import run_module
-    from .checkpoint import find_checkpoint
+    from .data_parallel_checkpoint import find_checkpoint
 
     found = find_checkpoint(path)
     try:
@@ -90,9 +90,9 @@ def _refusal(result: ChildResult, path: str | Path, kind: str) -> HpcoptError:
 
 def check(path: Path) -> None:
     """The digest and format of a checkpoint of either kind (data-parallel or pipeline)."""
-    from ..pipeline import checkpoint as pipeline_format
-    from . import checkpoint as data_parallel_format
-    from .checkpoint import opened
+    from . import data_parallel_checkpoint as data_parallel_format
+    from . import pipeline_checkpoint as pipeline_format
+    from .data_parallel_checkpoint import opened
     from .digest import check_sealed
 
     with opened(path) as (path, f):

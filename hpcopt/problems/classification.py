@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,20 @@ class Evaluation:
     loss: float
     accuracy: float
     samples: int
+
+    def summary_line(self) -> str:
+        """The run summary's first line (a NaN accuracy, e.g. a regression: the loss alone)."""
+        if math.isnan(self.accuracy):
+            return f"test loss         {self.loss:.6g} ({self.samples} samples)"
+        return f"test accuracy     {self.accuracy:.4f} (loss {self.loss:.4f}, {self.samples} samples)"
+
+    def row_fields(self) -> dict[str, float]:
+        """The trace row's evaluation columns."""
+        return {"eval_loss": self.loss, "eval_accuracy": self.accuracy}
+
+    def final_fields(self) -> dict[str, Any]:
+        """The trace summary's attributes of a final evaluation."""
+        return {"eval_loss": self.loss, "eval_accuracy": self.accuracy, "eval_samples": self.samples}
 
 
 class ClassificationProblem:

@@ -25,6 +25,18 @@ class LMEvaluation:
     perplexity: float
     tokens: int
 
+    def summary_line(self) -> str:
+        """The run summary's first line."""
+        return f"test perplexity   {self.perplexity:.3f} (loss {self.loss:.4f}, {self.tokens} tokens)"
+
+    def row_fields(self) -> dict[str, float]:
+        """The trace row's evaluation columns (no accuracy: its column stays NaN)."""
+        return {"eval_loss": self.loss, "eval_perplexity": self.perplexity}
+
+    def final_fields(self) -> dict[str, Any]:
+        """The trace summary's attributes of a final evaluation."""
+        return {"eval_loss": self.loss, "eval_perplexity": self.perplexity, "eval_tokens": self.tokens}
+
 
 class LanguageModelProblem:
     """``oracle(params, grads) -> loss``: the next BPTT window of this rank's streams.

@@ -1,5 +1,5 @@
 """Running a workload on every rank: ``train`` picks the data-parallel or the pipeline session
-(by the algorithm's workload) and hands it to the runner (``hpcopt.run.runner``)."""
+(by the algorithm's parallelism) and hands it to the runner (``hpcopt.run.runner``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..build import Workload
     from ..comm import Comm
     from ..config import Config
     from ..problems.staged import StagedProblem
+    from ..workload import Workload
     from .faults import FaultPlan
 
 
@@ -20,7 +20,7 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     """Train with ``config`` (default: ``Config()``, PR-SGD on MNIST-5k); the summary and this
     rank's final algorithm state.
 
-    ``workload``: a data-parallel ``hpcopt.build.Workload`` (e.g. from ``hpcopt.torch``) or,
+    ``workload``: a data-parallel ``hpcopt.Workload`` (e.g. from ``hpcopt.torch``) or,
     for the pipeline algorithms, a ``StagedProblem``, in place of the one the config's [data]
     and [model] sections describe. ``resume``: a checkpoint to continue from bit for bit.
     Files go to ``config.run.out`` (empty, the default here: none; the command line defaults
@@ -34,17 +34,17 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     (``stall_timeout``), NaN/Inf (``on_nonfinite``), SIGTERM (a checkpoint, then
     ``summary.stopped``; on the command line also SIGINT, ``hpcopt.run.signals``).
     """
-    from ..build import Workload
     from ..comm import Comm
     from ..config import PIPELINE_ALGORITHMS, Config
     from ..errors import HpcoptError
     from ..problems.staged import StagedProblem
+    from ..workload import Workload
 
     config = config or Config()
     comm = comm or Comm()
     pipeline = config.algorithm.algorithm in PIPELINE_ALGORITHMS
     if pipeline and (workload is None or isinstance(workload, StagedProblem)):
-        from ..pipeline.run import train_pipeline
+        from .pipeline import train_pipeline
 
         return train_pipeline(config, comm, verbose, resume, problem=workload, faults=faults)
     if not pipeline and (workload is None or isinstance(workload, Workload)):

@@ -1,6 +1,6 @@
 """Data-parallel training: every rank holds a model, the algorithm averages them.
 
-The workload (``hpcopt.build.Workload``: from the config's [data] and [model] sections, or
+The workload (``hpcopt.Workload``: from the config's [data] and [model] sections, or
 from user code) plugs into the runner (``hpcopt.run.runner``) through this module's session.
 Ticks are those of ``algorithm.clock``; at a tick the runner asks, in order:
 
@@ -12,12 +12,13 @@ Ticks are those of ``algorithm.clock``; at a tick the runner asks, in order:
 After the last tick: a row for a partial last window, the "final" average when the run ended
 mid-round (with the batch-norm buffer policy on the same label), the final evaluation. On the
 same number of ranks a resumed run's losses, parameters and trace are bitwise the uninterrupted
-run's.
+run's. The session names no algorithm: each reports its own trace columns, summary figures and
+lines (``trace_columns``, ``summary_tallies``, ``summary_report``: ``DataParallelAlgorithm``),
+and each evaluation its own (``summary_line``, ``row_fields``, ``final_fields``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import streaming
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
-from ..algorithms.groups import GROUP_LABEL
-from ..algorithms.local_sgd import AVERAGE_LABEL
-from ..algorithms.streaming import FRAGMENT_LABEL
-from ..build import RunParts, Workload, build_run
+from ..build import RunParts, build_run
 from ..comm import Comm
 from ..comm.costmodel import (
     SETUP_LABELS,
@@ -43,10 +40,9 @@ from ..comm.costmodel import (
 )
 from ..config import Config, check_resume
 from ..errors import HpcoptError
-from ..io import checkpoint as ckpt_io
+from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
-from ..problems.classification import Evaluation
-from ..problems.language_model import LMEvaluation
+from ..workload import ModelEvaluation, Workload
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
@@ -55,7 +51,6 @@ from .threads import ThreadChoice
 
 State = DataParallelState
 #: The labels of the rounds, whose modelled seconds a call the summary shows (``--network``).
-ROUND_LABELS = (AVERAGE_LABEL, GROUP_LABEL)
 
 
 @dataclass
@@ -64,7 +59,7 @@ class Summary:
 
     steps: int
     rounds: int
-    final: Evaluation | LMEvaluation | None
+    final: ModelEvaluation | None
     train_loss: float
     wall_seconds: float
     comm_seconds: float            # mean over ranks, while the wall clock runs (no set-up labels)
@@ -78,9 +73,10 @@ class Summary:
     checkpoint: str = ""           # the newest checkpoint written
     stopped: bool = False          # stopped early by a signal (a checkpoint was written)
     stop_signal: str = ""          # which: "SIGTERM" or "SIGINT" ("" when not stopped)
-    history: list[tuple[int, Evaluation | LMEvaluation]] = field(default_factory=list)
+    history: list[tuple[int, ModelEvaluation]] = field(default_factory=list)
     unit: str = "samples"          # what samples_per_second counts: samples or tokens
-    clip_fraction: float | None = None  # clipping algorithms: clipped steps / steps, all ranks
+    clip_fraction: float | None = None  # clipping algorithms' (their summary_report): clipped / steps
+    reported: list[str] = field(default_factory=list)  # the algorithm's own lines (after steps)
     network: str = ""              # --network: the cost-model profile, and the communication
     modelled_seconds: float = 0.0  # seconds it models for this run's calls (mean over ranks)
     #: the modelled seconds of one call of each round label ("average", "group_average")
@@ -88,20 +84,9 @@ class Summary:
 
     def lines(self) -> list[str]:
         comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
-        final = self.final
-        if isinstance(final, LMEvaluation):
-            first = (f"test perplexity   {final.perplexity:.3f} (loss {final.loss:.4f}, "
-                     f"{final.tokens} tokens)")
-        elif final is not None and math.isnan(final.accuracy):  # e.g. a regression workload
-            first = f"test loss         {final.loss:.6g} ({final.samples} samples)"
-        elif final is not None:
-            first = (f"test accuracy     {final.accuracy:.4f} (loss {final.loss:.4f}, "
-                     f"{final.samples} samples)")
-        else:
-            first = (f"stopped           by {self.stop_signal} before the end; resume from the "
-                     "checkpoint below")
-        clipped = ([f"clipped           {100 * self.clip_fraction:.1f}% of the steps (all ranks)"]
-                   if self.clip_fraction is not None else [])
+        first = (self.final.summary_line() if self.final is not None else
+                 f"stopped           by {self.stop_signal} before the end; resume from the "
+                 "checkpoint below")
         a_round = f", {self.modelled_seconds / self.rounds:.4f} s a round" if self.rounds else ""
         per_round = ", ".join(f"{label} {1e3 * seconds:.3f} ms"
                               for label, seconds in self.modelled_per_round.items())
@@ -112,7 +97,7 @@ class Summary:
             first,
             f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",
             f"steps             {self.steps} per rank, {self.rounds} averaging rounds",
-            *clipped,
+            *self.reported,
             f"communicated      {self._communicated()}",
             f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
             *modelled,
@@ -133,7 +118,7 @@ def _megabytes(nbytes: float) -> str:
 
 
 def evaluate_average(parts: RunParts, state: State, scratch: Any,
-                     comm: Comm) -> Evaluation | LMEvaluation:
+                     comm: Comm) -> ModelEvaluation:
     """Evaluate the averaged model without disturbing training (a copy is averaged, label eval).
 
     Batch-norm statistics: at a round boundary the ones the policy left; mid-round a copy of
@@ -151,17 +136,17 @@ def evaluate_average(parts: RunParts, state: State, scratch: Any,
     return evaluate(model, state.grad, comm, buffers=copy)
 
 
-def _evaluation_fields(evaluation: Evaluation | LMEvaluation | None, lm: bool) -> dict[str, float]:
-    """The trace's evaluation columns: eval_loss, and eval_accuracy or (LMs) eval_perplexity."""
-    fields = {"eval_loss": evaluation.loss if evaluation else np.nan,
-              "eval_accuracy": getattr(evaluation, "accuracy", np.nan)}
-    if lm:
-        fields["eval_perplexity"] = getattr(evaluation, "perplexity", np.nan)
+def _evaluation_fields(evaluation: ModelEvaluation | None, lm: bool) -> dict[str, float]:
+    """The trace's evaluation columns: eval_loss, eval_accuracy and (LMs) eval_perplexity, NaN
+    where the evaluation has none (none at all on a row without one)."""
+    fields = dict.fromkeys(("eval_loss", "eval_accuracy", *(("eval_perplexity",) if lm else ())), np.nan)
+    if evaluation is not None:
+        fields.update(evaluation.row_fields())
     return fields
 
 
-class DataParallelWorkload:
-    """The runner's view of a data-parallel run: ``workload`` (None: the config's) trained by
+class DataParallelSessionBuilder:
+    """The runner's builder of a data-parallel run: ``workload`` (None: the config's) trained by
     the configured algorithm, with ``faults`` (hpcopt.run.faults) injected for tests."""
 
     noun = "step"
@@ -188,7 +173,7 @@ class DataParallelSession:
         comm.backend = parts.backend
         self.algorithm, self.workload = parts.algorithm, parts.workload
         workload = parts.workload
-        self.window = trace_io.Window(parts.backend, clipping=parts.clipping)
+        self.window = trace_io.Window(parts.backend, clipping=self.algorithm.clips)
         run = config.run
         self.ticks = Ticks(self.algorithm.clock_ticks(parts.total_steps), run.trace_every,
                            run.eval_every, run.checkpoint_every)
@@ -196,7 +181,7 @@ class DataParallelSession:
         self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
         self.oracle = self.window.traced(self.guard.wrap(workload.problem.oracle,
                                                          lambda: self.state.step))
-        self.history: list[tuple[int, Evaluation | LMEvaluation]] = []
+        self.history: list[tuple[int, ModelEvaluation]] = []
         self.checkpoint = ""
         self.resumed_from = ""  # the checkpoint this run continues (for a NaN/Inf message)
         self.files: RunFiles | None = None
@@ -235,9 +220,8 @@ class DataParallelSession:
         self.resumed_from = str(path)
 
     def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
-        extra = (("clip_fraction",) if self.parts.clipping else ()) + \
-            (("eval_perplexity",) if self.workload.language_model else ()) + \
-            tuple(streaming.trace_fields(self.algorithm, self.state))
+        extra = self.algorithm.trace_columns() + \
+            (("eval_perplexity",) if self.workload.language_model else ())
         return extra, profile_attrs(self.network) if self.network else {}
 
     def parameters(self) -> int:
@@ -274,18 +258,18 @@ class DataParallelSession:
     def step(self) -> int | None:
         loss = self.algorithm.step(self.state, self.oracle, self.comm)
         if self.guard.kept():
-            self.window.add(loss, getattr(self.state, "clipped", False))  # clipping algorithms' flag
+            self.window.add(loss, self.algorithm.step_clipped(self.state))
         tick = self.algorithm.clock(self.state)
         if tick is not None:
             self.window.armed = self._arm(tick + 1)
         return tick
 
-    def evaluate(self, tick: int) -> Evaluation | LMEvaluation:
+    def evaluate(self, tick: int) -> ModelEvaluation:
         evaluation = evaluate_average(self.parts, self.state, self.scratch, self.comm)
         self.history.append((tick, evaluation))
         return evaluation
 
-    def row(self, tick: int, evaluation: Evaluation | LMEvaluation | None,
+    def row(self, tick: int, evaluation: ModelEvaluation | None,
             stop: int) -> list[trace_io.Row]:
         """Finish the previous row's reduction and start this tick's."""
         finished = self.window.complete(self.comm)
@@ -293,7 +277,7 @@ class DataParallelSession:
         fields = {"step": state.step, "rounds": state.rounds, "wall": self._files().wall(),
                   "lr": self.algorithm.lr_at(max(state.step - 1, 0)),
                   **_evaluation_fields(evaluation, self.workload.language_model),
-                  **streaming.trace_fields(self.algorithm, state)}
+                  **self.algorithm.trace_row(state)}
         row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm, self.network))
         self.window.post(self.comm, stop, row)
         self.guard.window_skips = 0
@@ -309,7 +293,7 @@ class DataParallelSession:
                 writer.ops.update(main_ops(self.comm.stats.counters))
             for row in rows:
                 assert row.stats is not None
-                writer.append({**row.fields, **row.stats.columns(self.parts.clipping)}, row.comm)
+                writer.append({**row.fields, **row.stats.columns(self.algorithm.clips)}, row.comm)
         return rows
 
     def check_rows(self, rows: list[trace_io.Row], tick: int) -> None:
@@ -348,28 +332,30 @@ class DataParallelSession:
         rows = self.row(tick, None, 0) if window.steps or window.losses or self.guard.window_skips else []
         return rows + self.finish_rows()
 
-    def final(self) -> Evaluation | LMEvaluation:
+    def final(self) -> ModelEvaluation:
         if not self.algorithm.synchronized(self.state):
             self.algorithm.finish(self.state, self.comm, label="final")
         self.parts.backend.synchronize()
         return evaluate_average(self.parts, self.state, self.scratch, self.comm)
 
-    def summarize(self, final: Evaluation | LMEvaluation | None, train_loss: float,
+    def summarize(self, final: ModelEvaluation | None, train_loss: float,
                   threads: ThreadChoice, stopped: str, show: bool) -> Summary:
         self.guard.report(self.comm, show)
-        comm, state, parts, files = self.comm, self.state, self.parts, self._files()
+        comm, state, algorithm, files = self.comm, self.state, self.algorithm, self._files()
         totals = comm.stats.totals()
         by_label = (comm_modelled(comm.stats.counters, comm.size, self.network,
                                   label_ranks=comm.stats.ranks) if self.network else {})
         modelled = sum(seconds for label, seconds in by_label.items() if label not in SETUP_LABELS)
         per_round = {label: by_label[label] / comm.stats.totals(label).calls
-                     for label in ROUND_LABELS if comm.stats.totals(label).calls and label in by_label}
+                     for label in algorithm.round_labels
+                     if comm.stats.totals(label).calls and label in by_label}
         timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
-        averaged = sum(comm.stats.totals(label).bytes for label in (AVERAGE_LABEL, FRAGMENT_LABEL))
+        averaged = sum(comm.stats.totals(label).bytes for label in algorithm.averaged_labels)
         local = np.array([timed_seconds, totals.bytes, averaged,
-                          self.workload.processed(state.step), int(getattr(state, "clip_count", 0)),
-                          state.step, modelled])
+                          self.workload.processed(state.step), modelled,
+                          *algorithm.summary_tallies(state)])
         comm.allreduce_host_(local, label="summary")
+        figures, reported = algorithm.summary_report(local[5:].tolist())
         wall = float(comm.allreduce_host_(np.array([files.wall()]), op=MPI.MAX, label="summary")[0])
         size = comm.size
         return Summary(steps=state.step, rounds=state.rounds, final=final, train_loss=train_loss,
@@ -380,15 +366,14 @@ class DataParallelSession:
                        stopped=bool(stopped), stop_signal=stopped, history=self.history,
                        unit=self.workload.unit,
                        network=self.network.name if self.network else "",
-                       modelled_seconds=local[6] / size, modelled_per_round=per_round,
-                       clip_fraction=((float(local[4] / local[5]) if local[5] else 0.0)
-                                      if parts.clipping else None))
+                       modelled_seconds=local[4] / size, modelled_per_round=per_round,
+                       reported=reported, **figures)
 
-    def trace_summary(self, final: Evaluation | LMEvaluation, summary: Summary) -> dict[str, Any]:
+    def trace_summary(self, final: ModelEvaluation, summary: Summary) -> dict[str, Any]:
         state = self.state
         return {"step": state.step, "rounds": state.rounds, "wall": self._files().wall(),
                 "bytes": sum(c[1] for c in trace_io.comm_totals(self.comm).values()),
-                **_final_fields(final), "checkpoint": self.checkpoint}
+                **final.final_fields(), "checkpoint": self.checkpoint}
 
     def _files(self) -> RunFiles:
         assert self.files is not None, "begin() comes first"
@@ -399,14 +384,6 @@ def _describe(layout: Any) -> str:
     return ", ".join(f"{name} {'x'.join(map(str, shape))}" for name, shape in layout.entries)
 
 
-def _final_fields(final: Evaluation | LMEvaluation) -> dict[str, Any]:
-    """The trace summary's attributes of the final evaluation."""
-    if isinstance(final, LMEvaluation):
-        return {"eval_loss": final.loss, "eval_perplexity": final.perplexity,
-                "eval_tokens": final.tokens}
-    return {"eval_loss": final.loss, "eval_accuracy": final.accuracy, "eval_samples": final.samples}
-
-
 def train_data_parallel(config: Config, comm: Comm, verbose: bool = True,
                         resume: str | Path | None = None, faults: FaultPlan | None = None,
                         workload: Workload | None = None) -> tuple[Summary, State]:
@@ -414,5 +391,5 @@ def train_data_parallel(config: Config, comm: Comm, verbose: bool = True,
     comm.averaging = config.run.averaging
     if config.run.network_delay:  # sleep what the modelled network would take, after every call
         comm.stats.delay = network_delay(get_profile(config.run.network), comm.size)
-    summary, session = run(DataParallelWorkload(workload, faults), config, comm, verbose, resume)
+    summary, session = run(DataParallelSessionBuilder(workload, faults), config, comm, verbose, resume)
     return summary, session.state

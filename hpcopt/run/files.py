@@ -14,7 +14,7 @@ import numpy as np
 from ..comm import Comm, agreed
 from ..config import Config, to_toml
 from ..errors import HpcoptError
-from ..io import checkpoint as ckpt_io
+from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io import versions
 from .lock import RunLock, check_free

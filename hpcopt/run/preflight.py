@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import HpcoptError
-from ..io import checkpoint as ckpt_io
+from ..io import data_parallel_checkpoint as ckpt_io
 
 #: Bytes of a checkpoint beyond its vectors: attributes, config, tables, HDF5 metadata.
 CHECKPOINT_OVERHEAD = 1 << 20

@@ -1,11 +1,11 @@
-"""The runner: one loop for every workload (data-parallel, pipeline, or a user's own).
+"""The runner: one loop for every kind of run (data-parallel, pipeline, or a user's own).
 
 It owns what every run shares: threads and the GPU, reading the checkpoint to resume from,
 agreement across ranks on each set-up step (``hpcopt.comm.agreed``: a problem found on one
 rank ends every rank with the same message), the run directory (locked for the job, holding
 one run: ``hpcopt.run.files.claim``) and trace file, SIGTERM and SIGINT
-(``hpcopt.run.signals``), the stall watchdog, progress lines and the summary. A workload builds
-a :class:`Session` on each rank; the runner drives it through the ticks of the run (the points
+(``hpcopt.run.signals``), the stall watchdog, progress lines and the summary. A session builder
+builds a :class:`Session` on each rank; the runner drives it through the ticks of the run (the points
 every rank passes in the same order), and at a tick t:
 
 1. ``session.evaluate`` when ``eval_every`` divides t;
@@ -158,8 +158,8 @@ class Session(Protocol):
         """The trace's attributes at the end of a finished run."""
 
 
-class Workload(Protocol):
-    """Something to train: reads its checkpoints and builds a session on each rank."""
+class SessionBuilder(Protocol):
+    """A kind of run: reads its checkpoints and builds its session on each rank."""
 
     noun: str  # what a tick is called in messages: "step" or "iteration"
 
@@ -170,9 +170,9 @@ class Workload(Protocol):
         """This rank's session (no communication)."""
 
 
-def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
+def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = True,
         resume: str | Path | None = None) -> tuple[Any, Session]:
-    """Run ``workload`` on every rank of ``comm``, continuing from checkpoint ``resume`` when
+    """Run ``builder``'s session on every rank of ``comm``, continuing from checkpoint ``resume`` when
     given; the summary and this rank's session. Files go to ``config.run.out`` (``{time}`` in
     it becomes the start time; empty: no files, or for a resumed run the directory holding the
     checkpoint's ``checkpoints/``); rank 0 holds the directory's lock until the run ends. With a
@@ -188,8 +188,8 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
     if resume:  # unless another job holds the run directory, rank 0 has a child process read
         # the whole file (hpcopt.io.vet) and check its digest; then each rank reads its own part
         agreed(lambda: vet_resumed(resume, config.run.out) if comm.rank == 0 else None, comm)
-        ckpt = agreed(lambda: workload.read_checkpoint(resume, comm), comm)
-    session = agreed(lambda: workload.build(config, comm, ckpt), comm)
+        ckpt = agreed(lambda: builder.read_checkpoint(resume, comm), comm)
+    session = agreed(lambda: builder.build(config, comm, ckpt), comm)
     session.start(comm)
     if ckpt is not None:
         agreed(lambda: session.restore(ckpt), comm)
@@ -209,7 +209,7 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
         files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0,
                          timeline=timeline)
         show = verbose and config.run.progress and comm.rank == 0
-        resumed = f"{ckpt.path} at {workload.noun} {ckpt.tick}" if ckpt else ""
+        resumed = f"{ckpt.path} at {builder.noun} {ckpt.tick}" if ckpt else ""
         if show:
             print(f"{session.header(threads)}\n{header_end(out, resumed, comm)}", flush=True)
         elif resumed and verbose and comm.rank == 0:  # without progress lines, still say what resumed
@@ -227,7 +227,7 @@ def run(workload: Workload, config: Config, comm: Comm, verbose: bool = True,
     if show:
         print("summary\n  " + "\n  ".join(summary.lines()), flush=True)
     if summary.stopped and verbose and comm.rank == 0:
-        print(f"hpcopt: {summary.stop_signal}: stopped at {workload.noun} {session.progress()} "
+        print(f"hpcopt: {summary.stop_signal}: stopped at {builder.noun} {session.progress()} "
               f"after writing {summary.checkpoint}; continue with: mpiexec -n {comm.size} "
               f"python -m hpcopt resume {summary.checkpoint}{_named_model(config)}", flush=True)
     return summary, session

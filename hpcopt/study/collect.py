@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def is_run(path: Path) -> bool:
-    from ..io.checkpoint import SUBDIR
+    from ..io.data_parallel_checkpoint import SUBDIR
     from ..io.trace import FILE_NAME
 
     return (path / FILE_NAME).is_file() or (path / SUBDIR).is_dir()
@@ -148,7 +148,7 @@ def state(row: Row) -> tuple[str, str]:
 def gather(paths: Sequence[Path]) -> list[Row]:
     """Every run's row (the columns are made by ``columns``)."""
     from ..config import build_config
-    from ..io.checkpoint import find_checkpoint
+    from ..io.data_parallel_checkpoint import find_checkpoint
     from ..io.report import read_each, settings
     from ..io.trace import FILE_NAME, Trace
     from ..run.progress import Ticker

@@ -44,7 +44,7 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
     train = [*hpcopt, "train", *entry.args, "--out", entry.run.as_posix()]
     if not run.exists():  # a first start: nothing to read (and no reader to import)
         return train
-    from ..io.checkpoint import has_checkpoints
+    from ..io.data_parallel_checkpoint import has_checkpoints
 
     if finished(run):
         return None

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from ..backend import CPU, Backend
-from ..build import Workload
 from ..config import TEXT_CORPORA, Config
 from ..data.datasets import as_images, load_dataset
 from ..data.partition import partition_indices
@@ -22,6 +21,7 @@ from ..data.sampler import MinibatchSampler
 from ..data.text import load_corpus
 from ..errors import HpcoptError
 from ..problems.classification import Evaluation
+from ..workload import Workload
 from .adapter import TorchModel
 from .arrays import device_of, torch_dtype
 from .check import check_trainable

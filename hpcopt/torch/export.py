@@ -19,7 +19,7 @@ import torch
 
 from ..errors import HpcoptError
 from ..io import READ_ERRORS, described, open_for_reading
-from ..io.checkpoint import TMP_SUFFIX
+from ..io.data_parallel_checkpoint import TMP_SUFFIX
 from ..io.writing import HDF5Writing, publish, write_failure
 
 SAFETENSORS = ".safetensors"

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..build import Workload
 from ..comm import Comm
 from ..data.bptt import BpttSampler, corpus_shard, rank_streams, streams_of
 from ..errors import HpcoptError
 from ..problems.language_model import LMEvaluation
+from ..workload import Workload
 from .adapter import TorchModel
 from .arrays import as_array, device_of
 from .check import check_trainable

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from ..backend import CPU, Backend
-from ..build import Workload
 from ..comm import Comm
 from ..problems.language_model import LMEvaluation
+from ..workload import Workload
 from .arrays import device_of, torch_dtype
 from .build import ModuleOrFactory, prepared_model, torch_workload
 from .check import returns_state

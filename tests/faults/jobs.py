@@ -190,7 +190,7 @@ def assert_fault_ended_the_job(job: Job, code: int | None, message: str, seconds
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     """The final checkpoints and the traces of two runs are bitwise the same (but wall time)."""
-    from hpcopt.io.checkpoint import read_checkpoint
+    from hpcopt.io.data_parallel_checkpoint import read_checkpoint
     from hpcopt.io.trace import read_trace
 
     ckpt, ref = read_checkpoint(run_dir), read_checkpoint(reference)

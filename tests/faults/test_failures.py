@@ -10,7 +10,7 @@ import signal
 import numpy as np
 import pytest
 
-from hpcopt.io.checkpoint import find_checkpoint, read_checkpoint
+from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint
 from tests.faults.jobs import SMALL, STEPS, Send, assert_fault_ended_the_job, assert_same_run, run_job
 from tests.unit.test_cli import assert_one_line_error
 
@@ -107,7 +107,7 @@ def test_a_checkpoint_that_crashes_hdf5_ends_the_job_with_one_line(tmp_path):
         data[offset] = value
     bad.write_bytes(bytes(data))
     crashes = run_job([], ranks=1, python_code=(
-        "import sys; from hpcopt.io.checkpoint import read_checkpoint\n"
+        "import sys; from hpcopt.io.data_parallel_checkpoint import read_checkpoint\n"
         f"try: read_checkpoint({str(bad)!r})\nexcept Exception: sys.exit(0)"))
     job = run_job(["resume", str(bad), "--steps", "12"])
     if crashes.returncode == 0:  # this HDF5 (or layout) refuses the edit cleanly: still one line

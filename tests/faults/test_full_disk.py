@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcopt.io.checkpoint import read_checkpoint
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.trace import read_trace
 from tests.faults.jobs import INJECTED, SMALL, assert_same_run, run_job
 from tests.unit.test_cli import assert_one_line_error

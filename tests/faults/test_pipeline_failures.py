@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hpcopt.io import pipeline_checkpoint as pipe_ckpt
 from hpcopt.io.trace import read_trace
-from hpcopt.pipeline import checkpoint as pipe_ckpt
 from tests.faults.jobs import assert_fault_ended_the_job, run_job
 from tests.runs import PIPELINE_TIME_COLUMNS
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from hpcopt.config import Config, build_config, option_index
 from hpcopt.errors import HpcoptError
-from hpcopt.io.checkpoint import Checkpoint, read_checkpoint
+from hpcopt.io.data_parallel_checkpoint import Checkpoint, read_checkpoint
 from hpcopt.io.digest import seal
 from tests.checkpoints import differences, small_checkpoint
 

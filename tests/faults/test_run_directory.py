@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcopt.io.checkpoint import find_checkpoint, read_checkpoint, run_id_of
+from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint, run_id_of
 from hpcopt.io.trace import read_trace
 from hpcopt.run.lock import FILE_NAME as LOCK
 from tests.crafted import checkpoint_naming_a_module, checkpoint_with_foreign_out

@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from hpcopt.io.checkpoint import read_checkpoint
-from hpcopt.pipeline import checkpoint as pipe_ckpt
+from hpcopt.io import pipeline_checkpoint as pipe_ckpt
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.run.signals import GRACE_SECONDS
 from tests.faults.jobs import Job, Send, assert_same_run, run_job
 

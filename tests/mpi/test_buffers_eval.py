@@ -16,7 +16,7 @@ import pytest
 from hpcopt.build import build_run
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
-from hpcopt.io.checkpoint import read_checkpoint
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.trace import read_trace
 from hpcopt.run.data_parallel import evaluate_average
 from tests.conftest import host, use_device

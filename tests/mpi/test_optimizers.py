@@ -14,7 +14,7 @@ from hpcopt import train
 from hpcopt.algorithms import state as fields
 from hpcopt.build import build_run
 from hpcopt.config import build_config
-from hpcopt.io import checkpoint as ckpt_io
+from hpcopt.io import data_parallel_checkpoint as ckpt_io
 from hpcopt.io.trace import Window
 from tests.conftest import host, on_devices
 from tests.reference import celgc_reference, prsgd_reference, worker_parts
@@ -161,7 +161,7 @@ def run_in_process(config, comm, directory=None):
         path = directory / f"step-{tick}.h5"
         at = ckpt_io.Position(config, workload.layout, tick, "every-tick", 0, 0.0)
         ckpt_io.save(path, comm, at, state, synchronized=synchronized, model=model,
-                     sampler=sampler, window=Window(parts.backend, clipping=parts.clipping).fold())
+                     sampler=sampler, window=Window(parts.backend, clipping=algorithm.clips).fold())
         comm.mpi.Barrier()
         fresh = algorithm.init(workload.x0.copy(), comm)
         ckpt = ckpt_io.read_checkpoint(path, comm.rank, comm.size, verify=False)

@@ -11,7 +11,7 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
-from hpcopt.pipeline.run import train_pipeline
+from hpcopt.run.pipeline import train_pipeline
 from tests.runs import PIPELINE_TIME_COLUMNS, fresh_pipeline
 
 pytestmark = pytest.mark.mpi

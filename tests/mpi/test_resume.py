@@ -14,7 +14,7 @@ import pytest
 
 from hpcopt.config import build_config
 from hpcopt.io import digest
-from hpcopt.io.checkpoint import read_checkpoint
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.digest import verify
 from hpcopt.io.trace import COLUMNS, read_trace
 from hpcopt.problems.classification import ClassificationProblem

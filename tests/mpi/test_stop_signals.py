@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.io.checkpoint import read_checkpoint
+from hpcopt.io import pipeline_checkpoint as pipe_ckpt
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.trace import read_trace
-from hpcopt.pipeline import checkpoint as pipe_ckpt
 from hpcopt.run.faults import FaultPlan
 from hpcopt.run.signals import SIGNALS, JobSignals
 from tests.runs import PIPELINE_TIME_COLUMNS, assert_same_state, fresh_pipeline, fresh_train

@@ -19,8 +19,8 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.flat import ParamLayout
-from hpcopt.io.checkpoint import (Checkpoint, find_checkpoint, prune, read_checkpoint, restore,
-                                  write_checkpoint)
+from hpcopt.io.data_parallel_checkpoint import (Checkpoint, find_checkpoint, prune, read_checkpoint,
+                                                restore, write_checkpoint)
 from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
 from tests import crafted
@@ -96,7 +96,7 @@ import numpy as np
 from pathlib import Path
 spec = importlib.util.spec_from_file_location("helpers", sys.argv[1])
 helpers = importlib.util.module_from_spec(spec); spec.loader.exec_module(helpers)
-from hpcopt.io.checkpoint import CheckpointWriter, write_checkpoint
+from hpcopt.io.data_parallel_checkpoint import CheckpointWriter, write_checkpoint
 out = Path(sys.argv[2])
 write_checkpoint(out / "step-000000001.h5", helpers.synthetic(value=7.0))
 print("first written", flush=True)
@@ -362,7 +362,7 @@ def test_a_version_2_checkpoint_resumes_bit_for_bit(tmp_path, algorithm):
     datasets, the clipping numbers in their own table) resume exactly: the model after 10 steps
     equals the one the old version's uninterrupted run reached (digits, MLP 64-12-10, I = 4,
     momentum 0.9, checkpoint at step 6, mid-round)."""
-    from hpcopt.io.checkpoint import VERSION
+    from hpcopt.io.data_parallel_checkpoint import VERSION
 
     old = _resume_old_checkpoint(tmp_path, "checkpoint-v2", algorithm)
     assert VERSION == 3 and old.counters["step"].tolist() == [6]
@@ -411,7 +411,7 @@ def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str):
 def test_a_checkpoints_run_directory_is_written_as_the_user_gave_it(tmp_path, monkeypatch):
     """A resumed run prints and uses the run directory as the user wrote it (relative stays
     relative); a checkpoints/ folder that is a link to another run's is that run's directory."""
-    from hpcopt.io.checkpoint import run_directory
+    from hpcopt.io.data_parallel_checkpoint import run_directory
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "a" / "checkpoints").mkdir(parents=True)

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcopt.io.checkpoint import find_checkpoint, read_checkpoint
+from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint
 from hpcopt.io.digest import seal
 from hpcopt.io.trace import read_trace
 from tests.unit.test_cli import ROOT, assert_one_line_error, launch

@@ -14,7 +14,7 @@ import pytest
 from hpcopt.child import ChildResult
 from hpcopt.errors import HpcoptError
 from hpcopt.io import digest
-from hpcopt.io.checkpoint import read_checkpoint, stored_config, write_checkpoint
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint, stored_config, write_checkpoint
 from hpcopt.io.digest import ATTRIBUTE, BLOCK_BYTES, content_digest
 from hpcopt.io.vet import vet_checkpoint
 
@@ -112,7 +112,7 @@ def pipeline_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
     """A small pipeline checkpoint of 2 stages (no training needed); (its path, the model)."""
     from hpcopt.config import build_config
     from hpcopt.flat import ParamLayout
-    from hpcopt.pipeline import checkpoint as pipe
+    from hpcopt.io import pipeline_checkpoint as pipe
 
     model = np.linspace(0, 1, 6)
     ckpt = pipe.PipelineCheckpoint(
@@ -126,7 +126,7 @@ def pipeline_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
 
 
 def test_the_pipeline_format_is_sealed_and_verified_the_same_way(tmp_path):
-    from hpcopt.pipeline import checkpoint as pipe
+    from hpcopt.io import pipeline_checkpoint as pipe
 
     path, model = pipeline_checkpoint(tmp_path)
     assert pipe.read(path, 2).stages[1].vectors["x"].tolist() == model[4:].tolist()

@@ -155,7 +155,7 @@ def test_celgc_on_digits_reports_the_clip_fraction(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "clipped " in result.stdout and "% of the steps" in result.stdout
     assert "gamma=0.2 (global norm)" in result.stdout
-    from hpcopt.io.checkpoint import read_checkpoint
+    from hpcopt.io.data_parallel_checkpoint import read_checkpoint
     from hpcopt.io.trace import read_trace
 
     trace = read_trace(out / "trace.h5")
@@ -178,7 +178,7 @@ def test_lstm_on_shakespeare_reports_perplexity_and_tokens(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "test perplexity" in result.stdout and "tokens/s" in result.stdout
     assert "lstm 8-16x16 tied, bptt 16" in result.stdout
-    from hpcopt.io.checkpoint import read_checkpoint
+    from hpcopt.io.data_parallel_checkpoint import read_checkpoint
     from hpcopt.io.trace import read_trace
 
     ckpt = read_checkpoint(out)
@@ -198,7 +198,7 @@ def test_plain_cnn_with_batch_norm_on_digits(tmp_path):
     assert "buffer_policy rank0" in result.stdout and "test accuracy" in result.stdout
     accuracy = float(result.stdout.split("test accuracy")[1].split()[0])
     assert accuracy > 0.3, result.stdout
-    from hpcopt.io.checkpoint import read_checkpoint
+    from hpcopt.io.data_parallel_checkpoint import read_checkpoint
     from hpcopt.io.trace import read_trace
 
     ckpt = read_checkpoint(out)  # rank0: every rank holds rank 0's statistics after the round

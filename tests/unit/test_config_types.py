@@ -21,7 +21,7 @@ def test_algorithm_section_declares_what_the_generated_section_has():
 
 def test_every_registered_class_declares_the_class_attributes_of_algorithm_class():
     wanted = list(typing.get_type_hints(AlgorithmClass))
-    assert set(wanted) == {"name", "workload", "clips", "implied"}
+    assert set(wanted) == {"name", "parallelism", "clips", "implied"}
     for name, cls in registry().items():
         assert cls.name == name
         for attribute in wanted:

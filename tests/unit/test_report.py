@@ -126,7 +126,7 @@ def test_language_model_runs_are_reported_by_perplexity(tmp_path):
 
 def test_pipeline_runs_get_loss_and_bubble_panels_and_their_own_table(two_runs, tmp_path):
     from hpcopt.comm import Comm
-    from hpcopt.pipeline.run import train_pipeline
+    from hpcopt.run.pipeline import train_pipeline
 
     paths = []
     for algorithm, momentum in (("pprs", "0.8"), ("pipelined_agd", "0.9")):

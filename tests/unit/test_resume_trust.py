@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from hpcopt.io.checkpoint import prune, write_checkpoint
+from hpcopt.io.data_parallel_checkpoint import prune, write_checkpoint
 from tests.unit.test_checkpoint import synthetic
 
 

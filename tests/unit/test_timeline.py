@@ -16,7 +16,7 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.io import timeline as timeline_io
-from hpcopt.io.checkpoint import read_checkpoint
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.timeline import read_timeline
 from hpcopt.io.trace import read_trace
 from hpcopt.io.vet import vet_traces

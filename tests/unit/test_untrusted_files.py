@@ -21,7 +21,7 @@ from test_checkpoint_digest import pipeline_checkpoint  # noqa: E402
 
 from hpcopt.config import build_config, to_toml
 from hpcopt.errors import HpcoptError
-from hpcopt.io.checkpoint import read_checkpoint, stored_config, write_checkpoint
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint, stored_config, write_checkpoint
 from hpcopt.io.trace import COLUMNS, TraceWriter, read_trace
 from hpcopt.io.vet import vet_traces
 from tests import crafted
@@ -270,7 +270,7 @@ def test_a_disk_full_mid_checkpoint_is_one_error_and_the_previous_one_stays(tmp_
 
 def test_a_disk_full_mid_pipeline_checkpoint_leaves_the_file_it_would_replace(tmp_path,
                                                                                monkeypatch):
-    from hpcopt.pipeline import checkpoint as pipe
+    from hpcopt.io import pipeline_checkpoint as pipe
 
     path, model = pipeline_checkpoint(tmp_path)
     before = path.read_bytes()

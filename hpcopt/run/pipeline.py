@@ -1,4 +1,4 @@
-"""The pipeline workload (PPRS, pipelined GD and AGD): one rank per stage.
+"""The pipeline session (PPRS, pipelined GD and AGD): one rank per stage.
 
 ``mpiexec -n DELTA python -m hpcopt train --algorithm pprs ...`` ends up here (``hpcopt.train``
 dispatches on the algorithm). The data-parallel session averages one model per rank; here rank
@@ -21,7 +21,7 @@ At an iteration t (every rank passes the same ones, in order):
    backward of one sample), the modelled pipeline time sum of 2 tau (K + Delta - 1) per
    iteration, and the messages sent so far by all stages;
 3. a checkpoint (``checkpoint_every``, the last iteration, or a stop): each stage's block and
-   optimizer state (``hpcopt.pipeline.checkpoint``).
+   optimizer state (``hpcopt.io.pipeline_checkpoint``).
 
 The runner (``hpcopt.run.runner``) does the rest, as for every workload: set-up agreed by all
 ranks, the run directory, SIGTERM and SIGINT, the stall watchdog, progress lines and the summary.
@@ -41,19 +41,19 @@ from ..algorithms.pprs import PipelineState
 from ..comm import Comm
 from ..config import Config, check_resume
 from ..errors import HpcoptError
-from ..io import checkpoint as ckpt_io
+from ..io import data_parallel_checkpoint as ckpt_io
+from ..io import pipeline_checkpoint as pipe_ckpt
 from ..io import trace as trace_io
+from ..pipeline.executor import Pipeline
+from ..pipeline.parts import Algorithm, build_algorithm, build_problem, describe, plan_for
+from ..pipeline.schedules import ideal_bubble
+from ..pipeline.split import StagePlan
 from ..problems.staged import StagedProblem, setup_stage
-from ..run.faults import FaultPlan
-from ..run.nonfinite import nonfinite_loss, nonfinite_parameters
-from ..run.preflight import CHECKPOINT_OVERHEAD
-from ..run.runner import RunFiles, Ticks, run
-from ..run.threads import ThreadChoice
-from . import checkpoint as pipe_ckpt
-from .executor import Pipeline
-from .parts import Algorithm, build_algorithm, build_problem, describe, plan_for
-from .schedules import ideal_bubble
-from .split import StagePlan
+from .faults import FaultPlan
+from .nonfinite import nonfinite_loss, nonfinite_parameters
+from .preflight import CHECKPOINT_OVERHEAD
+from .runner import RunFiles, Ticks, run
+from .threads import ThreadChoice
 
 EVAL_LABEL = "eval"
 #: Per-rank window values allgathered for a trace row (label "trace").
@@ -142,12 +142,12 @@ def train_pipeline(config: Config, comm: Comm | None = None, verbose: bool = Tru
     a non-finite loss in a trace row or non-finite parameters before a checkpoint (exit 3, the
     last good checkpoint kept), and ``faults``, a debug fault to inject (hpcopt.run.faults; STEP
     counts iterations)."""
-    summary, session = run(PipelineWorkload(problem, faults), config, comm or Comm(), verbose, resume)
+    summary, session = run(PipelineSessionBuilder(problem, faults), config, comm or Comm(), verbose, resume)
     return summary, session.state
 
 
-class PipelineWorkload:
-    """The runner's view of a pipeline run: ``problem`` (None: the config's) cut into stages."""
+class PipelineSessionBuilder:
+    """The runner's builder of a pipeline run: ``problem`` (None: the config's) cut into stages."""
 
     noun = "iteration"
 

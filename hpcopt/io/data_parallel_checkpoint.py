@@ -1,4 +1,4 @@
-"""Checkpoints: one HDF5 file holds everything needed to continue a run bit for bit.
+"""Data-parallel checkpoints: one HDF5 file holds everything needed to continue a run bit for bit.
 
 Contents (layout: docs/formats.md): the averaged model (flat and under its layer names), the
 algorithm's state as its class declares it (``hpcopt.algorithms.state``: each rank's model

@@ -1,8 +1,8 @@
 """Checkpoints of pipeline runs: every stage's own block, in one atomically written HDF5 file.
 
 Same file name, attributes and atomic write as the data-parallel checkpoints
-(``hpcopt.io.checkpoint``: ``checkpoints/step-<tick>.h5``, written as ``.tmp``, fsynced,
-renamed), format ``hpcopt-pipeline-checkpoint``. Layout (docs/formats.md):
+(``hpcopt.io.data_parallel_checkpoint``: ``checkpoints/step-<tick>.h5``, written as ``.tmp``,
+fsynced, renamed), format ``hpcopt-pipeline-checkpoint``. Layout (docs/formats.md):
 
 - ``/model/flat`` and ``/model/params/<layer>.<tensor>``: the whole model (every stage's block
   put together, frozen layers included), readable with h5py alone;
@@ -37,10 +37,10 @@ from ..comm import Comm, agreed
 from ..config import Config
 from ..errors import HpcoptError
 from ..flat import ParamLayout
-from ..io import checkpoint as ckpt_io
-from ..io import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
-from ..io.digest import check_sealed, refuse_damaged, seal
-from ..io.writing import HDF5Writing
+from . import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
+from . import data_parallel_checkpoint as ckpt_io
+from .digest import check_sealed, refuse_damaged, seal
+from .writing import HDF5Writing
 
 FORMAT = "hpcopt-pipeline-checkpoint"
 VERSION = 2  # 2: the content digest (root attribute content_sha256)
