@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
+from hpcopt.algorithms.streaming import FRAGMENT_LABEL
 from hpcopt.config import build_config
 from hpcopt.io import digest
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
@@ -48,7 +49,9 @@ def assert_same_run(a_state, b_state, a_dir, b_dir, rank):
     assert sorted(a.comm) == sorted(b.comm)
     for label in a.comm:
         for field in ("calls", "bytes", "modelled"):
-            if field not in a.comm[label]:
+            # a non-blocking reduction's modelled seconds subtract the computation it measured
+            # overlapping (costmodel.comm_modelled): wall-clock, so not bitwise
+            if field not in a.comm[label] or (field == "modelled" and label == FRAGMENT_LABEL):
                 continue
             np.testing.assert_array_equal(a.comm[label][field], b.comm[label][field],
                                           err_msg=f"{label} {field}")
