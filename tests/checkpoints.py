@@ -1,5 +1,5 @@
 """A small real checkpoint and a field-by-field comparison of loaded checkpoints: shared by the
-checkpoint property tests and the byte-edit probe (benchmarks/checkpoint_fuzz.py)."""
+checkpoint property tests and the byte-edit probe (benchmarks/faults/checkpoint_fuzz.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``allreduce`` and ``p2p`` run under ``mpiexec`` (every rank takes part, rank 0 prints);
 ``scaling`` is started as one process and launches ``mpiexec`` itself, once per configuration.
-The scripts in the repository's ``benchmarks/`` directory are thin wrappers around these.
+The repository's ``benchmarks/speed/p2p.py`` and ``scaling.py`` are thin wrappers around these.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 #: Largest piece handed to one MPI_Allreduce by ``average_``/``allreduce_``, in bytes.
 #: MPICH's single Allreduce loses bandwidth above ~16 MB on shared memory (2-3x slower at
-#: 32-64 MB); slices keep it near its peak. Measured with benchmarks/allreduce.py (slice sweep,
+#: 32-64 MB); slices keep it near its peak. Measured with benchmarks/speed/allreduce.py (slice sweep,
 #: 2 ranks, one per core): 2 MB best, 1 and 4 MB within 5-8%, unsliced 2x slower.
 ALLREDUCE_SLICE_BYTES = 2 << 20
 

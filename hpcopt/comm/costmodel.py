@@ -90,7 +90,7 @@ class NetworkProfile:
         raise HpcoptError(f"unknown allreduce algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
 
 
-#: Named profiles. ``shm`` was fitted to benchmarks/allreduce.py on the 2-core development
+#: Named profiles. ``shm`` was fitted to benchmarks/speed/allreduce.py on the 2-core development
 #: machine (MPICH 5.0.2 shared memory); the network ones are nominal link figures.
 PROFILES = {
     "shm": NetworkProfile("shm", alpha=2.0e-6, beta=1 / 8.0e9),

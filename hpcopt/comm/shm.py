@@ -49,7 +49,7 @@ import numpy as np
 from mpi4py import MPI
 
 #: Buffers below this size are averaged with plain MPI ``Allreduce`` by ``Comm(averaging="auto")``.
-#: Measured with benchmarks/allreduce.py (its "crossover" line; 2-core AMD EPYC VM, MPICH 5.0.2,
+#: Measured with benchmarks/speed/allreduce.py (its "crossover" line; 2-core AMD EPYC VM, MPICH 5.0.2,
 #: float32; docs/results/allreduce.md): shm / best plain Allreduce, over 7 runs at 2 ranks, was
 #: 0.68-0.89 at 16 KB, 0.84-1.08 at 64 KB, 1.13-1.27 at 128 KB, 1.24-2.23 at 256 KB; at 4 ranks
 #: 0.69-0.92 at 16 KB, 0.91-1.14 at 64 KB, 1.24-1.26 at 128 KB. The crossover is ~64 KB (fixed
@@ -59,7 +59,7 @@ SHM_AVERAGE_MIN_BYTES = 128 << 10
 #: Largest piece of the buffer that goes through the window at once, in bytes: small enough
 #: that a chunk's 2 k + D window slots stay in the last-level cache (32 MB here), large enough
 #: that the per-chunk barrier and numpy calls (~16 us) stay small. Chunk sweep of
-#: benchmarks/allreduce.py at 32 and 64 MB (paired rel, lower is better), 2 ranks over 3 runs:
+#: benchmarks/speed/allreduce.py at 32 and 64 MB (paired rel, lower is better), 2 ranks over 3 runs:
 #: 256 KB 1.10-1.26, 512 KB 1.00-1.12, 1 MB 1.00-1.07, 2 MB 1.05-1.17, 4 MB 1.09-1.67; 4 ranks:
 #: 512 KB 1.01-1.09, 1 MB 1.00-1.02, 2 MB 1.10-1.13.
 SHM_CHUNK_BYTES = 1 << 20

@@ -92,7 +92,7 @@ def test_corrupted_checkpoint_is_one_line_and_the_previous_one_resumes_bitwise(r
 
 
 #: Three bytes that make HDF5 2.0 crash (SIGSEGV) reading the small checkpoint's attributes:
-#: found by benchmarks/checkpoint_fuzz.py (seed 2), which edits the same checkpoint.
+#: found by benchmarks/faults/checkpoint_fuzz.py (seed 2), which edits the same checkpoint.
 CRASHING_EDIT = [(1393, 119), (49031, 246), (13271, 24)]
 
 

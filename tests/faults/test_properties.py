@@ -23,7 +23,7 @@ from tests.checkpoints import differences, small_checkpoint
 
 #: Derandomized: the same examples on every run, so CI cannot fail by chance (HDF5 itself has
 #: been seen to crash on one damaged attribute in thousands of random edits; see
-#: benchmarks/checkpoint_fuzz.py for the open-ended search).
+#: benchmarks/faults/checkpoint_fuzz.py for the open-ended search).
 SETTINGS = settings(max_examples=80, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 

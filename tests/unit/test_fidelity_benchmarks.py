@@ -1,4 +1,4 @@
-"""The arithmetic of benchmarks/prsgd_interval.py and benchmarks/pprs_fidelity.py: the intervals
+"""The arithmetic of benchmarks/reproduce/prsgd_interval.py and benchmarks/reproduce/pprs_fidelity.py: the intervals
 swept, the theory's threshold, where a measure starts to fall, a round's time on the modelled
 cluster, and the per-iteration pipeline figures read from trace rows."""
 
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: the benchmarks package
 
-import pprs_fidelity  # noqa: E402
-import prsgd_interval  # noqa: E402
+from benchmarks.reproduce import pprs_fidelity, prsgd_interval  # noqa: E402
 
 
 def test_intervals_run_from_one_to_the_whole_run():

@@ -1,10 +1,11 @@
-"""benchmarks/sections.py: a benchmark rewrites its own section of a results page and nothing else."""
+"""benchmarks/common/sections.py: a benchmark rewrites its own section of a results page and
+nothing else."""
 
 import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("sections", ROOT / "benchmarks" / "sections.py")
+_spec = importlib.util.spec_from_file_location("sections", ROOT / "benchmarks" / "common" / "sections.py")
 sections = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sections)
 

@@ -1,9 +1,9 @@
-"""benchmarks/gpu_check.sh: it must parse, and refuse to start without its result directory."""
+"""benchmarks/speed/gpu_check.sh: it must parse, and refuse to start without its result directory."""
 
 import subprocess
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "speed" / "gpu_check.sh"
 
 
 def test_gpu_check_script_is_valid_bash():
@@ -14,4 +14,4 @@ def test_gpu_check_script_is_valid_bash():
 def test_gpu_check_script_needs_a_directory():
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
-    assert done.stderr.strip() == "usage: bash benchmarks/gpu_check.sh DIR"
+    assert done.stderr.strip() == "usage: bash benchmarks/speed/gpu_check.sh DIR"

@@ -1,0 +1,1 @@
+"""Reproductions of the papers' findings; each writes its section of a page in docs/results/."""

@@ -1,0 +1,1 @@
+"""Speed measurements: hpcopt's kernels, averaging paths, steps and overheads, timed."""
