@@ -2,7 +2,9 @@
 
 A sweep file has three tables: ``[job]`` (scheduler, name, time, ranks_per_node, cpus_per_rank,
 gpus_per_node, throttle), ``[train]`` (``hpcopt train`` options every task shares) and
-``[sweep]`` (lists: every combination is one task; ``ranks`` is the number of MPI ranks).
+``[sweep]`` (lists: every combination is one task; ``ranks`` is the number of MPI ranks). A
+study that is several grids writes ``[[sweep]]`` once per grid: its tasks are those of every
+grid, each grid's values on top of ``[train]``.
 Every key is checked against ``hpcopt train``'s own options and every task's options are
 resolved as ``hpcopt train`` would resolve them, so a typo or a bad value fails here and not
 after a day in the queue.
@@ -57,7 +59,7 @@ class Study:
 
     job: dict[str, Any]
     train: dict[str, Any]
-    sweep: dict[str, list[Any]]
+    sweep: list[dict[str, list[Any]]]  # the grids: one ``[sweep]`` table, or each ``[[sweep]]``
     text: str  # the file as written, kept in the study directory
 
 
@@ -78,22 +80,24 @@ def load_study(path: str | Path) -> Study:
         raise HpcoptError(f"unknown table(s) {sorted(unknown)} in {path}: use [job], [train], [sweep]")
     job = _job(data.get("job", {}))
     train, sweep = data.get("train", {}), data.get("sweep", {})
+    grids = sweep if isinstance(sweep, list) else [sweep]
     from ..config import option_index
 
     known = option_index()
-    for table, values in (("train", train), ("sweep", sweep)):
+    for table, values in (("train", train), *(("sweep", grid) for grid in grids)):
         for key in values:
             if key not in known and not (table == "sweep" and key == "ranks"):
                 raise HpcoptError(f"[{table}] {key!r} is not an hpcopt train option")
             if key in RESERVED:
                 raise HpcoptError(f"[{table}] {key!r} is set by the sweep (one run directory per task)")
-    for key, values in sweep.items():
-        if not isinstance(values, list) or not values:
-            raise HpcoptError(f"[sweep] {key} must be a non-empty list")
-    ranks = sweep.get("ranks", [1])
-    if any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in ranks):
-        raise HpcoptError(f"[sweep] ranks must be positive integers, got {ranks}")
-    return Study(job, train, sweep, text)
+    for grid in grids:
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise HpcoptError(f"[sweep] {key} must be a non-empty list")
+        ranks = grid.get("ranks", [1])
+        if any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in ranks):
+            raise HpcoptError(f"[sweep] ranks must be positive integers, got {ranks}")
+    return Study(job, train, grids, text)
 
 
 def _job(table: dict[str, Any]) -> dict[str, Any]:
@@ -128,20 +132,27 @@ def _short(key: str, value: Any) -> str:
     return UNSAFE.sub("_", f"{ABBREVIATIONS.get(key, key)}{flag_value(value).replace(',', '_')}")
 
 
+def _combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of one grid's lists, ``ranks`` first (1 when the grid has none)."""
+    keys = ["ranks", *(k for k in grid if k != "ranks")]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid.get(k, [1]) for k in keys))]
+
+
 def tasks(study: Study) -> list[Task]:
-    """One task per combination of the sweep lists, ``ranks`` outermost (so the tasks of one
-    rank count are contiguous: one array each), each resolved as ``hpcopt train`` would."""
+    """One task per combination of each grid's lists, ``ranks`` outermost (so the tasks of one
+    rank count are contiguous: one array each), each resolved as ``hpcopt train`` would. A run
+    directory's name holds the values of the keys its grid sweeps or that differ between grids."""
     from ..config import build_config
 
-    keys = ["ranks", *(k for k in study.sweep if k != "ranks")]
-    lists = [study.sweep.get(k, [1]) for k in keys]
+    combos = sorted(((grid, c) for grid in study.sweep for c in _combinations(grid)),
+                    key=lambda pair: pair[1]["ranks"])
+    between = {k for _, c in combos for k in c if len({flag_value(d.get(k)) for _, d in combos}) > 1}
     found: list[Task] = []
     names: dict[str, int] = {}
-    for combo in itertools.product(*lists):
-        chosen = dict(zip(keys, combo))
+    for grid, chosen in combos:
         ranks = chosen.pop("ranks")
         name = "-".join([study.job["name"], _short("ranks", ranks),
-                         *(_short(k, v) for k, v in chosen.items() if len(study.sweep[k]) > 1)])
+                         *(_short(k, v) for k, v in chosen.items() if len(grid[k]) > 1 or k in between)])
         options = {k: flag_value(v) for k, v in {**study.train, **chosen}.items()}
         if study.job["gpus_per_node"]:
             options["device"] = "gpu"

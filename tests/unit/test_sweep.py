@@ -109,6 +109,34 @@ def test_bad_sweep_files_are_refused(tmp_path, text, message):
         tasks(load_study(write_sweep(tmp_path, text)))
 
 
+def test_a_study_of_several_grids_runs_each_grids_tasks(tmp_path):
+    study = load_study(write_sweep(tmp_path, """
+[job]
+name = "u"
+[train]
+dataset = "digits"
+steps = 20
+[[sweep]]
+ranks = [2]
+interval = [1, 4]
+[[sweep]]
+ranks = [1, 2]
+interval = [4]
+momentum = [0.9]
+"""))
+    found = tasks(study)
+    # ranks outermost over the union; a name holds what its grid sweeps and what differs between grids
+    assert [(t.index, t.name, t.ranks) for t in found] == [
+        (0, "u-n1-I4-momentum0.9", 1), (1, "u-n2-I1", 2), (2, "u-n2-I4", 2), (3, "u-n2-I4-momentum0.9", 2)]
+    assert found[3].args == ("--dataset", "digits", "--steps", "20", "--interval", "4", "--momentum", "0.9")
+    assert [(a.first, a.last) for a in sweep.scripts(study, found)] == [(0, 0), (1, 3)]
+    with pytest.raises(HpcoptError, match="would share the run directory runs/u-n1"):
+        tasks(load_study(write_sweep(tmp_path, "[job]\nname = 'u'\n[[sweep]]\ninterval = [2]\n"
+                                                "[[sweep]]\ninterval = [2]\n")))
+    with pytest.raises(HpcoptError, match="non-empty list"):
+        load_study(write_sweep(tmp_path, "[[sweep]]\ninterval = [2]\n[[sweep]]\nseed = 3\n"))
+
+
 def test_dry_run_lists_the_tasks_and_writes_nothing(tmp_path, capsys):
     path = basic(tmp_path)
     assert sweep.run(sweep_args(str(path), "--out", str(tmp_path / "study"), "--dry-run")) == 0
