@@ -16,19 +16,26 @@ past which accuracy falls, and is it near I*? Here:
   for the slowest: 2 units a round) and I = 8 on every rank (the same 32 steps a round as the
   heterogeneous one, but 8 units a round); test accuracy of the averaged model at every round.
 
-Each run is one ``mpiexec -n N python -m hpcopt train`` writing its trace under ``--runs``
-(kept: a rerun only trains what is missing, ``--fresh`` retrains). Writes the sections
-``prsgd-interval`` and ``prsgd-heterogeneous`` of ``--page`` and the numbers to ``--json``;
-``--from-json`` only rewrites the sections.
+The runs are one study (``[[sweep]]`` grids: one per N, one per heterogeneous configuration;
+``benchmarks/reproduce/prsgd_interval.toml`` is the one of the command on docs/results/prsgd.md,
+``--write-study FILE`` writes the one of other options). The script runs it with ``python -m
+hpcopt sweep FILE --local -j JOBS --out RUNS`` (a rerun only trains what is missing, ``--fresh``
+retrains), gathers it with ``python -m hpcopt collect RUNS``, or only reads a study run
+elsewhere (``--study DIR``); the final figures come from the study's table, the evaluations
+along the way from the traces. Writes the sections ``prsgd-interval`` and
+``prsgd-heterogeneous`` of ``--page`` and the numbers to ``--json``; ``--from-json`` only
+rewrites the sections.
 
     python benchmarks/reproduce/prsgd_interval.py [--epochs 20] [--seeds 0 1 2] [--ranks 2 4]
-        [--rounds 80] [--dataset mnist5k] [--page docs/results/prsgd.md]
+        [--rounds 80] [--dataset mnist5k] [--jobs 1] [--page docs/results/prsgd.md]
+    python benchmarks/reproduce/prsgd_interval.py ... --study DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 from collections.abc import Callable, Iterable
@@ -36,9 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.common, hpcopt
 
-from benchmarks.common.launch import add_mpiexec_option, train_run  # noqa: E402
+from benchmarks.common.launch import add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
-from benchmarks.reproduce.resnet_mnist import BATCH, MNIST_TRAIN, figures_of  # noqa: E402
+from benchmarks.common.study import Run, find_run, read_study, run_study, sweep_file  # noqa: E402
+from benchmarks.reproduce.resnet_mnist import BATCH, MNIST_TRAIN, figures_of_run  # noqa: E402
 
 
 #: Training images of the data sets the sweep can use (MNIST-5k: 5,000 less the 20% test split).
@@ -73,40 +81,58 @@ def round_time(local_steps: Iterable[int]) -> float:
     return max(steps / speed for steps, speed in zip(local_steps, SPEEDS))
 
 
-def sweep(args: argparse.Namespace) -> list[dict]:
-    """Every (N, I, seed) of the sweep: the run's figures."""
-    records = []
+def sweep_grids(args: argparse.Namespace) -> list[dict]:
+    """The sweep's grids, one per N: every I up to T and every seed, ``--epochs`` each."""
+    grids = []
     for ranks in args.ranks:
         per_epoch = steps_per_epoch(args.dataset, ranks)
-        total = round(args.epochs * per_epoch)
-        for interval in intervals(total, args.largest):
+        grids.append({"ranks": [ranks], "interval": intervals(round(args.epochs * per_epoch), args.largest),
+                      "seed": args.seeds, "epochs": [args.epochs], "eval_every": [per_epoch]})
+    return grids
+
+
+def heterogeneous_grids(args: argparse.Namespace) -> list[dict]:
+    """The heterogeneous comparison's grids, one per configuration: 4 ranks, ``--rounds`` rounds."""
+    grids = []
+    for _, interval, local in HETEROGENEOUS if args.rounds else ():
+        grid = {"ranks": [len(SPEEDS)], "interval": [interval], "seed": args.seeds,
+                "steps": [args.rounds * interval], "eval_every": [1 if local else interval]}
+        grids.append({**grid, "local_steps": [list(local)]} if local else grid)
+    return grids
+
+
+def study_text(args: argparse.Namespace) -> str:
+    """The sweep file of every run this page needs (benchmarks/reproduce/prsgd_interval.toml is
+    the one of the command on docs/results/prsgd.md)."""
+    job = {"name": args.dataset, "time": "01:00:00", "ranks_per_node": max([*args.ranks, len(SPEEDS)])}
+    train = {"dataset": args.dataset, "lr": args.lr, "progress": False}
+    return sweep_file(job, train, sweep_grids(args) + heterogeneous_grids(args),
+                      f"The runs of docs/results/prsgd.md's interval sections:\n{command_of(args)}")
+
+
+def sweep(args: argparse.Namespace, runs: list[Run]) -> list[dict]:
+    """Every (N, I, seed) of the sweep: the run's figures."""
+    records = []
+    for grid in sweep_grids(args):
+        [ranks], [epochs], [per_epoch] = grid["ranks"], grid["epochs"], grid["eval_every"]
+        for interval in grid["interval"]:
             for seed in args.seeds:
-                flags = {"dataset": args.dataset, "lr": args.lr, "interval": interval,
-                         "seed": seed, "epochs": args.epochs, "eval-every": per_epoch,
-                         "progress": "false"}
-                out = args.runs / f"{args.dataset}-N{ranks}-I{interval}-seed{seed}"
-                path = train_run(ranks, out, flags, reuse=not args.fresh, mpiexec=args.mpiexec)
+                run = find_run(runs, ranks, interval=interval, seed=seed, epochs=epochs, local_steps=None)
                 records.append({"ranks": ranks, "interval": interval, "seed": seed,
-                                "total": total, **figures_of(path)})
+                                "total": round(epochs * per_epoch), **figures_of_run(run)})
     return records
 
 
-def heterogeneous(args: argparse.Namespace) -> list[dict]:
+def heterogeneous(args: argparse.Namespace, runs: list[Run]) -> list[dict]:
     """Every (configuration, seed) of the heterogeneous comparison, 4 ranks, ``--rounds`` rounds."""
     records = []
     for name, interval, local in HETEROGENEOUS:
         for seed in args.seeds:
-            flags = {"dataset": args.dataset, "lr": args.lr, "interval": interval, "seed": seed,
-                     "steps": args.rounds * interval, "eval-every": 1 if local else interval,
-                     "progress": "false"}
-            if local:
-                flags["local-steps"] = ",".join(map(str, local))
-            tag = "-".join(map(str, local)) if local else f"I{interval}"
-            out = args.runs / f"{args.dataset}-hetero-{tag}-seed{seed}"
-            path = train_run(len(SPEEDS), out, flags, reuse=not args.fresh, mpiexec=args.mpiexec)
+            run = find_run(runs, len(SPEEDS), interval=interval, seed=seed, steps=args.rounds * interval,
+                           local_steps=list(local) if local else None)
             steps = local or (interval,) * len(SPEEDS)
             records.append({"name": name, "local_steps": list(steps), "seed": seed,
-                            "round_time": round_time(steps), **figures_of(path)})
+                            "round_time": round_time(steps), **figures_of_run(run)})
     return records
 
 
@@ -244,7 +270,13 @@ def write(data: dict, args: argparse.Namespace) -> None:
             print(text)
 
 
-def main() -> None:
+def command_of(args: argparse.Namespace) -> str:
+    return (f"python benchmarks/reproduce/prsgd_interval.py --dataset {args.dataset} --epochs "
+            f"{args.epochs:g} --seeds {' '.join(map(str, args.seeds))} --ranks "
+            f"{' '.join(map(str, args.ranks))} --rounds {args.rounds}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=list(TRAIN_SAMPLES), default="mnist5k")
     parser.add_argument("--epochs", type=float, default=20)
@@ -258,24 +290,45 @@ def main() -> None:
                         help="test loss above I = 1's by more than this share counts as a fall")
     parser.add_argument("--rounds", type=int, default=80,
                         help="rounds of the heterogeneous comparison (0: skip it)")
-    parser.add_argument("--runs", type=Path, default=Path("runs/prsgd-interval"))
+    parser.add_argument("--runs", type=Path, default=Path("runs/prsgd-interval"),
+                        help="the study directory: its runs are kept, a rerun only trains what is missing")
     parser.add_argument("--fresh", action="store_true", help="retrain runs already in --runs")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (hpcopt sweep --local -j)")
+    parser.add_argument("--study", type=Path,
+                        help="only read this study (run and collected elsewhere, e.g. on a cluster), "
+                        "which must be the one these options make")
+    parser.add_argument("--write-study", type=Path, metavar="FILE",
+                        help="only write the sweep file of these options (for hpcopt sweep)")
     parser.add_argument("--page", type=Path, default=Path("docs/results/prsgd.md"))
     parser.add_argument("--json", type=Path, default=Path("docs/results/prsgd/interval.json"))
     parser.add_argument("--from-json", type=Path, help="only rewrite the sections from this JSON")
     add_mpiexec_option(parser)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     if args.from_json:
         write(json.loads(args.from_json.read_text()), args)
         return
-    command = (f"python benchmarks/reproduce/prsgd_interval.py --dataset {args.dataset} --epochs "
-               f"{args.epochs:g} --seeds {' '.join(map(str, args.seeds))} --ranks "
-               f"{' '.join(map(str, args.ranks))} --rounds {args.rounds}")
-    config = {"command": command, "dataset": args.dataset, "epochs": args.epochs, "lr": args.lr,
-              "seeds": args.seeds, "drop": args.drop, "loss_rise": args.loss_rise,
+    text = study_text(args)
+    if args.write_study:
+        args.write_study.write_text(text)
+        return
+    if args.study:
+        if (args.study / "study.toml").read_text() != text:
+            raise SystemExit(f"{args.study} holds another study than these options make "
+                             "(compare its study.toml with --write-study FILE)")
+        runs = read_study(args.study)
+    else:
+        if args.fresh:
+            shutil.rmtree(args.runs, ignore_errors=True)
+        runs = run_study(text, args.runs, args.jobs, args.mpiexec)
+    config = {"command": command_of(args), "dataset": args.dataset, "epochs": args.epochs,
+              "lr": args.lr, "seeds": args.seeds, "drop": args.drop, "loss_rise": args.loss_rise,
               "rounds": args.rounds}
-    data = {"config": config, "sweep": sweep(args),
-            "heterogeneous": heterogeneous(args) if args.rounds else []}
+    data = {"config": config, "sweep": sweep(args, runs),
+            "heterogeneous": heterogeneous(args, runs) if args.rounds else []}
     write(data, args)
 
 

@@ -3,9 +3,13 @@
 The paper (Yu, Yang, Zhu, AAAI 2019) trains ResNet-20 on CIFAR-10 with I in {4, 8, 16, 32} and
 finds the accuracy per epoch of I = 1 with I-times fewer averaging rounds. Here, at laptop scale:
 the CIFAR ResNet of depth 8 (option-A shortcuts) on MNIST-5k, 4 ranks, momentum 0.9, the same
-number of epochs for every I, several seeds. Each run is one
-``mpiexec -n 4 python -m hpcopt train`` writing its trace; the tables are read from the traces
-and the figures drawn by ``hpcopt report``:
+number of epochs for every I, several seeds. The runs are one
+study (a ``[[sweep]]`` grid per group below; ``benchmarks/reproduce/resnet_mnist.toml`` is the one
+of the command on docs/results/prsgd.md, ``--write-study FILE`` writes the one of other options),
+run by ``python -m hpcopt sweep FILE --local -j JOBS --out RUNS`` and gathered by ``python -m
+hpcopt collect`` (or run elsewhere and only read: ``--study DIR``); the tables are read from the
+study's table and, for the evaluations along the way, the traces, and the figures drawn by
+``hpcopt report``:
 
 - the sweep over I with ``buffer_policy = "average"`` on i.i.d. shards;
 - the three batch-norm policies (``local``, ``average``, ``rank0``) at the intervals given by
@@ -14,7 +18,7 @@ and the figures drawn by ``hpcopt report``:
 - CIFAR-10 (the same sweep over I) when ``--cifar DIR`` holds the binary batches; otherwise it
   says so and skips it.
 
-    python benchmarks/reproduce/resnet_mnist.py [--epochs 12] [--seeds 0 1] [--width 8] [--cifar DIR]
+    python benchmarks/reproduce/resnet_mnist.py [--epochs 12] [--seeds 0 1] [--width 8] [--cifar DIR] [--jobs 1]
 
 Writes the section ``resnet-mnist`` of ``docs/results/prsgd.md`` and the figures under
 ``docs/results/resnet-mnist/``.
@@ -23,6 +27,7 @@ Writes the section ``resnet-mnist`` of ``docs/results/prsgd.md`` and the figures
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 from dataclasses import dataclass
@@ -32,8 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.common, hpcopt
 
-from benchmarks.common.launch import add_mpiexec_option, train_run  # noqa: E402
+from benchmarks.common.launch import add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
+from benchmarks.common.study import Run, find_run, read_study, run_study, sweep_file  # noqa: E402
 from hpcopt.io.report import write_report
 from hpcopt.io.trace import read_trace
 
@@ -68,24 +74,35 @@ def cases(args: argparse.Namespace, cifar: bool) -> list[Case]:
     return sweep + policies + skewed + on_cifar
 
 
-def train_flags(case: Case, seed: int, args: argparse.Namespace) -> dict[str, object]:
-    train = CIFAR_TRAIN if case.cifar else MNIST_TRAIN
-    flags = {"model": "resnet", "depth": args.depth, "width": args.width, "batch-size": BATCH,
-             "lr": args.lr, "momentum": args.momentum, "interval": case.interval,
-             "buffer-policy": case.policy, "seed": seed,
-             "epochs": args.cifar_epochs if case.cifar else args.epochs,
-             "eval-every": train // RANKS // BATCH, "progress": "false"}
-    if case.cifar:
-        flags.update({"dataset": "cifar10", "path": args.cifar, "augment": "true"})
-    if case.skewed:
-        flags.update({"partition": "similarity", "similarity": 0})
-    return flags
+def study_text(args: argparse.Namespace, cifar: bool) -> str:
+    """The sweep file of every run: one ``[[sweep]]`` grid per group of cases, each over the seeds
+    (benchmarks/reproduce/resnet_mnist.toml is the one of the command on docs/results/prsgd.md)."""
+    seeds, last = args.seeds, args.policy_intervals[-1:]
+    train = {"model": "resnet", "depth": args.depth, "width": args.width, "batch_size": BATCH,
+             "lr": args.lr, "momentum": args.momentum, "epochs": args.epochs,
+             "eval_every": MNIST_TRAIN // RANKS // BATCH, "progress": False}
+    grids: list[dict] = [
+        {"ranks": [RANKS], "interval": args.intervals, "buffer_policy": ["average"], "seed": seeds},
+        {"ranks": [RANKS], "interval": args.policy_intervals, "buffer_policy": ["local", "rank0"],
+         "seed": seeds},
+        {"ranks": [RANKS], "interval": last, "buffer_policy": ["local", "average", "rank0"],
+         "partition": ["similarity"], "similarity": [0], "seed": seeds}]
+    if cifar:
+        grids.append({"ranks": [RANKS], "interval": args.intervals, "buffer_policy": ["average"],
+                      "seed": seeds, "dataset": ["cifar10"], "path": [str(args.cifar.resolve())],
+                      "augment": [True], "epochs": [args.cifar_epochs],
+                      "eval_every": [CIFAR_TRAIN // RANKS // BATCH]})
+    command = (f"python benchmarks/reproduce/resnet_mnist.py --epochs {args.epochs:g} --seeds "
+               f"{' '.join(map(str, seeds))} --depth {args.depth} --width {args.width}")
+    return sweep_file({"name": "resnet", "time": "01:00:00", "ranks_per_node": RANKS}, train, grids,
+                      f"The runs of docs/results/prsgd.md's ResNet section:\n{command}")
 
 
-def run(case: Case, seed: int, args: argparse.Namespace) -> Path:
-    """Train one case (or, with --reuse, take its finished trace); returns the run directory."""
-    return train_run(RANKS, args.runs / case.name(seed), train_flags(case, seed, args),
-                     reuse=args.reuse, mpiexec=args.mpiexec)
+def run_of(case: Case, seed: int, runs: list[Run]) -> Run:
+    """The study's run of one case and seed."""
+    return find_run(runs, RANKS, interval=case.interval, buffer_policy=case.policy, seed=seed,
+                    partition="similarity" if case.skewed else None,
+                    dataset="cifar10" if case.cifar else None)
 
 
 def figures_of(path: Path) -> dict:
@@ -99,6 +116,21 @@ def figures_of(path: Path) -> dict:
             "rounds": int(trace.summary["rounds"]),
             "mbytes": last.get("average", 0) / 1e6, "kbytes_bn": last.get("buffers", 0) / 1e3,
             "wall": float(trace.summary["wall"]),
+            "history": [float(a) for a in trace.columns["eval_accuracy"][evaluated]],
+            "at_round": [int(r) for r in trace.columns["rounds"][evaluated]],
+            "parameters": int(trace.attrs["parameters"])}
+
+
+def figures_of_run(run: Run) -> dict:
+    """``figures_of`` for a run of a study: the final figures from the study's table, the
+    evaluations along the way and the parameter count from the trace (the table has neither)."""
+    trace = read_trace(run.path / "trace.h5")
+    evaluated = ~np.isnan(trace.columns["eval_accuracy"])
+    return {"accuracy": run.number("eval_accuracy"), "test_loss": run.number("eval_loss"),
+            "loss": run.number("train_loss"), "rounds": int(run.number("rounds")),
+            "mbytes": run.number("bytes_average", 0) / 1e6,
+            "kbytes_bn": run.number("bytes_buffers", 0) / 1e3,
+            "wall": run.number("wall_seconds"),
             "history": [float(a) for a in trace.columns["eval_accuracy"][evaluated]],
             "at_round": [int(r) for r in trace.columns["rounds"][evaluated]],
             "parameters": int(trace.attrs["parameters"])}
@@ -145,10 +177,11 @@ def section(results: dict[Case, list[dict]], args: argparse.Namespace, cifar_not
         "## ResNet-8 on MNIST-5k",
         "",
         f"`python benchmarks/reproduce/resnet_mnist.py --epochs {args.epochs:g} --seeds {seeds} "
-        f"--depth {args.depth} --width {args.width}` ({RANKS} ranks of "
-        f"`mpiexec -n {RANKS} python -m hpcopt train` per run, on a 2-core machine shared with "
-        f"other jobs; {len(results) * len(args.seeds)} runs, {seconds / 60:.0f} min of training "
-        "in all). Model: "
+        f"--depth {args.depth} --width {args.width}` (one study, "
+        "[`benchmarks/reproduce/resnet_mnist.toml`](../../benchmarks/reproduce/resnet_mnist.toml), "
+        f"run by `hpcopt sweep --local`: {RANKS} ranks of `mpiexec -n {RANKS} python -m hpcopt train` "
+        f"per run, on a 2-core machine shared with other jobs; {len(results) * len(args.seeds)} runs, "
+        f"{seconds / 60:.0f} min of training in all). Model: "
         f"ResNet-{args.depth}, width {args.width} ({parameters:,} parameters; the BN "
         f"statistics, {args.depth - 1} layers, travel apart), float32, batch {BATCH} per "
         f"rank, constant lr {args.lr:g}, momentum {args.momentum:g} (momentum_policy keep), "
@@ -208,9 +241,15 @@ def main() -> None:
     parser.add_argument("--cifar", type=Path, default=Path("data/cifar-10-batches-bin"),
                         help="directory of the CIFAR-10 binary batches (skipped when absent)")
     parser.add_argument("--cifar-epochs", type=float, default=2)
-    parser.add_argument("--runs", type=Path, default=Path("runs/resnet-mnist"))
+    parser.add_argument("--runs", type=Path, default=Path("runs/resnet-mnist"), help="the study directory")
     parser.add_argument("--reuse", action="store_true",
-                        help="take runs whose finished trace is already in --runs")
+                        help="take runs whose finished trace is already in --runs (else it starts afresh)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (hpcopt sweep --local -j)")
+    parser.add_argument("--study", type=Path,
+                        help="only read this study (run and collected elsewhere, e.g. on a cluster), "
+                        "which must be the one these options make")
+    parser.add_argument("--write-study", type=Path, metavar="FILE",
+                        help="only write the sweep file of these options (for hpcopt sweep)")
     parser.add_argument("--out", type=Path, default=Path("docs/results/prsgd.md"))
     parser.add_argument("--figures", type=Path, default=Path("docs/results/resnet-mnist"))
     add_mpiexec_option(parser)
@@ -225,9 +264,22 @@ def main() -> None:
                   "`--cifar DIR` to run the same sweep on them.")
     print(cifar_note, flush=True)
     todo = cases(args, has_cifar)
-    done = {(case, seed): run(case, seed, args) for seed in args.seeds for case in todo}
-    directories = {case: [done[case, seed] for seed in args.seeds] for case in todo}
-    results = {case: [figures_of(d) for d in dirs] for case, dirs in directories.items()}
+    text = study_text(args, has_cifar)
+    if args.write_study:
+        args.write_study.write_text(text)
+        return
+    if args.study:
+        if (args.study / "study.toml").read_text() != text:
+            raise SystemExit(f"{args.study} holds another study than these options make "
+                             "(compare its study.toml with --write-study FILE)")
+        runs = read_study(args.study)
+    else:
+        if not args.reuse:
+            shutil.rmtree(args.runs, ignore_errors=True)
+        runs = run_study(text, args.runs, args.jobs, args.mpiexec)
+    chosen = {case: [run_of(case, seed, runs) for seed in args.seeds] for case in todo}
+    directories = {case: [run.path for run in mine] for case, mine in chosen.items()}
+    results = {case: [figures_of_run(run) for run in mine] for case, mine in chosen.items()}
 
     first = [dirs[0] for dirs in directories.values()]
     groups = {"intervals": [d for c, d in zip(directories, first) if c.group == "sweep"],

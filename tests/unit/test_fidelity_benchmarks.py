@@ -54,3 +54,18 @@ def test_per_iteration_skips_the_first_window():
     assert figures["measured"] == pytest.approx(4.0 / 5)  # median of 4/5, 3/5, 4/5
     assert figures["wall"] == pytest.approx(1.0 / 5)  # median of 1/5, 1/5, 2/5
     assert figures["bubble"] == pytest.approx(11.0 / 20.0)
+
+
+def test_the_study_file_is_the_one_of_the_pages_command():
+    """benchmarks/reproduce/prsgd_interval.toml is what the script runs for the command that
+    docs/results/prsgd.md names, and hpcopt sweep takes it: 78 runs, one per (N, I, seed) and
+    per (configuration, seed)."""
+    from hpcopt.study.spec import load_study, tasks
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "reproduce" / "prsgd_interval.toml"
+    args = prsgd_interval.parse_args("--epochs 20 --seeds 0 1 2 --ranks 2 4 --rounds 80".split())
+    assert path.read_text() == prsgd_interval.study_text(args)
+    found = tasks(load_study(path))
+    assert len(found) == 3 * (12 + 11 + 3) and [t.ranks for t in found] == [2] * 36 + [4] * 42
+    hetero = [t for t in found if "--local-steps" in t.args]
+    assert len(hetero) == 3 and hetero[0].args[-2:] == ("--local-steps", "14,10,6,2")
