@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: launching jobs and studies (``launch``), writing a section of
-a results page (``sections``), timing against another framework (``versus``).
+"""What the benchmark scripts share: launching jobs (``launch``) and studies (``study``), writing
+a section of a results page (``sections``), timing against another framework (``versus``).
 
 A script in ``benchmarks/KIND/`` puts the checkout first on its path, then imports from here::
 

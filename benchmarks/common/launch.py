@@ -1,6 +1,6 @@
 """Launching hpcopt jobs from a benchmark script: ``mpiexec -n N python -m hpcopt ...``, a
-benchmark's own MPI part (``mpiexec -n N python benchmarks/KIND/SCRIPT ...``), one training run
-with its trace kept for a rerun, and a study (``hpcopt sweep --local``, then ``hpcopt collect``)."""
+benchmark's own MPI part (``mpiexec -n N python benchmarks/KIND/SCRIPT ...``), and one training
+run with its trace kept for a rerun (a grid of them is a study: ``study.py``)."""
 
 from __future__ import annotations
 

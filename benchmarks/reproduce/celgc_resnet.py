@@ -5,8 +5,9 @@ The CELGC paper (Liu, Zhuang, Lei, Liao, NeurIPS 2022) also trains ResNet-56 on 
 epoch as naive parallel clipping (gradients averaged every step) with I times fewer rounds, and
 clipping firing more often. Here: ResNet-8 of width 8 on MNIST-5k, 4 ranks, batch 32 per rank,
 plain clipped SGD at eta 0.3, the same number of epochs for every run. Each run is one
-``mpiexec -n 4 python -m hpcopt train`` writing its trace; a run whose trace has its summary is
-not run again.
+``mpiexec -n 4 python -m hpcopt train`` writing its trace, a task of a study (``--runs``/probe
+and ``--runs``/sweep, run by ``python -m hpcopt sweep --local`` and gathered by ``hpcopt
+collect``); a run whose trace has its summary is not run again.
 
 - The probe: short runs of naive clipping and CELGC I = 8 for each of ``--probe-gammas``, for
   the share of steps in which clipping fires (with the paper's gamma 1.0, threshold
@@ -31,10 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.common, hpcopt
 
-from benchmarks.common.launch import ROOT, add_mpiexec_option, train_run  # noqa: E402
+from benchmarks.common.launch import ROOT, add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
+from benchmarks.common.study import Run, find_run, run_study, sweep_file  # noqa: E402
 from benchmarks.reproduce.celgc_reproduce import clip_fraction  # noqa: E402
-from benchmarks.reproduce.resnet_mnist import BATCH, MNIST_TRAIN, RANKS, figures_of  # noqa: E402
+from benchmarks.reproduce.resnet_mnist import BATCH, MNIST_TRAIN, RANKS, figures_of_run  # noqa: E402
 from hpcopt.io.report import write_report
 from hpcopt.io.trace import read_trace
 
@@ -52,16 +54,24 @@ def label(interval: int) -> str:
     return "naive" if interval == 1 else f"celgc-I{interval}"
 
 
-def run(name: str, options: dict, args: argparse.Namespace) -> Path:
-    """Train one run (or keep its finished trace); returns the run directory."""
-    return train_run(RANKS, args.runs / name, {**COMMON, **options}, mpiexec=args.mpiexec)
+def study(grids: list[dict], part: str, args: argparse.Namespace) -> list[Run]:
+    """Run one part's grids as a study in ``--runs``/PART (finished runs are kept); its runs."""
+    train = {k.replace("-", "_"): v for k, v in COMMON.items() if k != "progress"}
+    text = sweep_file({"name": part, "time": "01:00:00", "ranks_per_node": RANKS},
+                      {**train, "progress": False}, [{"ranks": [RANKS], **grid} for grid in grids])
+    return run_study(text, args.runs / part, mpiexec=args.mpiexec)
 
 
-def figures(path: Path, early: int) -> dict:
-    """``resnet_mnist.figures_of`` plus the clip fraction over the whole run and over its first
-    ``early`` steps."""
-    trace = read_trace(path / "trace.h5")
-    return {**figures_of(path), "clip": clip_fraction(trace), "early": clip_fraction(trace, early)}
+def grids(intervals: list[int], **sweep: list) -> list[dict]:
+    """The grids of ``intervals`` (``algorithm``'s choice for each) with the lists ``sweep``."""
+    return [{"algorithm": [algorithm(i)["algorithm"]], "interval": [i], **sweep} for i in intervals]
+
+
+def figures(run: Run, early: int) -> dict:
+    """``resnet_mnist.figures_of_run`` plus the clip fraction over the whole run and over its
+    first ``early`` steps (from the trace: the study's table has neither)."""
+    trace = read_trace(run.path / "trace.h5")
+    return {**figures_of_run(run), "clip": clip_fraction(trace), "early": clip_fraction(trace, early)}
 
 
 def early_steps(args: argparse.Namespace) -> int:
@@ -72,11 +82,10 @@ def early_steps(args: argparse.Namespace) -> int:
 def probe(args: argparse.Namespace) -> list[str]:
     lines = [f"| gamma | threshold gamma/eta | run | clip fraction | test accuracy after "
              f"{args.probe_epochs:g} epochs |", "|---:|---:|---|---:|---:|"]
+    runs = study(grids([1, 8], gamma=args.probe_gammas, seed=[0], epochs=[args.probe_epochs]), "probe", args)
     for gamma in args.probe_gammas:
         for interval in (1, 8):
-            name = f"probe-{label(interval)}-gamma{gamma:g}"
-            r = figures(run(name, {**algorithm(interval), "gamma": gamma, "seed": 0,
-                                   "epochs": args.probe_epochs}, args), early_steps(args))
+            r = figures(find_run(runs, RANKS, interval=interval, gamma=gamma), early_steps(args))
             lines.append(f"| {gamma:g} | {gamma / COMMON['lr']:.2f} | {label(interval)} | "
                          f"{r['clip']:.1%} | {r['accuracy']:.3f} |")
     return lines
@@ -188,12 +197,10 @@ def main() -> None:
     print("\n".join(probe_lines), flush=True)
     if args.probe_only:
         return
-    done = {(i, seed): run(f"{label(i)}-gamma{args.gamma:g}-epochs{args.epochs:g}-seed{seed}",
-                           {**algorithm(i), "gamma": args.gamma, "seed": seed, "epochs": args.epochs},
-                           args) for seed in args.seeds for i in args.intervals}
-    directories = {i: [done[i, seed] for seed in args.seeds] for i in args.intervals}
-    results = {i: [figures(d, early_steps(args)) for d in dirs] for i, dirs in directories.items()}
-    write_report([dirs[0] for dirs in directories.values()], args.figures)
+    runs = study(grids(args.intervals, gamma=[args.gamma], seed=args.seeds, epochs=[args.epochs]), "sweep", args)
+    chosen = {i: [find_run(runs, RANKS, interval=i, seed=seed) for seed in args.seeds] for i in args.intervals}
+    results = {i: [figures(run, early_steps(args)) for run in mine] for i, mine in chosen.items()}
+    write_report([mine[0].path for mine in chosen.values()], args.figures)
     (args.figures / "report.md").unlink()  # the tables below; it names local paths
     text = section(probe_lines, results, args)
     replace_section(args.out, "celgc-resnet", text)

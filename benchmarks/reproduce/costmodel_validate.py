@@ -11,12 +11,13 @@
    ``--network alpha=..,beta=..`` set to the fit: its trace carries, per label, the measured
    seconds (rank 0) and the modelled ones. Target: modelled within 25% of measured for the
    averaging label.
-3. Project: PR-SGD and CELGC runs for several averaging intervals I, each traced once; for
+3. Project: PR-SGD and CELGC runs for several averaging intervals I, each traced once (one
+   study, run by ``python -m hpcopt sweep --local`` and gathered by ``hpcopt collect``); for
    every named profile the wall clock is recomputed row by row as measured computation plus
    modelled communication (hpcopt.comm.costmodel.project_wall), and the time to reach the target
    test accuracy is read off the evaluation rows; the best I per profile is marked.
 
-Every run is its own ``mpiexec`` launch; the tables are printed (markdown) and, with --out,
+Every other run is its own ``mpiexec`` launch; the tables are printed (markdown) and, with --out,
 written to a file.
 """
 
@@ -35,11 +36,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.launch import run_hpcopt  # noqa: E402
+from benchmarks.common.study import find_run, run_study, sweep_file  # noqa: E402
 from hpcopt.comm.costmodel import (PROFILES, NetworkProfile, fit_allreduce, project_wall,  # noqa: E402
                               trace_comm_seconds, trace_modelled)
 from hpcopt.io.trace import read_trace  # noqa: E402
 
-CELGC = ["--gamma", "5.0"]
+#: CELGC's threshold in the projection runs.
+CELGC_GAMMA = 5.0
 
 
 def fit(ranks: int, tmp: Path, low: int, high: str, budget: float) -> tuple[NetworkProfile, list[dict]]:
@@ -58,6 +61,15 @@ def train(ranks: int, out: Path, network: str, steps: int, *options: str) -> Pat
     run_hpcopt(ranks, "train", "--steps", str(steps), "--network", network, "--out", str(out),
                "--progress", "false", "--trace-every", "8", *options, timeout=1800)
     return out / "trace.h5"
+
+
+def projection_study(args: argparse.Namespace) -> str:
+    """The sweep file of the projection runs: PR-SGD and CELGC at every I, on ``--network shm``."""
+    train = {"steps": args.steps, "network": "shm", "progress": False, "trace_every": 8,
+             "eval_every": args.eval_every}
+    grids = [{"ranks": [args.ranks], "algorithm": ["prsgd"], "interval": args.intervals},
+             {"ranks": [args.ranks], "algorithm": ["celgc"], "interval": args.intervals, "gamma": [CELGC_GAMMA]}]
+    return sweep_file({"name": "projection", "ranks_per_node": args.ranks}, train, grids)
 
 
 def validation_table(trace_path: Path) -> list[str]:
@@ -125,13 +137,9 @@ def main() -> int:
         out += ["", f"## Validation: PR-SGD, default model, I=1, batch {args.validate_batch}/rank, "
                 f"{args.validate_steps} steps, {args.ranks} ranks",
                 "", *validation_table(trace)]
-        runs = {}
-        for algorithm in ("prsgd", "celgc"):
-            for interval in args.intervals:
-                extra = CELGC if algorithm == "celgc" else []
-                runs[algorithm, interval] = train(
-                    args.ranks, tmp / f"{algorithm}-{interval}", "shm", args.steps, "--algorithm", algorithm,
-                    "--interval", str(interval), "--eval-every", str(args.eval_every), *extra)
+        found = run_study(projection_study(args), tmp / "projection")
+        runs = {(algorithm, interval): find_run(found, args.ranks, algorithm=algorithm, interval=interval).path
+                / "trace.h5" for algorithm in ("prsgd", "celgc") for interval in args.intervals}
         profiles: list[NetworkProfile | None] = [None, *(PROFILES[name] for name in args.profiles)]
         out += ["", f"## Projected time to {args.target:.0%} test accuracy (seconds; * = best I per column)", "",
                 "| algorithm | I | measured here | " + " | ".join(p.name for p in profiles if p) + " |",

@@ -228,7 +228,7 @@ def section(results: dict[Case, list[dict]], args: argparse.Namespace, cifar_not
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=float, default=12)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -253,8 +253,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/results/prsgd.md"))
     parser.add_argument("--figures", type=Path, default=Path("docs/results/resnet-mnist"))
     add_mpiexec_option(parser)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def main() -> None:
+    args = parse_args()
     missing = [f for f in CIFAR_FILES if not (args.cifar / f).is_file()]
     has_cifar = not missing
     cifar_note = (f"ResNet-{args.depth} on CIFAR-10 (`--cifar {args.cifar}`, augmentation on), "

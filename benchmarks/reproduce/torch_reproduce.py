@@ -2,7 +2,9 @@
 
 1. PR-SGD (Yu, Yang, Zhu, AAAI 2019: ResNet-20 on CIFAR-10, I in {4, ..., 32} against I = 1):
    the torch ResNet-20 (``--model torch:hpcopt.torch.models:resnet20``) on MNIST-5k (28x28),
-   one ``mpiexec -n 2 python -m hpcopt train`` per (I, seed), the same epochs for every I.
+   one ``mpiexec -n 2 python -m hpcopt train`` per (I, seed), the same epochs for every I: a
+   study (``--runs``/prsgd) run by ``python -m hpcopt sweep --local`` and gathered by
+   ``python -m hpcopt collect``, its table read back.
 2. CELGC (Liu, Zhuang, Lei, Liao, NeurIPS 2022: AWD-LSTM on Penn Treebank, eta 30, gamma 7.5)
    against naive parallel clipping: a one-layer tied word LSTM (``hpcopt.torch.models.word_lstm``)
    on the standard PTB through ``hpcopt.torch.language_workload`` and ``hpcopt.train``, one
@@ -33,9 +35,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.common, hpcopt
 
-from benchmarks.common.launch import ROOT, flag_args, run_hpcopt, run_script  # noqa: E402
+from benchmarks.common.launch import ROOT, run_script  # noqa: E402
 from benchmarks.common.sections import replace_section  # noqa: E402
-from benchmarks.reproduce.resnet_mnist import figures_of, mean_sd  # noqa: E402
+from benchmarks.common.study import find_run, run_study, sweep_file  # noqa: E402
+from benchmarks.reproduce.resnet_mnist import figures_of_run, mean_sd  # noqa: E402
 from hpcopt.io.trace import read_trace
 
 RANKS = 2
@@ -57,26 +60,32 @@ def prsgd_flags(interval: int, seed: int, args: argparse.Namespace) -> dict[str,
             "epochs": args.epochs, "eval-every": STEPS_PER_EPOCH, "progress": "false"}
 
 
-def finished(out: Path) -> bool:
-    trace = out / "trace.h5"
-    return trace.exists() and read_trace(trace).summary is not None
-
-
-def run_prsgd(interval: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    out = args.runs / f"prsgd-I{interval}-seed{seed}"
-    if not (args.reuse and finished(out)):
-        shutil.rmtree(out, ignore_errors=True)
-        start = time.perf_counter()
-        flags = {**prsgd_flags(interval, seed, args), "out": out}
-        run_hpcopt(RANKS, "train", *flag_args(flags))
-        print(f"{out.name}: {time.perf_counter() - start:.0f} s", flush=True)
-    figures = figures_of(out)
-    figures["bytes"] = float(read_trace(out / "trace.h5").summary["bytes"])  # rank 0's, all labels
-    return figures
+def prsgd_study(args: argparse.Namespace) -> str:
+    """The sweep file of the PR-SGD part: every I and seed on top of the shared flags."""
+    train = {k.replace("-", "_"): v for k, v in prsgd_flags(args.intervals[0], args.seeds[0], args).items()
+             if k not in ("interval", "seed", "progress")}
+    command = (f"python benchmarks/reproduce/torch_reproduce.py --parts prsgd --seeds "
+               f"{' '.join(map(str, args.seeds))} --epochs {args.epochs} --intervals "
+               f"{' '.join(map(str, args.intervals))}")
+    return sweep_file({"name": "prsgd", "time": "01:00:00", "ranks_per_node": RANKS},
+                      {**train, "progress": False},
+                      [{"ranks": [RANKS], "interval": args.intervals, "seed": args.seeds}],
+                      f"The PR-SGD runs of docs/results/torch.md:\n{command}")
 
 
 def prsgd_part(args: argparse.Namespace) -> dict[str, Any]:
-    runs = {str(i): {str(s): run_prsgd(i, s, args) for s in args.seeds} for i in args.intervals}
+    """Run the PR-SGD study (``--runs``/prsgd; kept with --reuse) and read every run's figures."""
+    study = args.runs / "prsgd"
+    if not args.reuse:
+        shutil.rmtree(study, ignore_errors=True)
+    found = run_study(prsgd_study(args), study)
+
+    def figures(interval: int, seed: int) -> dict[str, Any]:
+        run = find_run(found, RANKS, interval=interval, seed=seed)
+        # the bytes of every label, rank 0's, as the run's summary counts them
+        return {**figures_of_run(run), "bytes": float(read_trace(run.path / "trace.h5").summary["bytes"])}
+
+    runs = {str(i): {str(s): figures(i, s) for s in args.seeds} for i in args.intervals}
     return {"settings": {"ranks": RANKS, "batch": BATCH, "epochs": args.epochs, "lr": args.lr,
                          "momentum": args.momentum, "seeds": args.seeds,
                          "intervals": args.intervals, "steps_per_epoch": STEPS_PER_EPOCH,

@@ -1,6 +1,6 @@
-"""The arithmetic of benchmarks/reproduce/prsgd_interval.py and benchmarks/reproduce/pprs_fidelity.py: the intervals
+"""The arithmetic of benchmarks/reproduce/prsgd_interval.py and pprs_fidelity.py: the intervals
 swept, the theory's threshold, where a measure starts to fall, a round's time on the modelled
-cluster, and the per-iteration pipeline figures read from trace rows."""
+cluster, the per-iteration pipeline figures read from trace rows, and the interval study's file."""
 
 from __future__ import annotations
 
