@@ -40,7 +40,8 @@ class Script:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep", metavar="STUDY.toml",
-                        help="sweep file: [job], [train] and [sweep] tables (see jobs/README.md)")
+                        help="sweep file: [job], [train] and [sweep] tables, or [[sweep]] once per grid "
+                        "(see jobs/README.md)")
     parser.add_argument("--out", default="study", help="the study directory (default: study)")
     parser.add_argument("--site", help="site file the arrays source, copied into the study as "
                         f"site.sh (default: {DEFAULT_SITE} when it exists)")
