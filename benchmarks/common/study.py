@@ -74,7 +74,12 @@ def _hpcopt(*args: str, env: dict[str, str]) -> None:
 
 def run_study(text: str, out: Path, jobs: int = 1, mpiexec: str = "mpiexec") -> list[Run]:
     """Write the study ``text`` into ``out`` and run its tasks here, ``jobs`` at a time (a task
-    that finished before is left alone, a stopped one resumed); collect it; its table."""
+    that finished before is left alone, a stopped one resumed); collect it; its table. A
+    directory holding another study (made with other options) is refused."""
+    held = out / "study.toml"
+    if held.is_file() and held.read_text() != text:
+        raise SystemExit(f"{out} holds another study, made with other options: give the script "
+                         "another run directory, or remove this one to start afresh")
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
     if os.sep in mpiexec:  # the tasks start ``mpiexec``: this one, first on the PATH

@@ -186,7 +186,8 @@ def main() -> None:
     parser.add_argument("--probe-gammas", type=float, nargs="+", default=[0.3, 0.45, 1.0])
     parser.add_argument("--probe-epochs", type=float, default=3)
     parser.add_argument("--probe-only", action="store_true", help="run and print the probe only")
-    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "celgc-resnet")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "celgc-resnet",
+                        help="holds the studies probe/ and sweep/ of one set of options (finished runs are kept)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "celgc.md")
     parser.add_argument("--figures", type=Path, default=ROOT / "docs" / "results" / "celgc-resnet")
     add_mpiexec_option(parser)

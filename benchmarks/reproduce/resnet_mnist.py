@@ -241,7 +241,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cifar", type=Path, default=Path("data/cifar-10-batches-bin"),
                         help="directory of the CIFAR-10 binary batches (skipped when absent)")
     parser.add_argument("--cifar-epochs", type=float, default=2)
-    parser.add_argument("--runs", type=Path, default=Path("runs/resnet-mnist"), help="the study directory")
+    parser.add_argument("--runs", type=Path, default=Path("runs/resnet-mnist"),
+                        help="the study directory (it holds the study of one set of options)")
     parser.add_argument("--reuse", action="store_true",
                         help="take runs whose finished trace is already in --runs (else it starts afresh)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (hpcopt sweep --local -j)")

@@ -399,7 +399,8 @@ def main() -> None:
     parser.add_argument("--lm-seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--eta", type=float, default=30.0)
     parser.add_argument("--gamma", type=float, default=7.5)
-    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "torch-reproduce")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "torch-reproduce",
+                        help="the runs; the PR-SGD part's study is RUNS/prsgd (of one set of options)")
     parser.add_argument("--reuse", action="store_true", help="take finished runs from --runs")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "results" / "torch.md")
     parser.add_argument("--lm-worker", help=argparse.SUPPRESS)
