@@ -187,7 +187,8 @@ def main() -> None:
     parser.add_argument("--probe-epochs", type=float, default=3)
     parser.add_argument("--probe-only", action="store_true", help="run and print the probe only")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "celgc-resnet",
-                        help="holds the studies probe/ and sweep/ of one set of options (finished runs are kept)")
+                        help="holds the studies probe/ and sweep/ of one set of options "
+                        "(finished runs are kept)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "celgc.md")
     parser.add_argument("--figures", type=Path, default=ROOT / "docs" / "results" / "celgc-resnet")
     add_mpiexec_option(parser)
@@ -198,8 +199,10 @@ def main() -> None:
     print("\n".join(probe_lines), flush=True)
     if args.probe_only:
         return
-    runs = study(grids(args.intervals, gamma=[args.gamma], seed=args.seeds, epochs=[args.epochs]), "sweep", args)
-    chosen = {i: [find_run(runs, RANKS, interval=i, seed=seed) for seed in args.seeds] for i in args.intervals}
+    sweep = grids(args.intervals, gamma=[args.gamma], seed=args.seeds, epochs=[args.epochs])
+    runs = study(sweep, "sweep", args)
+    chosen = {i: [find_run(runs, RANKS, interval=i, seed=seed) for seed in args.seeds]
+              for i in args.intervals}
     results = {i: [figures(run, early_steps(args)) for run in mine] for i, mine in chosen.items()}
     write_report([mine[0].path for mine in chosen.values()], args.figures)
     (args.figures / "report.md").unlink()  # the tables below; it names local paths

@@ -291,8 +291,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=80,
                         help="rounds of the heterogeneous comparison (0: skip it)")
     parser.add_argument("--runs", type=Path, default=Path("runs/prsgd-interval"),
-                        help="the study directory: its runs are kept, a rerun only trains what is missing (it holds "
-                        "the study of one set of options)")
+                        help="the study directory: its runs are kept, a rerun only trains what is "
+                        "missing (it holds the study of one set of options)")
     parser.add_argument("--fresh", action="store_true", help="retrain runs already in --runs")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (hpcopt sweep --local -j)")
     parser.add_argument("--study", type=Path,

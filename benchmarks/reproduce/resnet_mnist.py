@@ -18,7 +18,8 @@ study's table and, for the evaluations along the way, the traces, and the figure
 - CIFAR-10 (the same sweep over I) when ``--cifar DIR`` holds the binary batches; otherwise it
   says so and skips it.
 
-    python benchmarks/reproduce/resnet_mnist.py [--epochs 12] [--seeds 0 1] [--width 8] [--cifar DIR] [--jobs 1]
+    python benchmarks/reproduce/resnet_mnist.py [--epochs 12] [--seeds 0 1] [--width 8] [--cifar DIR]
+        [--jobs 1]
 
 Writes the section ``resnet-mnist`` of ``docs/results/prsgd.md`` and the figures under
 ``docs/results/resnet-mnist/``.
