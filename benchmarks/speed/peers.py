@@ -1,5 +1,7 @@
-"""hpcopt's data-parallel algorithms against their PyTorch peers, at 2 ranks in one job, and how
-the cost of a step and of an average grows with the model's size d.
+"""hpcopt's PR-SGD and CELGC against PyTorch's DDP, averager and clipping, and cost against d.
+
+The peers at 2 ranks in one job, and how the cost of a step and of an average grows with the
+model's size d.
 
 Pairs, each timed on the same model, batch, data and threads (one per rank), momentum 0.9:
 
@@ -32,7 +34,9 @@ drawn as d over its ceiling GB/s; without that script the page says so and draws
     python benchmarks/speed/peers.py [--quick] [--page docs/results/peers.md]
 
 writes the page (default docs/results/peers.md; ``--quick``: prints it, writes nothing unless
-``--page`` is given) and its figure under ``peers/`` next to it.
+``--page`` is given), its figure and the run's numbers (``run.json``) under ``peers/`` next to it.
+Each model gets as many interleaved rounds as fit its share of ``--budget`` (780 s: the whole run
+takes about 15 minutes on a loaded 2-core machine), at least 3 and at most ``--rounds`` (9).
 """
 
 from __future__ import annotations
@@ -69,8 +73,10 @@ VARIANTS = {"torch": "plain PyTorch (no communication)", "prsgd1": "hpcopt PR-SG
 #: (hpcopt's variant, its peer's), in the page's order; a round runs them pair by pair.
 PAIRS = (("prsgd1", "ddp"), ("prsgd8", "averager"), ("celgc", "clip"))
 SUITE = ("resnet20", "wordlstm", "resnet18", "gpt")
-FULL = {"rounds": 5, "sizes": "1M,4M,16M,64M,256M", "growth_rounds": 5}
-QUICK = {"rounds": 1, "sizes": "1M,16M", "growth_rounds": 2}
+FULL = {"rounds": 9, "budget": 780.0, "sizes": "1M,4M,16M,64M,256M", "growth_rounds": 5}
+QUICK = {"rounds": 1, "budget": 120.0, "sizes": "1M,16M", "growth_rounds": 2}
+MIN_ROUNDS = 3     # a median of fewer is no median
+GROWTH_SHARE = 0.15  # of --budget, kept for the growth sizes
 
 
 # -- the models ---------------------------------------------------------------------------------
@@ -267,19 +273,34 @@ def slowest_medians(samples: dict[str, list[tuple[float, ...]]], mpi: Any) -> di
     return out
 
 
-def measure_model(name: str, model: Model, comm: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Every variant of ``model``: ms per step, averaging ms and bytes per rank per round."""
+def rounds_within(seconds: float, warm_up: float, most: int, comm: Any) -> int:
+    """The rounds that fit ``seconds`` when one takes as long as the slowest rank's warm-up
+    round (an overestimate: first calls are slower), at least ``MIN_ROUNDS`` (or ``most``)."""
+    from mpi4py import MPI
+
+    slowest = comm.mpi.allreduce(warm_up, op=MPI.MAX)
+    return int(comm.mpi.bcast(max(min(MIN_ROUNDS, most), min(most, int(seconds / slowest))), root=0))
+
+
+def measure_model(name: str, model: Model, comm: Any, args: argparse.Namespace,
+                  seconds: float) -> dict[str, Any]:
+    """Every variant of ``model``: ms per step, averaging ms and bytes per rank per round, in
+    as many interleaved rounds (up to ``--rounds``) as fit ``seconds``."""
+    began = time.perf_counter()
+    parameters = sum(p.numel() for p in model.factory().parameters() if p.requires_grad)
     built = variants(model, comm, args)
-    for variant in built.values():  # warm-up: a whole round each, so the blocks start rounds
-        block(variant, INTERVAL, comm.mpi)
+    # warm-up: one round of each, so that every timed block starts an averaging round
+    warm_up = sum(block(variant, INTERVAL, comm.mpi)[0] for variant in built.values())
+    left = seconds - (time.perf_counter() - began)
+    rounds = rounds_within(left, warm_up, args.rounds, comm)
     samples: dict[str, list[tuple[float, ...]]] = {key: [] for key in built}
-    for r in range(args.rounds):
+    for r in range(rounds):
         pairs = PAIRS if r % 2 == 0 else tuple((b, a) for a, b in reversed(PAIRS))
         for key in ("torch", *(k for pair in pairs for k in pair)):
             samples[key].append(block(built[key], INTERVAL, comm.mpi))
     medians = slowest_medians(samples, comm.mpi)
-    x = sum(p.numel() for p in model.factory().parameters() if p.requires_grad)
-    out: dict[str, Any] = {"model": name, "what": model.what, "parameters": int(x), "variants": {}}
+    out: dict[str, Any] = {"model": name, "what": model.what, "parameters": int(parameters),
+                           "rounds": rounds, "variants": {}}
     for key, (seconds, averaging, sent) in medians.items():
         rounds = INTERVAL if key in ("prsgd1", "ddp") else 1
         out["variants"][key] = {"step_ms": 1e3 * seconds / INTERVAL, "average_ms": 1e3 * averaging / rounds,
@@ -353,9 +374,11 @@ def gloo_group(mpi: Any) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def measure(args: argparse.Namespace, suite: dict[str, Model] | None = None) -> dict[str, Any]:
+def measure(args: argparse.Namespace, suite: dict[str, Model] | None = None,
+            report: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
     """The worker: every model's variants and every size's growth point (collective; identical
-    on every rank). ``suite`` overrides the models of ``--models``."""
+    on every rank). ``suite`` overrides the models of ``--models``; rank 0 passes each result
+    to ``report`` (its list's name, the result) as soon as it has it."""
     import torch
     from threadpoolctl import threadpool_limits
 
@@ -367,17 +390,26 @@ def measure(args: argparse.Namespace, suite: dict[str, Model] | None = None) -> 
     results: dict[str, Any] = {"models": [], "growth": [], "ranks": comm.size}
     try:
         with threadpool_limits(1), gloo_group(comm.mpi):
-            for name, model in chosen.items():
-                results["models"].append(measure_model(name, model, comm, args))
-                gc.collect()
+            models_end = time.perf_counter() + args.budget * (1 - GROWTH_SHARE)
+            for i, (name, model) in enumerate(chosen.items()):
+                share = (models_end - time.perf_counter()) / (len(chosen) - i)
+                keep(results, "models", measure_model(name, model, comm, args, share), comm, report)
                 progress(comm, f"{name} done")
             for nbytes in parse_sizes(args.sizes):
-                results["growth"].append(measure_growth(nbytes, comm, args))
-                gc.collect()
+                keep(results, "growth", measure_growth(nbytes, comm, args), comm, report)
                 progress(comm, f"growth {fmt_bytes(nbytes)} done")
     finally:
         comm.free()
     return results
+
+
+def keep(results: dict[str, Any], kind: str, result: Any, comm: Any,
+         report: Callable[[str, Any], None] | None) -> None:
+    """Add ``result`` to ``results[kind]``, report it (rank 0), free what measuring it left."""
+    results[kind].append(result)
+    if report is not None and comm.rank == 0:
+        report(kind, result)
+    gc.collect()
 
 
 def progress(comm: Any, text: str) -> None:
@@ -546,6 +578,8 @@ def page(data: dict[str, Any], ceiling: list[dict[str, float]] | None, ceiling_n
     pairs = len(results) * len(PAIRS)
     ahead = (f"hpcopt is ahead of its peer in all {pairs} pairs." if not behind else
              f"hpcopt is ahead of its peer in {pairs - len(behind)} of {pairs} pairs; behind in:")
+    rounds = ", ".join(f"{r['model']} {r['rounds']}" for r in results)
+    command = "python benchmarks/speed/peers.py" + (" --quick" if run["quick"] else "")
     return "\n".join([
         "# hpcopt against its PyTorch peers",
         "",
@@ -554,17 +588,19 @@ def page(data: dict[str, Any], ceiling: list[dict[str, float]] | None, ceiling_n
         "page from a tiny measured run",
         "-->",
         "```bash",
-        f"python benchmarks/speed/peers.py{' --quick' if run['quick'] else ''}",
+        command,
         "```",
         "",
-        f"{data['ranks']} ranks under mpiexec on one machine, torch {run['torch']} (gloo), 1 thread per "
-        f"rank, float32, lr {run['lr']:g}, momentum {run['momentum']:g}, CELGC gamma {run['gamma']:g} "
+        f"{data['ranks']} rank(s) under mpiexec on one machine, torch {run['torch']} (gloo), 1 thread "
+        f"per rank, float32, lr {run['lr']:g}, momentum {run['momentum']:g}, CELGC gamma {run['gamma']:g} "
         f"(clipped when ||g|| > {run['gamma'] / run['lr']:g}), synthetic data ({SAMPLES} samples). "
-        f"Median of {run['rounds']} interleaved rounds, each a block of {INTERVAL} steps of every variant "
-        f"(after one warm-up block), the slowest rank's block; growth: median of {run['growth_rounds']} "
-        f"rounds. Load average {run['load_before']} at the start, {run['load_after']} at the end "
-        f"(the machine is shared); the run took {run['seconds']:.0f} s. The method is in the script's "
-        "docstring.",
+        f"Each number is the median over interleaved rounds (after one warm-up round) of the slowest "
+        f"rank's block of {INTERVAL} steps; a round runs every variant once. Rounds per model: "
+        f"{rounds}: as many as fit a budget of {run['budget']:.0f} s for the whole job (at most "
+        f"{run['rounds']}, at least {min(MIN_ROUNDS, run['rounds'])}). Growth: median of "
+        f"{run['growth_rounds']} rounds per size. Load average {run['load_before']} at the start, "
+        f"{run['load_after']} at the end (a shared machine: other jobs took cores meanwhile); the run "
+        f"took {run['seconds']:.0f} s. The method is in the script's docstring.",
         "",
         "## Per step and per round",
         "",
@@ -577,6 +613,7 @@ def page(data: dict[str, Any], ceiling: list[dict[str, float]] | None, ceiling_n
         "",
         ahead,
         *behind,
+        *([f"**{data['failed']}**"] if data.get("failed") else []),
         "",
         "## Where the time goes",
         "",
@@ -618,45 +655,68 @@ def load_average() -> str:
 
 
 def launch(args: argparse.Namespace) -> None:
-    """Run the worker under mpiexec, then the ceiling script; print the page, write it."""
+    """Run the worker under mpiexec, then the ceiling script; print the page and write it with
+    the run's numbers (``run.json`` in the figure's folder)."""
     import torch
 
     start, before = time.perf_counter(), load_average()
     command = ["mpiexec", "-n", str(RANKS), sys.executable, str(Path(__file__).resolve()), "--worker",
-               "--models", *args.models, "--rounds", str(args.rounds), "--sizes", args.sizes,
-               "--growth-rounds", str(args.growth_rounds), "--lr", str(args.lr),
+               "--models", *args.models, "--rounds", str(args.rounds), "--budget", str(args.budget),
+               "--sizes", args.sizes, "--growth-rounds", str(args.growth_rounds), "--lr", str(args.lr),
                "--momentum", str(args.momentum), "--gamma", str(args.gamma)]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}
-    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": path})
+    data: dict[str, Any] = {"models": [], "growth": [], "ranks": RANKS, "failed": ""}
+    for line in done.stdout.splitlines():  # one result a line: what a failed job measured is kept
+        if line.startswith("{"):
+            (kind, result), = json.loads(line).items()
+            data[kind].append(result)
     if done.returncode:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode})")
-    data = json.loads(done.stdout.strip().splitlines()[-1])
+        data["failed"] = (f"The measuring job stopped with exit code {done.returncode} after "
+                          f"{len(data['models'])} models and {len(data['growth'])} sizes.")
+        print(data["failed"], file=sys.stderr)
     ceiling, note = memory_ceiling(args.sizes)
     data["run"] = {"torch": torch.__version__, "lr": args.lr, "momentum": args.momentum, "gamma": args.gamma,
-                   "rounds": args.rounds, "growth_rounds": args.growth_rounds, "quick": args.quick,
-                   "load_before": before, "load_after": load_average(),
+                   "rounds": args.rounds, "budget": args.budget, "growth_rounds": args.growth_rounds,
+                   "quick": args.quick, "load_before": before, "load_after": load_average(),
                    "seconds": time.perf_counter() - start}
     if args.page is None:
         print(page(data, ceiling, note, "peers/growth.png"))
         return
+    saved = args.page.parent / args.page.stem / "run.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({"data": data, "ceiling": ceiling, "note": note}, indent=1))
     print(write(data, ceiling, note, args.page))
+
+
+def rewrite(saved: Path, page_path: Path) -> None:
+    """The page and figure again from a run's saved numbers (``run.json``), measuring nothing."""
+    run = json.loads(saved.read_text())
+    print(write(run["data"], run["ceiling"], run["note"], page_path))
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
-                   help=f"a short run: {QUICK['rounds']} rounds, sizes {QUICK['sizes']}; prints the page, "
+                   help=f"a short run (rounds: {QUICK['rounds']}, sizes {QUICK['sizes']}); prints the page, "
                         "writes it only with --page")
     p.add_argument("--page", type=Path, help=f"the page to write (default {PAGE.relative_to(ROOT)}; "
                                              "its figure goes under peers/ beside it)")
     p.add_argument("--models", nargs="+", choices=SUITE, default=list(SUITE))
-    p.add_argument("--rounds", type=int, help=f"interleaved rounds per model (default {FULL['rounds']})")
+    p.add_argument("--rounds", type=int, help=f"at most this many interleaved rounds per model "
+                                              f"(default {FULL['rounds']}, --quick {QUICK['rounds']})")
+    p.add_argument("--budget", type=float, help=f"seconds for the measuring job: each model gets as many "
+                                                f"rounds as fit its share, at least {MIN_ROUNDS} (default "
+                                                f"{FULL['budget']:g}, --quick {QUICK['budget']:g})")
     p.add_argument("--sizes", help=f"growth sizes, comma-separated (default {FULL['sizes']})")
     p.add_argument("--growth-rounds", type=int, help=f"rounds per size (default {FULL['growth_rounds']})")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--gamma", type=float, default=0.05, help="CELGC's step-length bound (clip at gamma/lr)")
+    p.add_argument("--from-json", type=Path, metavar="RUN_JSON",
+                   help="write the page from a run's saved numbers (the run.json beside its figure), "
+                        "measuring nothing")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -669,14 +729,12 @@ def main() -> None:
             setattr(args, key, value)
     if args.page is None and not args.quick:
         args.page = PAGE
-    if not args.worker:
+    if args.from_json is not None:
+        rewrite(args.from_json, args.page or PAGE)
+    elif not args.worker:
         launch(args)
-        return
-    results = measure(args)
-    from mpi4py import MPI
-
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print(json.dumps(results), flush=True)
+    else:
+        measure(args, report=lambda kind, result: print(json.dumps({kind: result}), flush=True))
 
 
 if __name__ == "__main__":

@@ -31,12 +31,14 @@ def tiny_model() -> peers.Model:
 
 
 def test_page_from_a_tiny_measured_run(tmp_path: Path):
-    args = peers.parser().parse_args(["--rounds", "1", "--sizes", "64K", "--growth-rounds", "1"])
+    args = peers.parser().parse_args(["--rounds", "1", "--budget", "1", "--sizes", "64K",
+                                      "--growth-rounds", "1"])
     data = peers.measure(args, suite={"tiny": tiny_model()})
     data["run"] = {"torch": torch.__version__, "lr": args.lr, "momentum": args.momentum, "gamma": args.gamma,
-                   "rounds": 1, "growth_rounds": 1, "quick": True, "load_before": "0.0",
+                   "rounds": 1, "budget": 1.0, "growth_rounds": 1, "quick": True, "load_before": "0.0",
                    "load_after": "0.0", "seconds": 1.0}
     (result,) = data["models"]
+    assert result["rounds"] == 1
     assert result["parameters"] == 6 * 5 + 5 + 5 * 3 + 3
     variants = result["variants"]
     assert set(variants) == set(peers.VARIANTS)
