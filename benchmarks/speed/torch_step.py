@@ -7,7 +7,11 @@ update of the flat vector; for ``mlp_numpy`` hpcopt's own NumPy MLP of the same 
 (``ClassificationProblem``) in the module's place. PyTorch: the same module, minibatch drawn
 the same way (indexing a tensor with a shuffled order), ``zero_grad``, forward, loss, backward and
 ``torch.optim.SGD.step`` with the same learning rate and momentum, no DDP, no communication.
-One thread each (torch and BLAS), float32; rounds interleaved (benchmarks/common/versus.py).
+One thread each (torch and BLAS), float32; rounds interleaved (benchmarks/common/versus.py). Both
+under the same malloc settings: those hpcopt sets for a torch module on the CPU
+(``hpcopt.torch.allocator.keep_freed_memory``, process-wide), applied before either is built, so
+that the PyTorch loop reuses freed memory as hpcopt's step does (with glibc's defaults both
+fault in thousands of fresh pages per step on ResNet-18, hpcopt's more: docs/torch.md, Speed).
 
 Under ``mpiexec -n N`` every rank times its own steps at the same time as the others (a barrier
 starts each timed block), and the slowest rank's median is reported, since a synchronous round
@@ -51,6 +55,7 @@ from hpcopt.data.sampler import MinibatchSampler
 from hpcopt.nn.models import mlp as numpy_mlp
 from hpcopt.problems.classification import ClassificationProblem
 from hpcopt.torch import TensorData, torch_workload
+from hpcopt.torch.allocator import keep_freed_memory
 from hpcopt.torch.models import gpt, resnet18, resnet20, word_lstm
 from hpcopt.torch.text import sequence_loss
 
@@ -282,6 +287,7 @@ def main() -> None:
         launch(args)
         return
     torch.set_num_threads(1)
+    keep_freed_memory()
     comm = Comm()
     rows = []
     with threadpool_limits(1):

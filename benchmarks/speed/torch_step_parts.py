@@ -5,7 +5,9 @@ Per model, in interleaved rounds (benchmarks/common/versus.py): the whole PyTorc
 hpcopt step; ``torch.optim.SGD.step`` alone (momentum, on the module's gradients); hpcopt's
 oracle (minibatch, forward, loss, backward, the gradient's copy into the flat vector), the copy
 alone (the module's fresh gradient tensors into the flat gradient) and the update alone
-(``inner_step``, PR-SGD's local step). hpcopt's step minus PyTorch's is what is left to find.
+(``inner_step``, PR-SGD's local step); the copy alone reads gradients out of cache, where the
+oracle's copies (``TorchModel.backward``'s hook) read them just made. hpcopt's step minus
+PyTorch's is what is left to find.
 
     python benchmarks/speed/torch_step_parts.py [--models resnet18 gpt] [--rounds 7] [--calls 5]
 """
@@ -28,6 +30,7 @@ from benchmarks.speed.torch_step import MODELS, NO_AVERAGE, SUITE, torch_step  #
 from hpcopt.algorithms.local_sgd import LocalSGD
 from hpcopt.comm import Comm
 from hpcopt.torch import torch_workload
+from hpcopt.torch.allocator import keep_freed_memory
 from hpcopt.torch.arrays import as_tensor
 
 PARTS = ("torch step", "hpcopt step", "SGD.step", "oracle", "copy", "update")
@@ -73,6 +76,7 @@ def main() -> None:
     add_timing_options(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    keep_freed_memory()  # both loops under the same malloc settings (benchmarks/torch_step.py)
     comm = Comm()
     print(f"torch {torch.__version__}, 1 thread, float32, momentum {args.momentum:g}; median of "
           f"{args.rounds} interleaved rounds of {args.calls} calls; ms\n")

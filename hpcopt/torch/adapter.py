@@ -6,9 +6,11 @@ Rules (docs/torch.md):
   algorithm's ``state.x``): the algorithm's update writes the module, an averaging round is one
   in-place allreduce of the module. ``layout`` names them with the module's parameter names
   (state_dict keys; a tied parameter once, by its first name).
-* Gradients: ``backward`` lets autograd make fresh gradient tensors, copies each once into the
-  flat gradient vector (``state.grad``) and leaves every ``.grad`` a view of it. (Accumulating
-  into the flat vector in place instead needs a zeroing and an add per step: measured slower.)
+* Gradients: ``backward`` lets autograd make fresh gradient tensors and copies each into the
+  flat gradient vector (``state.grad``) as soon as autograd has made it (a post-accumulate-grad
+  hook), while it is still in cache, then frees it, so that the next one reuses its memory;
+  every ``.grad`` is left a view of the flat vector. (Accumulating into the flat vector in
+  place instead needs a zeroing and an add per step: measured slower.)
 * Frozen parameters (``requires_grad=False``) are not in that vector: no step, weight decay or
   average ever touches them. They are views of a flat vector of their own, ``frozen``, which
   ``build_torch_run`` broadcasts once from rank 0; a checkpoint does not hold them (building
@@ -18,6 +20,7 @@ Rules (docs/torch.md):
 * Persistent integer and bool buffers (``num_batches_tracked``) stay in the module, per rank,
   never averaged; ``counters``/``load_counters`` carry them through a checkpoint exactly.
 * Non-persistent buffers stay in the module, untouched.
+* On the CPU, glibc's malloc keeps freed memory for the next step (``keep_freed_memory``).
 
 Every parameter must have one dtype, float32 or float64, and be initialized (a lazy layer's
 after a first forward); anything else is a ValueError.
@@ -25,6 +28,7 @@ after a first forward); anything else is a ValueError.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -33,6 +37,7 @@ import torch
 from ..backend import CPU, Backend
 from ..errors import HpcoptError
 from ..flat import ParamLayout
+from .allocator import keep_freed_memory
 from .arrays import DTYPES, as_tensor, device_of, numpy_dtype, torch_dtype
 
 Array = Any
@@ -52,6 +57,8 @@ class TorchModel:
         own = _parameter_dtype(params)
         target = torch_dtype(dtype) if dtype is not None else own or torch.float32
         module.to(device=device_of(backend), dtype=target)  # casts floating tensors only
+        if not backend.is_gpu:
+            keep_freed_memory()
         self.module, self.backend, self.dtype = module, backend, numpy_dtype(target)
         self._trained: Named = [(n, p) for n, p in params if p.requires_grad]
         frozen: Named = [(n, p) for n, p in params if not p.requires_grad]
@@ -69,6 +76,10 @@ class TorchModel:
         self._params: Array | None = None
         self._grads: Array | None = None
         self._grad_views: list[torch.Tensor] = []
+        # while ``backward`` runs: which trained parameters' gradients were taken (else None)
+        self._taken: list[bool] | None = None
+        for index, (_, p) in enumerate(self._trained):
+            p.register_post_accumulate_grad_hook(self._take_gradient(index))
 
     def parameters_vector(self) -> Array:
         """A new flat vector of ``layout`` holding the trained parameters' current values."""
@@ -95,13 +106,32 @@ class TorchModel:
         parameters the loss does not depend on)."""
         for _, p in self._trained:
             p.grad = None
-        loss.backward()
-        for (_, p), view in zip(self._trained, self._grad_views):
-            if p.grad is None:
+        self._taken = [False] * len(self._grad_views)
+        try:
+            loss.backward()
+        finally:
+            taken, self._taken = self._taken, None
+        for (_, p), view, done in zip(self._trained, self._grad_views, taken):
+            if not done:
                 view.zero_()
-            else:
-                view.copy_(p.grad)
-            p.grad = view
+                p.grad = view
+
+    def _take_gradient(self, index: int) -> Any:
+        """The hook of trained parameter ``index``: inside ``backward``, its fresh gradient
+        copied into its view of the flat gradient, which becomes its ``.grad``."""
+        owner = weakref.ref(self)  # the module's hooks do not keep this model alive
+
+        def hook(parameter: torch.Tensor) -> None:
+            model = owner()
+            taken = None if model is None else model._taken
+            if model is None or taken is None or index >= len(taken):
+                return  # a backward outside ``backward``, or no gradient vector bound
+            view, fresh = model._grad_views[index], parameter.grad
+            if fresh is not None and fresh is not view:
+                view.copy_(fresh)
+                parameter.grad = view
+            taken[index] = True
+        return hook
 
     def bound(self) -> tuple[Array | None, Array | None]:
         """The (params, grads) arrays last bound."""

@@ -102,6 +102,58 @@ def test_parameters_and_flat_vector_share_memory_both_ways():
     assert not model.module[3].weight.grad.any()  # the last layer took no part
 
 
+class Tied(nn.Module):
+    """An embedding whose weight is also the output layer's (as the word LSTM's and the GPT's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.out = nn.Embedding(5, 4), nn.Linear(4, 5, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.out(torch.tanh(self.embed(ids)))
+
+
+def test_a_tied_parameter_gets_autograd_s_summed_gradient_once():
+    model = TorchModel(Tied().double())
+    reference = copy.deepcopy(model.module)
+    x = model.parameters_vector()
+    grads = np.full_like(x, np.nan)
+    model.bind(x, grads)
+    ids = torch.tensor([[0, 3, 4], [1, 1, 2]])
+    model.backward(model.module(ids).square().sum())
+    reference(ids).square().sum().backward()
+    np.testing.assert_array_equal(grads, reference.embed.weight.grad.reshape(-1).numpy())
+
+
+def test_a_backward_of_one_s_own_accumulates_into_the_bound_gradient_as_in_torch():
+    model = TorchModel(mlp().double())
+    x = model.parameters_vector()
+    grads = np.zeros_like(x)
+    model.bind(x, grads)
+    model.module.eval()
+    batch = torch.randn(4, 6, dtype=torch.float64)
+    model.backward(model.module(batch).sum())
+    once = grads.copy()
+    model.module(batch).sum().backward()  # plain autograd: adds into .grad, the bound views
+    np.testing.assert_array_equal(grads, 2 * once)
+    assert model.module[0].weight.grad.data_ptr() == grads.ctypes.data
+
+
+def test_glibc_malloc_settings_of_the_environment_are_left_alone(monkeypatch):
+    from hpcopt.torch.allocator import glibc, keep_freed_memory, user_settings
+
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    assert not user_settings()
+    assert keep_freed_memory.__wrapped__() == glibc()
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")
+    assert user_settings() and not keep_freed_memory.__wrapped__()
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    assert user_settings() and not keep_freed_memory.__wrapped__()
+
+
 def test_binding_another_vector_rebinds_and_the_same_vector_is_free(monkeypatch):
     import hpcopt.torch.adapter as adapter
 
