@@ -16,8 +16,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .comm.mpi_support import singleton_environment
-
 
 @dataclass(frozen=True)
 class ChildResult:
@@ -37,6 +35,8 @@ class ChildResult:
 def child_environment() -> dict[str, str]:
     """This process's environment without the MPI launcher's variables, with this hpcopt
     first on ``PYTHONPATH``: for a child Python that runs hpcopt on its own."""
+    from .comm.mpi_support import singleton_environment  # hpcopt.comm imports this module
+
     package_parent = str(Path(__file__).resolve().parent.parent)
     env = singleton_environment()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)

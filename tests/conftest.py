@@ -7,6 +7,8 @@ emulated CuPy of tests/emulated_gpu (first on PYTHONPATH) those cases run withou
 Under ``mpiexec ... pytest --with-mpi`` a failing test on one rank would leave the other ranks
 waiting in the next collective forever. The hook below prints the failure (prefixed with the
 rank) and aborts the whole MPI job at once, turning a hang into a failure in well under a second.
+An MPI test marked ``sizes(2, 4)`` runs only at those world sizes (tests/run.sh runs the MPI
+tests at 1, 2, 3 and 4 ranks).
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ def _world_size() -> int:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.Get_size() if MPI.Is_initialized() else 1
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("sizes")
+    if marker is not None and item.config.getoption("with_mpi", default=False):
+        from mpi4py import MPI
+
+        size = MPI.COMM_WORLD.Get_size()
+        if size not in marker.args:
+            pytest.skip(f"runs at {', '.join(map(str, marker.args))} rank(s) only, not at {size}")
 
 
 @pytest.hookimpl(hookwrapper=True)

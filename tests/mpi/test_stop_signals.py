@@ -1,6 +1,8 @@
 """SIGTERM and SIGINT stop the real sessions within two trace rows, at the same tick on every
 rank, with a checkpoint at that tick; resuming from it ends bitwise where the uninterrupted run
-ends. In this one job (any world size) the ranks signal themselves at chosen steps
+ends. In this one job (at 2 and 3 ranks: an even and an odd world, where the last rank is not
+rank 0 and a launcher's signal lands in neighbouring steps; one rank adds nothing, four add
+only run time) the ranks signal themselves at chosen steps
 (``hpcopt.run.faults``), under the command line's ``JobSignals`` (with a grace long enough never
 to abort here): every rank (at neighbouring steps, as a launcher's signal lands), the last rank
 only, or rank 0 in the middle of writing a checkpoint, for checkpoint_every and trace_every
@@ -103,6 +105,7 @@ def assert_same_trace(run_dir, reference, measured=("wall",)):
             np.testing.assert_array_equal(a.columns[name], column, err_msg=name)
 
 
+@pytest.mark.sizes(2, 3)
 @pytest.mark.parametrize("pipeline", [False, True], ids=["data-parallel", "pipeline"])
 def test_every_signal_stops_within_two_rows_with_a_checkpoint_and_resumes_bitwise(
         comm, shared_dir, pipeline, monkeypatch):

@@ -12,7 +12,7 @@ from hpcopt.config import build_config
 from hpcopt.io.timeline import GATHER_ROWS, read_timeline
 from hpcopt.study.export import export
 from tests.runs import fresh_pipeline, fresh_train
-from tests.unit.test_timeline_export import assert_nested, check_trace_event_format
+from tests.trace_events import assert_nested, check_trace_event_format
 
 pytestmark = pytest.mark.mpi
 

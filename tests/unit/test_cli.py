@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import hpcopt.run
+from hpcopt import cli
+from hpcopt.errors import HpcoptError
 from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +47,9 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
         handle.write(header + array.astype(">u1").tobytes())
 
 
-@pytest.mark.parametrize("args,fragments", [
+#: Bad options found while parsing and configuring (before any data is loaded): checked in
+#: this process, each launched case below checks the whole path to one line and exit 2.
+CONFIG_ERRORS = [
     (["train", "--algorithm", "sgdx"], ["unknown algorithm 'sgdx'"]),
     (["train", "--interval", "0"], ["interval", ">= 1"]),
     (["train", "--trace-every", "0"], ["trace_every must be >= 1"]),
@@ -52,9 +57,6 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--lr", "-0.5"], ["lr"]),
     (["train", "--lr", "fast"], ["lr must be a number"]),
     (["train", "--no-such-option", "1"], ["unrecognized arguments"]),
-    (["train", "--dataset", "digits", "--batch-size", "5000"], ["larger than"]),
-    (["train", "--dataset", "nosuchdata"], ["nosuchdata"]),
-    (["train", "--dataset", "mnist_idx", "--path", "/nonexistent/mnist"], ["/nonexistent/mnist"]),
     (["train", "--config", "/nonexistent/run.toml"], ["config file not found"]),
     (["train", "--gamma", "1"], ["gamma applies only to --algorithm celgc or naive_clip"]),
     (["train", "--algorithm", "naive_clip", "--participation", "0.5"], ["participation", "celgc"]),
@@ -69,11 +71,8 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--dataset", "digits", "--bptt", "20"], ["bptt applies only"]),
     (["train", "--embed", "8"], ["embed applies only to --model lstm"]),
     (["train", "--dataset", "ptb", "--model", "lstm", "--hidden", "8,16"], ["equal hidden sizes"]),
-    (["train", "--dataset", "wikitext2", "--model", "lstm", "--hidden", "8"], ["needs a path"]),
     (["train", "--model", "vgg"], ["unknown model 'vgg'"]),
     (["train", "--model", "torch:resnet"], ["torch:package.module:function"]),
-    (["train", "--model", "torch:no_such_module:f"],
-     ["cannot import f from no_such_module"] if HAS_TORCH else ["needs PyTorch", "hpcopt[torch]"]),
     (["train", "--model", "torch:a.b:f", "--hidden", "64"], ["hidden applies only to --model mlp or lstm"]),
     (["train", "--model", "resnet", "--depth", "10"], ["depth must be 6n + 2"]),
     (["train", "--depth", "14"], ["depth applies only to --model resnet, not mlp"]),
@@ -83,10 +82,40 @@ def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
     (["train", "--model", "plain_cnn", "--buffer-policy", "rank0"], ["buffer_policy applies only"]),
     (["train", "--model", "resnet", "--buffer-policy", "mean"], ["unknown buffer_policy 'mean'"]),
     (["train", "--model", "resnet", "--algorithm", "pprs"], ["batch norm", "data-parallel"]),
+]
+#: Bad input found when the run sets up its data or model, on every rank of a launched job.
+SETUP_ERRORS = [
+    (["train", "--dataset", "digits", "--batch-size", "5000"], ["larger than"]),
+    (["train", "--dataset", "nosuchdata"], ["nosuchdata"]),
+    (["train", "--dataset", "mnist_idx", "--path", "/nonexistent/mnist"], ["/nonexistent/mnist"]),
+    (["train", "--dataset", "wikitext2", "--model", "lstm", "--hidden", "8"], ["needs a path"]),
+    (["train", "--model", "torch:no_such_module:f"],
+     ["cannot import f from no_such_module"] if HAS_TORCH else ["needs PyTorch", "hpcopt[torch]"]),
     # found when the model is built: the MLP has 6 parameters
     (["train", "--dataset", "digits", "--interval", "8", "--fragments", "7"],
      ["fragments 7 is more than the model's 6 parameters"]),
-])
+]
+#: Configuration errors launched too, one of each kind: a choice, a value, argparse, a missing
+#: file, a combination of options.
+LAUNCHED_CONFIG_ERRORS = [CONFIG_ERRORS[i] for i in (0, 5, 6, 7, 8)]
+
+
+@pytest.mark.parametrize("args,fragments", CONFIG_ERRORS)
+def test_bad_options_are_one_error_agreed_by_every_rank_before_training(args, fragments, monkeypatch):
+    """``hpcopt.cli.run`` raises the error that ``main`` prints as its one line with exit 2:
+    agreed by every rank (``everywhere``), before training is reached."""
+    def no_training(*args, **kwargs):
+        raise AssertionError("the bad options reached training")
+
+    monkeypatch.setattr(hpcopt.run, "train", no_training)
+    with pytest.raises(HpcoptError) as raised:
+        cli.run(args)
+    assert raised.value.everywhere and raised.value.exit_code == 2
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+
+
+@pytest.mark.parametrize("args,fragments", LAUNCHED_CONFIG_ERRORS + SETUP_ERRORS)
 def test_bad_input_is_one_line_and_exit_2_on_every_rank(args, fragments):
     assert_one_line_error(launch(args), *fragments)
 
