@@ -9,9 +9,11 @@ then only reads it (``--study DIR``).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,6 +93,33 @@ def run_study(text: str, out: Path, jobs: int = 1, mpiexec: str = "mpiexec") -> 
         _hpcopt("sweep", str(sweep), "--local", "-j", str(jobs), "--out", str(out), env=env)
     _hpcopt("collect", str(out), "--out", str(out), env=env)
     return read_study(out)
+
+
+def add_study_options(parser: argparse.ArgumentParser) -> None:
+    """A reproduction's study options: ``--jobs``, ``--study`` and ``--write-study``."""
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (hpcopt sweep --local -j)")
+    parser.add_argument("--study", type=Path,
+                        help="only read this study (run and collected elsewhere, e.g. on a cluster), "
+                        "which must be the one these options make")
+    parser.add_argument("--write-study", type=Path, metavar="FILE",
+                        help="only write the sweep file of these options (for hpcopt sweep)")
+
+
+def study_runs(text: str, args: argparse.Namespace, afresh: bool) -> list[Run] | None:
+    """The runs of the study ``text`` as ``add_study_options`` chose: None after writing it to
+    ``--write-study``; the table of ``--study`` (refused if it holds another study); else the
+    study run into ``--runs`` (emptied first when ``afresh``) and collected."""
+    if args.write_study:
+        args.write_study.write_text(text)
+        return None
+    if args.study:
+        if (args.study / "study.toml").read_text() != text:
+            raise SystemExit(f"{args.study} holds another study than these options make "
+                             "(compare its study.toml with --write-study FILE)")
+        return read_study(args.study)
+    if afresh:
+        shutil.rmtree(args.runs, ignore_errors=True)
+    return run_study(text, args.runs, args.jobs, args.mpiexec)
 
 
 def read_study(study: Path) -> list[Run]:

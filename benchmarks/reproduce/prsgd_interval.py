@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 from collections.abc import Callable, Iterable
@@ -45,9 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 
 from benchmarks.common.launch import add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
-from benchmarks.common.study import Run, find_run, read_study, run_study, sweep_file  # noqa: E402
+from benchmarks.common.study import Run, add_study_options, find_run, study_runs, sweep_file  # noqa: E402
 from benchmarks.reproduce.resnet_mnist import BATCH, MNIST_TRAIN, figures_of_run  # noqa: E402
-
 
 #: Training images of the data sets the sweep can use (MNIST-5k: 5,000 less the 20% test split).
 TRAIN_SAMPLES = {"mnist5k": MNIST_TRAIN, "digits": 1438}
@@ -294,12 +292,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the study directory: its runs are kept, a rerun only trains what is "
                         "missing (it holds the study of one set of options)")
     parser.add_argument("--fresh", action="store_true", help="retrain runs already in --runs")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (hpcopt sweep --local -j)")
-    parser.add_argument("--study", type=Path,
-                        help="only read this study (run and collected elsewhere, e.g. on a cluster), "
-                        "which must be the one these options make")
-    parser.add_argument("--write-study", type=Path, metavar="FILE",
-                        help="only write the sweep file of these options (for hpcopt sweep)")
+    add_study_options(parser)
     parser.add_argument("--page", type=Path, default=Path("docs/results/prsgd.md"))
     parser.add_argument("--json", type=Path, default=Path("docs/results/prsgd/interval.json"))
     parser.add_argument("--from-json", type=Path, help="only rewrite the sections from this JSON")
@@ -313,18 +306,9 @@ def main() -> None:
         write(json.loads(args.from_json.read_text()), args)
         return
     text = study_text(args)
-    if args.write_study:
-        args.write_study.write_text(text)
+    runs = study_runs(text, args, afresh=args.fresh)
+    if runs is None:
         return
-    if args.study:
-        if (args.study / "study.toml").read_text() != text:
-            raise SystemExit(f"{args.study} holds another study than these options make "
-                             "(compare its study.toml with --write-study FILE)")
-        runs = read_study(args.study)
-    else:
-        if args.fresh:
-            shutil.rmtree(args.runs, ignore_errors=True)
-        runs = run_study(text, args.runs, args.jobs, args.mpiexec)
     config = {"command": command_of(args), "dataset": args.dataset, "epochs": args.epochs,
               "lr": args.lr, "seeds": args.seeds, "drop": args.drop, "loss_rise": args.loss_rise,
               "rounds": args.rounds}

@@ -28,7 +28,6 @@ Writes the section ``resnet-mnist`` of ``docs/results/prsgd.md`` and the figures
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 
 from benchmarks.common.launch import add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
-from benchmarks.common.study import Run, find_run, read_study, run_study, sweep_file  # noqa: E402
+from benchmarks.common.study import Run, add_study_options, find_run, study_runs, sweep_file  # noqa: E402
 from hpcopt.io.report import write_report
 from hpcopt.io.trace import read_trace
 
@@ -246,12 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the study directory (it holds the study of one set of options)")
     parser.add_argument("--reuse", action="store_true",
                         help="take runs whose finished trace is already in --runs (else it starts afresh)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (hpcopt sweep --local -j)")
-    parser.add_argument("--study", type=Path,
-                        help="only read this study (run and collected elsewhere, e.g. on a cluster), "
-                        "which must be the one these options make")
-    parser.add_argument("--write-study", type=Path, metavar="FILE",
-                        help="only write the sweep file of these options (for hpcopt sweep)")
+    add_study_options(parser)
     parser.add_argument("--out", type=Path, default=Path("docs/results/prsgd.md"))
     parser.add_argument("--figures", type=Path, default=Path("docs/results/resnet-mnist"))
     add_mpiexec_option(parser)
@@ -270,18 +264,9 @@ def main() -> None:
     print(cifar_note, flush=True)
     todo = cases(args, has_cifar)
     text = study_text(args, has_cifar)
-    if args.write_study:
-        args.write_study.write_text(text)
+    runs = study_runs(text, args, afresh=not args.reuse)
+    if runs is None:
         return
-    if args.study:
-        if (args.study / "study.toml").read_text() != text:
-            raise SystemExit(f"{args.study} holds another study than these options make "
-                             "(compare its study.toml with --write-study FILE)")
-        runs = read_study(args.study)
-    else:
-        if not args.reuse:
-            shutil.rmtree(args.runs, ignore_errors=True)
-        runs = run_study(text, args.runs, args.jobs, args.mpiexec)
     chosen = {case: [run_of(case, seed, runs) for seed in args.seeds] for case in todo}
     directories = {case: [run.path for run in mine] for case, mine in chosen.items()}
     results = {case: [figures_of_run(run) for run in mine] for case, mine in chosen.items()}
