@@ -57,10 +57,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the checkout: benchmarks.common
+
+from benchmarks.common.synthetic import SAMPLES, images, token_windows  # noqa: E402
+
 PAGE = ROOT / "docs" / "results" / "peers.md"
 CEILING_SCRIPT = ROOT / "benchmarks" / "speed" / "shm_ceiling.py"
 MB = 1 << 20
-SAMPLES = 1024
 INTERVAL = 8      # the I of the periodic pairs, and the steps of every timed block
 GPT_VOCAB = 2560
 RANKS = 2
@@ -110,30 +113,6 @@ def models() -> dict[str, Model]:
         "gpt": Model(lambda: gpt(GPT_VOCAB), token_windows(GPT_VOCAB, 64), sequence_loss, 16,
                      "GPT (`models.gpt`, 2 layers of 128, 2,560 words), 16 windows of 64"),
     }
-
-
-def images(shape: tuple[int, ...]) -> Callable[[], Any]:
-    def make() -> Any:
-        import torch
-
-        from hpcopt.torch import TensorData
-
-        g = torch.Generator().manual_seed(0)
-        return TensorData(torch.randn(SAMPLES, *shape, generator=g),
-                          torch.randint(0, 10, (SAMPLES,), generator=g))
-    return make
-
-
-def token_windows(vocab: int, length: int) -> Callable[[], Any]:
-    def make() -> Any:
-        import torch
-
-        from hpcopt.torch import TensorData
-
-        g = torch.Generator().manual_seed(0)
-        return TensorData(torch.randint(0, vocab, (SAMPLES, length), generator=g),
-                          torch.randint(0, vocab, (SAMPLES, length), generator=g))
-    return make
 
 
 def vector_model(nbytes: int, pieces: int = 8) -> Model:

@@ -47,6 +47,7 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.common, hpcopt
 
+from benchmarks.common.synthetic import SAMPLES, images, token_windows  # noqa: E402
 from benchmarks.common.versus import add_timing_options, seconds_per_call  # noqa: E402
 from hpcopt.algorithms.local_sgd import LocalSGD
 from hpcopt.backend import CPU
@@ -60,7 +61,6 @@ from hpcopt.torch.models import gpt, resnet18, resnet20, word_lstm
 from hpcopt.torch.text import sequence_loss
 
 nn = torch.nn
-SAMPLES = 1024
 ROUND = 8  # the I of the "round" column
 GPT_VOCAB = 2560
 #: The models of the step-speed targets (docs/torch.md, Speed), in the table's order.
@@ -93,23 +93,6 @@ def resnet() -> nn.Module:
 def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
                          nn.Linear(256, 10))
-
-
-def images(shape: tuple[int, ...]) -> Callable[[], TensorData]:
-    def make() -> TensorData:
-        g = torch.Generator().manual_seed(0)
-        return TensorData(torch.randn(SAMPLES, *shape, generator=g),
-                          torch.randint(0, 10, (SAMPLES,), generator=g))
-    return make
-
-
-def token_windows(vocab: int, length: int) -> Callable[[], TensorData]:
-    """Random word ids of a ``vocab``-word vocabulary in windows of ``length``."""
-    def make() -> TensorData:
-        g = torch.Generator().manual_seed(0)
-        return TensorData(torch.randint(0, vocab, (SAMPLES, length), generator=g),
-                          torch.randint(0, vocab, (SAMPLES, length), generator=g))
-    return make
 
 
 @dataclass(frozen=True)
