@@ -131,13 +131,16 @@ class ScheduledSGD:
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
         """``state_type`` from x0, broadcast from rank 0 so every rank starts from the same model;
-        ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``."""
+        ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``.
+        ``state.x`` holds x0's values in node-shared memory where the averaging can reduce it
+        there in place (``Comm.shared_like``); the model is bound to it at its first step."""
         comm.bcast_(x0, root=0, label="init")
+        x = comm.shared_like(x0)
         xp = comm.backend.xp
         momentum = xp.zeros_like(x0) if self.momentum > 0 else None
         moments = ({"exp_avg": xp.zeros_like(x0), "exp_avg_sq": xp.zeros_like(x0)}
                    if self.adamw else {})
-        return state_type(x=x0, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers,
+        return state_type(x=x, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers,
                           **moments)
 
     def inner_step(self, state: DataParallelState, lr: Any) -> None:
