@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma list of bytes per rank (4M, 64M, ...)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--reps", type=int, default=0,
-                   help="rounds per size (default: 41 up to 16 MB, 21 up to 64 MB, 9 above)")
+                   help="rounds per size (default: 101 up to 4 MB, 41 up to 16 MB, 21 up to 64 MB, 9 above)")
     p.add_argument("--json", action="store_true", help="print only a JSON list (rank 0)")
     args = p.parse_args(argv)
     sizes = [parse_bytes(s) for s in args.sizes.split(",") if s]
@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     results = []
     for nbytes in sizes:
-        reps = args.reps or (41 if nbytes <= 16 << 20 else 21 if nbytes <= 64 << 20 else 9)
+        reps = args.reps or (101 if nbytes <= 4 << 20 else 41 if nbytes <= 16 << 20
+                             else 21 if nbytes <= 64 << 20 else 9)
         results.append(measure(mpi, node, nbytes, dtype, reps))
     if mpi.Get_rank() == 0:
         if args.json:

@@ -7,7 +7,10 @@ slowest rank's time kept, the median over repetitions reported):
 
   raw        ``MPI_Allreduce(IN_PLACE)`` of the whole buffer, then ``buf /= n``
   <mode>     ``Comm(averaging=mode).average_(buf)`` for each ``--averaging`` mode (default
-             auto: what training does)
+             auto) of a private buffer
+  <mode>-shared  the same of ``comm.shared_like(buf)``, where that mode puts it in node-shared
+             memory: averaged there in place, with no copy into a window (what training does
+             with the model's flat vector)
 
 Bandwidths as nccl-tests defines them: algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
 rate each rank's link runs at in a ring allreduce, comparable across rank counts. The last
@@ -61,6 +64,9 @@ def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "flo
             cases: dict[str, Callable[[], Any]] = {"raw": _raw(mpi, buf, float(n))}
             for mode, comm in comms.items():
                 cases[mode] = partial(comm.average_, buf)
+                shared = comm.shared_like(buf)
+                if shared is not buf:
+                    cases[f"{mode}-shared"] = partial(comm.average_, shared)
             for fn in cases.values():  # warm-up (also makes the shared-memory window once)
                 fn()
             start = time.perf_counter()
