@@ -114,10 +114,11 @@ class _Shared:
 class ShmAverager:
     """Node-local shared-memory averaging with an inter-node MPI step (see the module docstring).
 
-    Creating one is collective over ``mpi``; so are ``average_`` and ``free``. The window is
-    allocated on the first ``average_`` (``2 k + D`` slots of ``chunk_bytes``, a few MB) and
-    reused for every buffer size and dtype; the chunk plan (views into the window) is built once
-    per (length, dtype) and cached.
+    Creating one is collective over ``mpi``; so are ``average_``, ``shared_empty`` and ``free``.
+    The copying path's window is allocated on the first ``average_`` (``2 k + D`` slots of
+    ``chunk_bytes``, a few MB) and reused for every buffer size and dtype; the chunk plan (views
+    into the window) is built once per (length, dtype) and cached. Each ``shared_empty`` array
+    has a window of its own.
     """
 
     def __init__(self, mpi: MPI.Comm, *, ranks_per_node: int | None = None, inter: str = "owners",
