@@ -254,8 +254,15 @@ class Rounds(ScheduledSGD):
         raise NotImplementedError
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
-        """ScheduledSGD's state and the outer optimizer's: the anchor (x0) and its buffer."""
+        """ScheduledSGD's state and the outer optimizer's: the anchor (x0) and its buffer. The
+        moments that a policy averages at the rounds live in node-shared memory where the
+        averaging can reduce them there (``Comm.shared_like``), like x."""
         state = super().new_state(x0, comm, buffers, state_type)
+        for name, policy in (("momentum", self.momentum_policy), ("exp_avg", self.momentum_policy),
+                             ("exp_avg_sq", self.second_moment_policy)):
+            moment = getattr(state, name, None)
+            if moment is not None and policy == "average":
+                setattr(state, name, comm.shared_like(moment))
         state.anchor, buffer = self.outer.new_state(state.x)
         setattr(state, self.outer_buffer_field, buffer)
         return state

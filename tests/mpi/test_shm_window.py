@@ -199,13 +199,15 @@ def train_config(**overrides):
 
 
 def run(config, shared: bool, monkeypatch):
-    """The final state and whether its x lived in the averager's shared memory."""
+    """The final state and which of its vectors lived in the averager's shared memory."""
     if not shared:
         monkeypatch.setattr(Comm, "shared_like", lambda self, x: x)
     comm = Comm()
     try:
         _, state = train(config, comm, verbose=False)
-        in_window = comm.averager is not None and id(state.x) in comm.averager._shared
+        windows = comm.averager._shared if comm.averager is not None else {}
+        in_window = {name for name in ("x", "momentum", "exp_avg", "exp_avg_sq", "buffers")
+                     if id(getattr(state, name, None)) in windows}
         return state, in_window
     finally:
         comm.free()
@@ -214,9 +216,14 @@ def run(config, shared: bool, monkeypatch):
 
 TRAINING_CASES = {
     "plain": {},
+    # sgd's momentum averaged at the rounds: in shared memory too
+    "momentum-average": {"momentum_policy": "average"},
+    # adamw's moments, both averaged
+    "adamw-average": {"inner_optimizer": "adamw", "lr": 0.01, "momentum": 0,
+                      "momentum_policy": "average", "second_moment_policy": "average"},
     # two-level: group rounds on the group's Comm (the copying path), global rounds in place
     "groups": {"group_interval": 1, "interval": 4},
-    # CELGC with partial participation (plain allreduce) and momentum averaged (copying path)
+    # CELGC with partial participation (a plain allreduce of x and of b, both in shared memory)
     "participation": {"algorithm": "celgc", "gamma": 0.15, "participation": 0.5,
                       "momentum_policy": "average"},
     # batch-norm statistics (a private vector, the copying path) under "average"
@@ -236,5 +243,7 @@ def test_training_with_the_model_in_shared_memory_is_bitwise_unchanged(case, mon
     config = train_config(**extra)
     ours, in_window = run(config, True, monkeypatch)
     today, was_in_window = run(config, False, monkeypatch)
-    assert in_window and not was_in_window
+    averaged = {"momentum-average": {"momentum"}, "adamw-average": {"exp_avg", "exp_avg_sq"},
+                "participation": {"momentum"}}.get(case, set())
+    assert in_window == {"x"} | averaged and not was_in_window
     assert_same_state(ours, today)
