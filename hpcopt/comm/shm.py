@@ -39,12 +39,14 @@ way.
 In place, for buffers that already live in shared memory: ``shared_empty`` hands out arrays
 whose memory is this rank's row of a node-shared window of their own (one row per node rank),
 and ``average_`` of such an array (the very object handed out) skips steps 1 and 4's copies:
-after one barrier every slice owner sums its slice straight from the ``k`` rows, row 0 to k-1,
-into a small private scratch (in cache), allreduces it across nodes (``inter="owners"``),
-and divides it into every row's slice; one more barrier and every rank's array holds the
-average. Per rank, main memory sees one read and one write of the buffer and no copy; the
-slices, the summation order and the division are those of the copying path, so the bits are
-the same too. With ``inter="leaders"`` such arrays take the copying path.
+after one barrier every slice owner sums its slice of the ``k`` rows in place into row 0 (row
+0, 1, ..., k-1, chunk by chunk so that it stays in cache), allreduces it across nodes
+(``inter="owners"``), divides it by N there and copies it into the other rows' slices; one more
+barrier and every rank's array holds the average. Per rank, main memory sees one read and one
+write of the buffer and no copy through a window; the slices, the summation order and the
+correctly rounded division (a multiplication by 1/N where N is a power of two: the same bits)
+are those of the copying path, so the bits are the same too. With ``inter="leaders"`` such
+arrays take the copying path.
 
 Testing on one machine: ``ranks_per_node=k`` fakes nodes of ``k`` ranks by splitting the
 communicator by ``rank // k`` (all of them still share memory), so the inter-node step runs.
@@ -107,8 +109,8 @@ class _Shared:
     win: MPI.Win
     root: np.ndarray           # the window's whole memory (bytes); every row is a view of it
     array: np.ndarray          # this rank's row, as handed out
-    slices: tuple              # per reduce slice of this rank: (every rank's row over it, row
-                               # 0 first; the scratch of its length)
+    slices: tuple              # per reduce slice of this rank: every rank's row over it, row 0
+                               # first
 
 
 class ShmAverager:
@@ -253,12 +255,9 @@ class ShmAverager:
         win.Lock_all(MPI.MODE_NOCHECK)
         rows = [root[j * row_bytes:j * row_bytes + count * dtype.itemsize].view(dtype) for j in range(k)]
         array = rows[me].reshape(shape)
-        slices = []
-        width, geometry = self._geometry(max(1, count), dtype)
-        scratch = np.empty(width, dtype)
-        for start, _, lo, hi in geometry if count else ():
-            if lo < hi:
-                slices.append((tuple(row[start + lo:start + hi] for row in rows), scratch[:hi - lo]))
+        _, geometry = self._geometry(max(1, count), dtype)
+        slices = [tuple(row[start + lo:start + hi] for row in rows)
+                  for start, _, lo, hi in (geometry if count else ()) if lo < hi]
         self._shared[id(array)] = _Shared(win, root, array, tuple(slices))
         return array
 
@@ -318,22 +317,24 @@ class ShmAverager:
         return buf
 
     def _average_shared(self, shared: _Shared) -> np.ndarray:
-        """``average_`` of an array from ``shared_empty``: sum each slice from the rows in
-        place, allreduce it across nodes, divide it into every row (two barriers in all)."""
+        """``average_`` of an array from ``shared_empty``: each slice summed in place into row
+        0, allreduced across nodes, divided by N, copied into the other rows (two barriers)."""
         n = float(self.size)
+        # x / n, correctly rounded, is x * (1/n) when n is a power of two (an exact scaling):
+        # the same bits at the cost of a multiplication instead of a division
+        scale = np.multiply if self.size & (self.size - 1) == 0 else np.divide
+        factor = 1 / n if scale is np.multiply else n
         inter = self.inter if self.inter != MPI.COMM_NULL else None
         self._sync(shared.win)  # every rank's row holds its values
-        for rows, total in shared.slices:
-            if len(rows) == 1:
-                np.copyto(total, rows[0])
-            else:
-                np.add(rows[0], rows[1], out=total)
-                for row in rows[2:]:
-                    np.add(total, row, out=total)
+        for rows in shared.slices:
+            total = rows[0]  # summed in place in row 0, the order row 0, 1, ..., k-1 kept
+            for row in rows[1:]:
+                np.add(total, row, out=total)
             if inter is not None:
                 inter.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
-            for row in rows:
-                np.divide(total, n, out=row)
+            scale(total, factor, out=total)  # once, then copied: divisions are slow
+            for row in rows[1:]:
+                np.copyto(row, total)  # both on cache lines: memcpy's fast case
         self._sync(shared.win)  # every row holds the average
         return shared.array
 
