@@ -131,13 +131,16 @@ class ScheduledSGD:
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
         """``state_type`` from x0, broadcast from rank 0 so every rank starts from the same model;
-        ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``."""
+        ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``.
+        ``state.x`` holds x0's values in node-shared memory where the averaging can reduce it
+        there in place (``Comm.shared_like``); the model is bound to it at its first step."""
         comm.bcast_(x0, root=0, label="init")
+        x = comm.shared_like(x0)
         xp = comm.backend.xp
         momentum = xp.zeros_like(x0) if self.momentum > 0 else None
         moments = ({"exp_avg": xp.zeros_like(x0), "exp_avg_sq": xp.zeros_like(x0)}
                    if self.adamw else {})
-        return state_type(x=x0, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers,
+        return state_type(x=x, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers,
                           **moments)
 
     def inner_step(self, state: DataParallelState, lr: Any) -> None:
@@ -251,8 +254,15 @@ class Rounds(ScheduledSGD):
         raise NotImplementedError
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
-        """ScheduledSGD's state and the outer optimizer's: the anchor (x0) and its buffer."""
+        """ScheduledSGD's state and the outer optimizer's: the anchor (x0) and its buffer. The
+        moments that a policy averages at the rounds live in node-shared memory where the
+        averaging can reduce them there (``Comm.shared_like``), like x."""
         state = super().new_state(x0, comm, buffers, state_type)
+        for name, policy in (("momentum", self.momentum_policy), ("exp_avg", self.momentum_policy),
+                             ("exp_avg_sq", self.second_moment_policy)):
+            moment = getattr(state, name, None)
+            if moment is not None and policy == "average":
+                setattr(state, name, comm.shared_like(moment))
         state.anchor, buffer = self.outer.new_state(state.x)
         setattr(state, self.outer_buffer_field, buffer)
         return state

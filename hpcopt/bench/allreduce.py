@@ -7,7 +7,10 @@ slowest rank's time kept, the median over repetitions reported):
 
   raw        ``MPI_Allreduce(IN_PLACE)`` of the whole buffer, then ``buf /= n``
   <mode>     ``Comm(averaging=mode).average_(buf)`` for each ``--averaging`` mode (default
-             auto: what training does)
+             auto) of a private buffer
+  <mode>-shared  the same of ``comm.shared_like(buf)``, where that mode puts it in node-shared
+             memory: averaged there in place, with no copy into a window (what training does
+             with the model's flat vector)
 
 Bandwidths as nccl-tests defines them: algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
 rate each rank's link runs at in a ring allreduce, comparable across rank counts. The last
@@ -51,38 +54,55 @@ def bus_factor(ranks: int) -> float:
 def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "float32",
             budget: float = 0.3, min_reps: int = 5, max_reps: int = 200) -> list[dict[str, Any]]:
     """Per size: {"bytes", "reps", "seconds": {case: median s}}; the same on every rank."""
-    n = mpi.Get_size()
     comms = {mode: Comm(mpi, averaging=mode) for mode in modes}
     results = []
     try:
         for nbytes in sizes:
             count = max(1, nbytes // np.dtype(dtype).itemsize)
             buf = np.random.default_rng(mpi.Get_rank()).random(count).astype(dtype)
-            cases: dict[str, Callable[[], Any]] = {"raw": _raw(mpi, buf, float(n))}
-            for mode, comm in comms.items():
-                cases[mode] = partial(comm.average_, buf)
-            for fn in cases.values():  # warm-up (also makes the shared-memory window once)
-                fn()
-            start = time.perf_counter()
-            for fn in cases.values():
-                fn()
-            reps = repetitions((time.perf_counter() - start) / len(cases), budget, min_reps, max_reps, mpi)
-            times = {name: np.empty(reps) for name in cases}
-            for r in range(reps):
-                for name in np.random.default_rng(r).permutation(list(cases)):  # same order on all ranks
-                    mpi.Barrier()
-                    t0 = time.perf_counter()
-                    cases[name]()
-                    times[name][r] = time.perf_counter() - t0
-            medians = {}
-            for name in cases:
-                mpi.Allreduce(MPI.IN_PLACE, times[name], op=MPI.MAX)
-                medians[name] = float(np.median(times[name]))
+            # a Comm per size for the buffers in shared memory: freed with them, once timed
+            sharing = {mode: Comm(mpi, averaging=mode) for mode in modes}
+            try:
+                reps, medians = _timed_cases(mpi, buf, comms, sharing, budget, min_reps, max_reps)
+            finally:
+                for comm in sharing.values():
+                    comm.free()
             results.append({"bytes": int(buf.nbytes), "reps": reps, "seconds": medians})
     finally:
         for comm in comms.values():
             comm.free()
     return results
+
+
+def _timed_cases(mpi: MPI.Comm, buf: np.ndarray, comms: dict[str, Comm], sharing: dict[str, Comm],
+                 budget: float, min_reps: int, max_reps: int) -> tuple[int, dict[str, float]]:
+    """(repetitions, {case: median s}) of every case on ``buf``; the ``<mode>-shared`` cases
+    average a copy of it that ``sharing[mode]`` put in node-shared memory."""
+    cases: dict[str, Callable[[], Any]] = {"raw": _raw(mpi, buf, float(mpi.Get_size()))}
+    for mode, comm in comms.items():
+        cases[mode] = partial(comm.average_, buf)
+    for mode, comm in sharing.items():
+        shared = comm.shared_like(buf)
+        if shared is not buf:
+            cases[f"{mode}-shared"] = partial(comm.average_, shared)
+    for fn in cases.values():  # warm-up (also makes the shared-memory window once)
+        fn()
+    start = time.perf_counter()
+    for fn in cases.values():
+        fn()
+    reps = repetitions((time.perf_counter() - start) / len(cases), budget, min_reps, max_reps, mpi)
+    times = {name: np.empty(reps) for name in cases}
+    for r in range(reps):
+        for name in np.random.default_rng(r).permutation(list(cases)):  # same order on all ranks
+            mpi.Barrier()
+            t0 = time.perf_counter()
+            cases[name]()
+            times[name][r] = time.perf_counter() - t0
+    medians = {}
+    for name in cases:
+        mpi.Allreduce(MPI.IN_PLACE, times[name], op=MPI.MAX)
+        medians[name] = float(np.median(times[name]))
+    return reps, medians
 
 
 def _raw(mpi: MPI.Comm, buf: np.ndarray, n: float) -> Callable[[], None]:

@@ -272,6 +272,22 @@ class Comm:
             return None
         return self.averager
 
+    def shared_like(self, x: Any) -> Any:
+        """``x``'s values in a new array in node-shared memory when ``average_`` would take the
+        shared-memory path for it, else ``x`` itself (collective; the same answer on every rank).
+
+        ``average_`` of the returned array (that very object, the model's flat vector) then
+        reduces it in place, with no copy into or out of a window (hpcopt/comm/shm.py,
+        ``ShmAverager.shared_empty``); the result is bitwise the same. Its memory is released
+        by ``free`` when nothing views it any more, else when the process ends.
+        """
+        averager = None if x.nbytes < self._shm_from_bytes else self._averager_for(x)
+        if averager is None or not averager.in_place:
+            return x
+        shared = averager.shared_empty(x.shape, x.dtype)
+        np.copyto(shared, x)
+        return shared
+
     def bcast_(self, buf: Any, root: int = 0, label: str = "bcast") -> Any:
         """Overwrite ``buf`` on every rank with root's copy."""
         start = time.perf_counter()

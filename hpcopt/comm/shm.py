@@ -36,12 +36,25 @@ boundaries, the last ones may be shorter or empty). Nodes of different sizes are
 inter-node slicing uses the smallest node's rank count, so every node cuts its chunks the same
 way.
 
+In place, for buffers that already live in shared memory: ``shared_empty`` hands out arrays
+whose memory is this rank's row of a node-shared window of their own (one row per node rank),
+and ``average_`` of such an array (the very object handed out) skips steps 1 and 4's copies:
+after one barrier every slice owner sums its slice of the ``k`` rows in place into row 0 (row
+0, 1, ..., k-1, chunk by chunk so that it stays in cache), allreduces it across nodes
+(``inter="owners"``), divides it by N there and copies it into the other rows' slices; one more
+barrier and every rank's array holds the average. Per rank, main memory sees one read and one
+write of the buffer and no copy through a window; the slices, the summation order and the
+correctly rounded division (a multiplication by 1/N where N is a power of two: the same bits)
+are those of the copying path, so the bits are the same too. With ``inter="leaders"`` such
+arrays take the copying path.
+
 Testing on one machine: ``ranks_per_node=k`` fakes nodes of ``k`` ranks by splitting the
 communicator by ``rank // k`` (all of them still share memory), so the inter-node step runs.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +79,7 @@ SHM_CHUNK_BYTES = 1 << 20
 
 INTER_MODES = ("owners", "leaders")
 _LINE = 64  # bytes: slices start on cache-line boundaries, so owners never share a line
+_PAGE = 4096  # bytes: the rows of a shared array start on page boundaries
 
 
 def shm_supported(buf: Any) -> bool:
@@ -88,13 +102,25 @@ class _Chunk:
     result: np.ndarray         # the whole result of the chunk (copy-back source)
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """An array handed out by ``shared_empty``, and how ``average_`` reduces it in place."""
+
+    win: MPI.Win
+    root: np.ndarray           # the window's whole memory (bytes); every row is a view of it
+    array: np.ndarray          # this rank's row, as handed out
+    slices: tuple              # per reduce slice of this rank: every rank's row over it, row 0
+                               # first
+
+
 class ShmAverager:
     """Node-local shared-memory averaging with an inter-node MPI step (see the module docstring).
 
-    Creating one is collective over ``mpi``; so are ``average_`` and ``free``. The window is
-    allocated on the first ``average_`` (``2 k + D`` slots of ``chunk_bytes``, a few MB) and
-    reused for every buffer size and dtype; the chunk plan (views into the window) is built once
-    per (length, dtype) and cached.
+    Creating one is collective over ``mpi``; so are ``average_``, ``shared_empty`` and ``free``.
+    The copying path's window is allocated on the first ``average_`` (``2 k + D`` slots of
+    ``chunk_bytes``, a few MB) and reused for every buffer size and dtype; the chunk plan (views
+    into the window) is built once per (length, dtype) and cached. Each ``shared_empty`` array
+    has a window of its own.
     """
 
     def __init__(self, mpi: MPI.Comm, *, ranks_per_node: int | None = None, inter: str = "owners",
@@ -137,6 +163,9 @@ class ShmAverager:
         self.win: MPI.Win | None = None
         self._mem: np.ndarray | None = None
         self._plans: dict[tuple[int, np.dtype], tuple[_Chunk, ...]] = {}
+        self._shared: dict[int, _Shared] = {}  # id of an array shared_empty handed out -> it
+        #: Whether arrays from ``shared_empty`` are averaged in place (else they are copied).
+        self.in_place = self.nodes == 1 or inter == "owners"
 
     @property
     def worthwhile(self) -> bool:
@@ -159,15 +188,31 @@ class ShmAverager:
             self.win.Lock_all(MPI.MODE_NOCHECK)
         return self._mem
 
+    def _geometry(self, n: int, dtype: np.dtype) -> tuple[int, list[tuple[int, int, int, int]]]:
+        """(elements of a chunk, [(start, stop, lo, hi)] per chunk): where the chunks of an
+        ``n``-element buffer lie and this rank's reduce slice ``[lo, hi)`` in each (relative to
+        start; lo == hi: none). Slices start on cache lines."""
+        me, parts = self.node_rank, self.parts
+        line = max(1, _LINE // dtype.itemsize)
+        cap = self._row_bytes // dtype.itemsize  # a multiple of line
+        width = min(cap, -(-n // line) * line)
+        chunks = []
+        for start in range(0, n, width):
+            stop = min(n, start + width)
+            length = stop - start
+            cuts = [min(length, (length * j // parts) // line * line) for j in range(parts)] + [length]
+            lo, hi = (cuts[me], cuts[me + 1]) if me < parts else (0, 0)
+            chunks.append((start, stop, lo, hi))
+        return width, chunks
+
     def _plan(self, n: int, dtype: np.dtype) -> tuple[_Chunk, ...]:
         plan = self._plans.get((n, dtype))
         if plan is not None:
             return plan
         mem = self._window()
         k, me, parts, stages = self.node_size, self.node_rank, self.parts, self.stages
-        line = max(1, _LINE // dtype.itemsize)
-        cap = self._row_bytes // dtype.itemsize  # a multiple of line
-        width = min(cap, -(-n // line) * line)  # elements of a chunk
+        cap = self._row_bytes // dtype.itemsize
+        width, geometry = self._geometry(n, dtype)
         # The slots sit at the same byte offsets whatever (n, dtype): input slot s, row j at
         # (s k + j) row_bytes, result slot s at (2 k + s) row_bytes. So the next average_ (of any
         # size), which writes only input slots before its first barrier, cannot touch a result a
@@ -176,12 +221,9 @@ class ShmAverager:
         inputs = [slots[s * k:(s + 1) * k] for s in range(2)]
         results = [slots[2 * k + s] for s in range(stages)]
         chunks = []
-        for c, start in enumerate(range(0, n, width)):
-            stop = min(n, start + width)
+        for c, (start, stop, lo, hi) in enumerate(geometry):
             length = stop - start
             rows, result = inputs[c % 2], results[c % stages]
-            cuts = [min(length, (length * j // parts) // line * line) for j in range(parts)] + [length]
-            lo, hi = (cuts[me], cuts[me + 1]) if me < parts else (0, 0)
             part = result[lo:hi] if me < parts else None
             mine = tuple(None if j == me else rows[j, lo:hi] for j in range(k)) if me < parts else ()
             if self.inter == MPI.COMM_NULL:
@@ -193,10 +235,36 @@ class ShmAverager:
         plan = self._plans[(n, dtype)] = tuple(chunks)
         return plan
 
+    def shared_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A new uninitialized array in node-shared memory that ``average_`` averages in place
+        (see the module docstring); collective over the communicator, like ``average_``.
+
+        Every rank must ask for the same shape and dtype, and average the very object returned
+        (a view of it takes the copying path). Its memory is this rank's row of a window of its
+        own, released by ``free`` once no array views it any more."""
+        dtype = np.dtype(dtype)
+        if dtype.kind != "f" or not dtype.isnative:
+            raise ValueError(f"shared arrays hold native floats, not {dtype}")
+        count = int(np.prod(shape, dtype=np.int64))
+        k, me = self.node_size, self.node_rank
+        row_bytes = -(-max(1, count * dtype.itemsize) // _PAGE) * _PAGE  # rows start on pages
+        assert isinstance(self.node, MPI.Intracomm)  # see _window
+        win = MPI.Win.Allocate_shared(k * row_bytes if me == 0 else 0, 1, comm=self.node)
+        memory, _ = win.Shared_query(0)
+        root = np.frombuffer(memory, dtype=np.uint8)  # type: ignore[call-overload]  # see _window
+        win.Lock_all(MPI.MODE_NOCHECK)
+        rows = [root[j * row_bytes:j * row_bytes + count * dtype.itemsize].view(dtype) for j in range(k)]
+        array = rows[me].reshape(shape)
+        _, geometry = self._geometry(max(1, count), dtype)
+        slices = [tuple(row[start + lo:start + hi] for row in rows)
+                  for start, _, lo, hi in (geometry if count else ()) if lo < hi]
+        self._shared[id(array)] = _Shared(win, root, array, tuple(slices))
+        return array
+
     # -- the averaging -----------------------------------------------------------------------
 
-    def _sync(self) -> None:
-        win = self.win
+    def _sync(self, win: MPI.Win | None = None) -> None:
+        win = win or self.win
         assert win is not None  # average_ plans (and so allocates the window) before any sync
         win.Sync()
         self.node.Barrier()
@@ -204,6 +272,9 @@ class ShmAverager:
 
     def average_(self, buf: np.ndarray) -> np.ndarray:
         """``buf <- (1/N) sum_i buf_i`` in place; every rank ends with bitwise identical values."""
+        shared = self._shared.get(id(buf))
+        if shared is not None and shared.array is buf and self.in_place:
+            return self._average_shared(shared)
         flat = buf.reshape(-1)  # a view (buf is C-contiguous)
         if flat.size == 0:
             return buf
@@ -245,8 +316,43 @@ class ShmAverager:
                 self._sync()
         return buf
 
+    def _average_shared(self, shared: _Shared) -> np.ndarray:
+        """``average_`` of an array from ``shared_empty``: each slice summed in place into row
+        0, allreduced across nodes, divided by N, copied into the other rows (two barriers)."""
+        n = float(self.size)
+        # x / n, correctly rounded, is x * (1/n) when n is a power of two (an exact scaling):
+        # the same bits at the cost of a multiplication instead of a division
+        scale = np.multiply if self.size & (self.size - 1) == 0 else np.divide
+        factor = 1 / n if scale is np.multiply else n
+        inter = self.inter if self.inter != MPI.COMM_NULL else None
+        self._sync(shared.win)  # every rank's row holds its values
+        for rows in shared.slices:
+            total = rows[0]  # summed in place in row 0, the order row 0, 1, ..., k-1 kept
+            for row in rows[1:]:
+                np.add(total, row, out=total)
+            if inter is not None:
+                inter.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+            scale(total, factor, out=total)  # once, then copied: divisions are slow
+            for row in rows[1:]:
+                np.copyto(row, total)  # both on cache lines: memcpy's fast case
+        self._sync(shared.win)  # every row holds the average
+        return shared.array
+
     def free(self) -> None:
-        """Release the window and the communicators (collective; idempotent)."""
+        """Release the windows and the communicators (collective; idempotent). The window of
+        an array from ``shared_empty`` that some rank still views (a model's parameters) is
+        kept: it goes with the process, never under a live array."""
+        shared, self._shared = list(self._shared.values()), {}
+        while shared:
+            item = shared.pop(0)  # the same order on every rank: the frees are collective
+            root, win = item.root, item.win
+            del item  # our views of root go with it
+            viewed = np.array([sys.getrefcount(root) > 2], dtype=np.int32)  # `root`, the argument
+            self.node.Allreduce(MPI.IN_PLACE, viewed, op=MPI.MAX)
+            del root
+            if not viewed[0]:
+                win.Unlock_all()
+                win.Free()
         if self.win is not None:
             self.win.Unlock_all()
             self.win.Free()

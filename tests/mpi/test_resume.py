@@ -80,8 +80,9 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
     extra = {"momentum": {}, "heterogeneous": heterogeneous(comm.size),
              "nesterov-average-eval": {"nesterov": "true", "momentum_policy": "average",
                                        "eval_every": 4},
-             # 19,210 float64 parameters: past SHM_AVERAGE_MIN_BYTES, the other averaging path
-             "shared-memory-averaging": {"hidden": 256},
+             # 19,210 float64 parameters: past SHM_AVERAGE_MIN_BYTES, the other averaging path,
+             # with the model in node-shared memory, averaged in place (on one rank too)
+             "shared-memory-averaging": {"hidden": 256, "averaging": "shm"},
              # clipping counters, clip_fraction rows, a global norm and partial participation
              "celgc": {"algorithm": "celgc", "gamma": 0.15, "clip_norm": "global",
                        "weight_decay": 1e-3, "participation": 0.5, "momentum_policy": "average",
