@@ -15,7 +15,8 @@ does (hpcopt.io.vet); a trace it refuses becomes a note in its run's row. A run'
 
 The columns: the run directory, the state, the options whose values differ between the runs
 (world size included), steps, rounds, the last training loss, the final (else the latest)
-evaluation, bytes communicated in all and per label (rank 0), wall seconds, measured and, with
+evaluation, bytes communicated in all and per label (rank 0), the peak bytes in flight (when a
+run's trace has that column: Streaming DiLoCo's fragments), wall seconds, measured and, with
 ``--network``, modelled communication seconds, the newest checkpoint (to resume from), a note.
 Paths inside the output directory are written relative to it.
 """
@@ -37,6 +38,8 @@ from ..errors import HpcoptError
 from .layout import Entry, is_study, lock_held, log_path, read_manifest, read_record, record_path
 
 STOPPED = {128 + signal.SIGTERM: "SIGTERM", 128 + signal.SIGINT: "SIGINT"}
+#: The trace column of the most bytes in flight at once (its maximum over the run is the column).
+PEAK = "peak_bytes_in_flight"
 #: Bytes read from the end of a task's log for the note of a failed run.
 LOG_TAIL = 8192
 
@@ -221,6 +224,7 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
     metrics = ["eval_loss", *(m for m in ("eval_accuracy", "eval_perplexity")
                               if any(m in t.columns for t in traces))]
     labels = sorted({label for t in traces for label in t.comm})
+    peak = [PEAK] if any(PEAK in t.columns for t in traces) else []
     table = []
     for row in rows:
         trace = row.trace
@@ -228,7 +232,8 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
         values.update({k: row.settings.get(k) for k in keys})
         values.update({"steps": None, "rounds": None, "train_loss": None, **{m: None for m in metrics},
                        "bytes": None, **{f"bytes_{label}": None for label in labels},
-                       "wall_seconds": None, "comm_seconds": None, "modelled_comm_seconds": None,
+                       **{name: None for name in peak}, "wall_seconds": None, "comm_seconds": None,
+                       "modelled_comm_seconds": None,
                        "network": None})
         if trace is not None:
             values.update(steps=_final(trace, "step"), rounds=_final(trace, "rounds"),
@@ -237,6 +242,8 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
                           comm_seconds=_last(trace, "seconds"),
                           modelled_comm_seconds=_last(trace, "modelled"), network=trace.attrs.get("network"))
             values.update({m: _latest(trace, m) for m in metrics})
+            if peak and PEAK in trace.columns and trace.rows:
+                values[PEAK] = int(trace.columns[PEAK].max())
             values.update({f"bytes_{label}": f["bytes"][-1].item() for label, f in trace.comm.items()
                            if trace.rows})
         values["checkpoint"] = _shown(row.checkpoint, out) if row.checkpoint else None

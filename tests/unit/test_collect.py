@@ -206,3 +206,19 @@ def test_report_of_a_study_takes_its_readable_runs_and_says_what_it_left_out(run
                                                "steps.png", "wall.png"]
     assert (tmp_path / "report" / "report.md").read_text().count("| interval=") == 2
     assert f"report: 2 of the 4 runs of {study} have a readable trace" in capsys.readouterr().err
+
+
+def test_the_peak_bytes_in_flight_of_a_streaming_run(runs, tmp_path):
+    out = tmp_path / "streaming"
+    fresh_train(build_config(None, {"dataset": "digits", "hidden": "16", "steps": "8", "progress": "false",
+                                    "algorithm": "diloco", "interval": "4", "fragments": "2",
+                                    "out": str(out)}))
+    collect.collect([runs["I4"], out], tmp_path / "out")
+    rows = read_csv(tmp_path / "out" / "study.csv")
+    trace = read_each([out / "trace.h5"])[0]
+    assert isinstance(trace, Trace)
+    peak = trace.columns["peak_bytes_in_flight"]
+    # the run's maximum; a run without fragments has no such column (blank)
+    assert int(rows[1]["peak_bytes_in_flight"]) == peak.max() > 0
+    assert rows[0]["peak_bytes_in_flight"] == ""
+    assert "peak_bytes_in_flight" not in read_csv(collect.collect([runs["I4"]], tmp_path / "plain")[0])[0]
