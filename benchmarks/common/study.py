@@ -95,8 +95,14 @@ def run_study(text: str, out: Path, jobs: int = 1, mpiexec: str = "mpiexec") -> 
     return read_study(out)
 
 
-def add_study_options(parser: argparse.ArgumentParser) -> None:
-    """A reproduction's study options: ``--jobs``, ``--study`` and ``--write-study``."""
+def add_study_options(parser: argparse.ArgumentParser, runs: Path | None = None) -> None:
+    """A reproduction's study options: ``--jobs``, ``--study`` and ``--write-study``; with
+    ``runs``, ``--runs`` (that default) and ``--reuse`` (without it the study starts afresh)."""
+    if runs is not None:
+        parser.add_argument("--runs", type=Path, default=runs,
+                            help="the study directory (it holds the study of one set of options)")
+        parser.add_argument("--reuse", action="store_true",
+                            help="keep the finished runs already in --runs (else it starts afresh)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (hpcopt sweep --local -j)")
     parser.add_argument("--study", type=Path,
                         help="only read this study (run and collected elsewhere, e.g. on a cluster), "

@@ -253,11 +253,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--bptt", type=int, default=20)
     parser.add_argument("--batch", type=int, default=10)
-    parser.add_argument("--runs", type=Path, default=Path("runs/low-communication"),
-                        help="the study directory (it holds the study of one set of options)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep finished runs already in --runs (else it starts afresh)")
-    add_study_options(parser)
+    add_study_options(parser, runs=Path("runs/low-communication"))
     parser.add_argument("--out", type=Path, default=Path("docs/results/low-communication.md"))
     add_mpiexec_option(parser)
     return parser.parse_args(argv)

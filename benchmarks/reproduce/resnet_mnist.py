@@ -241,11 +241,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cifar", type=Path, default=Path("data/cifar-10-batches-bin"),
                         help="directory of the CIFAR-10 binary batches (skipped when absent)")
     parser.add_argument("--cifar-epochs", type=float, default=2)
-    parser.add_argument("--runs", type=Path, default=Path("runs/resnet-mnist"),
-                        help="the study directory (it holds the study of one set of options)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="take runs whose finished trace is already in --runs (else it starts afresh)")
-    add_study_options(parser)
+    add_study_options(parser, runs=Path("runs/resnet-mnist"))
     parser.add_argument("--out", type=Path, default=Path("docs/results/prsgd.md"))
     parser.add_argument("--figures", type=Path, default=Path("docs/results/resnet-mnist"))
     add_mpiexec_option(parser)

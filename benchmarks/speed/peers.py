@@ -27,8 +27,9 @@ parameters the averager or DDP reduces (DDP: plus the buffers it broadcasts ever
 Growth: float32 vectors of d = 1 MB ... 256 MB. The step overhead is hpcopt's local step (PR-SGD
 without an average) minus PyTorch's ``SGD`` step on a module holding d bytes of parameters in 8
 tensors whose forward reads each once (the passes over the parameters are the whole step); the
-average is ``Comm.average_`` against ``torch.distributed.all_reduce`` + ``div_`` over gloo. The
-memory ceiling comes from ``benchmarks/speed/shm_ceiling.py`` (run as its own job after this one),
+average is ``Comm.average_`` of a vector kept where training keeps x (``Comm.shared_like``:
+node-shared memory, averaged in place) against ``torch.distributed.all_reduce`` + ``div_`` over
+gloo. The memory ceiling comes from ``benchmarks/speed/shm_ceiling.py`` (run as its own job after this one),
 drawn as d over its ceiling GB/s; without that script the page says so and draws none.
 
     python benchmarks/speed/peers.py [--quick] [--page docs/results/peers.md]
@@ -310,7 +311,9 @@ def measure_growth(nbytes: int, comm: Any, args: argparse.Namespace) -> dict[str
             samples[key].append((block(variant, calls, comm.mpi)[0] / calls,))
     del steps
     gc.collect()
-    vector = np.full(nbytes // 4, 1.0, dtype=np.float32)
+    # where training keeps x (``algorithm.init``: node-shared memory when the average takes that
+    # path), so the average is the one a round makes
+    vector = comm.shared_like(np.full(nbytes // 4, 1.0, dtype=np.float32))
     tensor = torch.full((nbytes // 4,), 1.0)
     world = comm.size
 
@@ -606,7 +609,8 @@ def page(data: dict[str, Any], ceiling: list[dict[str, float]] | None, ceiling_n
         "",
         "Step overhead: hpcopt's local step (PR-SGD, no average) minus PyTorch's SGD step on a module "
         "of d bytes of float32 parameters in 8 tensors whose forward reads each once. Average: "
-        "`Comm.average_` against `torch.distributed.all_reduce` + `div_` over gloo.",
+        "`Comm.average_` of a vector where training keeps x (`Comm.shared_like`: node-shared "
+        "memory, averaged in place) against `torch.distributed.all_reduce` + `div_` over gloo.",
         "",
         ceiling_note,
         "",

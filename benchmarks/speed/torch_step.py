@@ -243,12 +243,14 @@ def launch(args: argparse.Namespace) -> None:
         output = run_script(ranks, __file__, "--json", "--models", *args.models,
                             "--rounds", str(args.rounds), "--calls", str(args.calls),
                             "--lr", str(args.lr), "--momentum", str(args.momentum),
+                            "--averaging", args.averaging,
                             *(["--batch", str(args.batch)] if args.batch else []))
         rows += [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     text = table(rows, args, f"; load average {before} at the start, {load_average()} at the end")
     print(text)
     command = (f"python benchmarks/speed/torch_step.py --ranks {' '.join(map(str, args.ranks))} "
-               f"--models {' '.join(args.models)} --rounds {args.rounds} --calls {args.calls}")
+               f"--models {' '.join(args.models)} --rounds {args.rounds} --calls {args.calls}"
+               + (f" --averaging {args.averaging}" if args.averaging != "auto" else ""))
     for page in args.write or ():
         replace_section(page, "torch-speed", f"`{command} --write PAGE`:\n\n{text}")
 
@@ -263,6 +265,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", help="run under mpiexec -n R for each R")
     parser.add_argument("--write", type=Path, nargs="+",
                         help="with --ranks: the pages whose torch-speed section to write")
+    parser.add_argument("--averaging", choices=["auto", "mpi", "shm"], default="auto",
+                        help="the Comm's averaging path (auto, shm: the flat vectors in node-shared "
+                        "memory; mpi: in private memory)")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     add_timing_options(parser)
     args = parser.parse_args()
@@ -271,7 +276,7 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     keep_freed_memory()
-    comm = Comm()
+    comm = Comm(averaging=args.averaging)
     rows = []
     with threadpool_limits(1):
         for name in args.models:
