@@ -274,7 +274,8 @@ class Comm:
 
     def shared_like(self, x: Any) -> Any:
         """``x``'s values in a new array in node-shared memory when ``average_`` would take the
-        shared-memory path for it, else ``x`` itself (collective; the same answer on every rank).
+        shared-memory path for it and every node's shared-memory file system has room for it
+        (``ShmAverager.has_room``), else ``x`` itself (collective; the same answer on every rank).
 
         ``average_`` of the returned array (that very object, the model's flat vector) then
         reduces it in place, with no copy into or out of a window (hpcopt/comm/shm.py,
@@ -282,7 +283,7 @@ class Comm:
         by ``free`` when nothing views it any more, else when the process ends.
         """
         averager = None if x.nbytes < self._shm_from_bytes else self._averager_for(x)
-        if averager is None or not averager.in_place:
+        if averager is None or not averager.in_place or not averager.has_room(x.nbytes):
             return x
         shared = averager.shared_empty(x.shape, x.dtype)
         np.copyto(shared, x)

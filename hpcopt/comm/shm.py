@@ -54,6 +54,8 @@ communicator by ``rank // k`` (all of them still share memory), so the inter-nod
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +80,19 @@ SHM_AVERAGE_MIN_BYTES = 128 << 10
 SHM_CHUNK_BYTES = 1 << 20
 
 INTER_MODES = ("owners", "leaders")
+
+#: The file system that holds node-shared windows (MPICH and Open MPI map a file there): a
+#: tmpfs, sized by the system (half the memory by default, 64 MB in a default Docker container).
+SHM_DIRECTORY = "/dev/shm"
+
+
+def shm_free_bytes(directory: str = SHM_DIRECTORY) -> float:
+    """Bytes free for windows in ``directory`` (infinite where it does not exist)."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return math.inf
+    return float(stat.f_bavail * stat.f_frsize)
 _LINE = 64  # bytes: slices start on cache-line boundaries, so owners never share a line
 _PAGE = 4096  # bytes: the rows of a shared array start on page boundaries
 
@@ -131,6 +146,7 @@ class ShmAverager:
             raise ValueError(f"chunk_bytes must be at least {_LINE}, got {chunk_bytes}")
         if ranks_per_node is not None and ranks_per_node < 1:
             raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
+        self.mpi = mpi
         self.size = mpi.Get_size()
         rank = mpi.Get_rank()
         if ranks_per_node is None:
@@ -234,6 +250,19 @@ class ShmAverager:
                                  part, inter, result[:length]))
         plan = self._plans[(n, dtype)] = tuple(chunks)
         return plan
+
+    def has_room(self, nbytes: int, free: float | None = None) -> bool:
+        """Whether every node's ``SHM_DIRECTORY`` has room for a ``shared_empty`` array of
+        ``nbytes`` a rank with as much again to spare (collective over the communicator: the
+        same answer on every rank). A window larger than the room left there would end the job
+        with a bus error when its pages are first written. ``free``: the bytes free, for tests
+        (default: ``shm_free_bytes()``, read by each node's first rank)."""
+        needed = 2 * self.node_size * (-(-max(1, nbytes) // _PAGE) * _PAGE)
+        if self.node_rank == 0:
+            room = (shm_free_bytes() if free is None else free) >= needed
+        else:
+            room = True
+        return bool(self.mpi.allreduce(room, op=MPI.LAND))
 
     def shared_empty(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A new uninitialized array in node-shared memory that ``average_`` averages in place

@@ -142,6 +142,36 @@ def test_comm_shared_like_only_where_the_shared_memory_path_runs():
     assert c.shared_like(np.ones(3, np.int64)).dtype == np.int64  # not floats: itself
 
 
+def test_a_vector_stays_in_private_memory_where_a_node_has_no_room_for_it(monkeypatch):
+    """A window larger than /dev/shm's room would end the job with a bus error on first write:
+    shared_like keeps x private (the copying path, the same bits) unless every node has twice
+    what the window needs, decided by every rank alike."""
+    import hpcopt.comm.shm as shm
+
+    assert shm.shm_free_bytes("/no/such/directory") == np.inf and shm.shm_free_bytes() > 0
+    c = Comm(averaging="shm")
+    try:
+        start = random_data(c.rank, 100_003, np.float32)
+        averager = c._averager_for(start)
+        assert averager is not None
+        needed = 2 * averager.node_size * (-(-start.nbytes // 4096) * 4096)
+        assert averager.has_room(start.nbytes, free=needed)
+        assert not averager.has_room(start.nbytes, free=needed - 1)
+        # only node rank 0 reads the file system; its answer reaches every rank
+        assert not averager.has_room(start.nbytes, free=0 if averager.node_rank == 0 else np.inf)
+        monkeypatch.setattr(shm, "shm_free_bytes", lambda directory=shm.SHM_DIRECTORY: needed - 1)
+        x = c.shared_like(start)
+        assert x is start
+        monkeypatch.setattr(shm, "shm_free_bytes", lambda directory=shm.SHM_DIRECTORY: needed)
+        shared = c.shared_like(start.copy())
+        assert shared is not start
+        c.average_(x, label="private")
+        c.average_(shared, label="shared")
+        np.testing.assert_array_equal(x, shared)
+    finally:
+        c.free()
+
+
 def test_comm_average_of_a_shared_vector_counts_one_call_and_matches_today():
     c = Comm(averaging="shm")
     try:
