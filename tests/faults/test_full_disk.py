@@ -5,7 +5,8 @@ reads, and the run resumes from the newest one bitwise (real ``mpiexec`` jobs on
 Two ways to make the write fail: a real small file system (tmpfs in a mount namespace of the
 job's own; skipped where this machine cannot mount one), and a file size limit
 (``RLIMIT_FSIZE``: every write past it fails with EFBIG, in the kernel, as ENOSPC does on a full
-disk), which always works."""
+disk), which always works. A small ``/dev/shm`` (a tmpfs mounted there the same way) does not
+stop a run whose model would not fit in it: the model stays in private memory."""
 
 from __future__ import annotations
 
@@ -102,3 +103,24 @@ def test_a_disk_filling_mid_checkpoint_is_one_line_and_loses_nothing(tmp_path):
     assert ticks == [8 * (i + 1) for i in range(len(names))], ticks
     assert read_trace(kept / "trace.h5").rows >= read_checkpoint(kept).trace_rows
 
+
+
+#: Runs ``mpiexec ...`` (its arguments after the first) with a /dev/shm of $1 bytes, in a mount
+#: namespace of its own.
+SMALL_SHM = """
+mount -t tmpfs -o size="$1" hpcopt-test /dev/shm || exit 97
+shift
+exec "$@"
+"""
+
+
+def test_a_small_dev_shm_keeps_the_model_in_private_memory_and_trains(tmp_path):
+    """A model of 46 MB a rank on 2 ranks with 48 MB of /dev/shm (a default Docker container
+    has 64 MB): its node-shared window (92 MB) would end the job with a bus error on its first
+    write; the model stays in private memory (the copying path, the same bits) and trains."""
+    namespace = _namespace(tmp_path / "probe")
+    out = tmp_path / "run"
+    job = run_job(["train", *SMALL, "--hidden", "4096,2048", "--steps", "4", "--out", str(out)],
+                  launcher=(*namespace, "sh", "-c", SMALL_SHM, "sh", str(48 << 20)))
+    assert job.returncode == 0, job.describe()
+    assert read_checkpoint(out).tick == 4
