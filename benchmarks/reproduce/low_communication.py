@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 from benchmarks.common.launch import add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
 from benchmarks.common.study import Run, add_study_options, find_run, study_runs, sweep_file  # noqa: E402
+from hpcopt.algorithms.streaming import FRAGMENT_LABEL  # noqa: E402
 from hpcopt.comm.costmodel import PROFILES, SETUP_LABELS, trace_modelled  # noqa: E402
 from hpcopt.io.trace import Trace, read_trace  # noqa: E402
 
@@ -50,7 +51,7 @@ MODEL = "torch:hpcopt.torch.models:word_lstm"
 WORKERS = (4, 64)  # the cost model's projections
 NETWORKS = ("eth10", "ib100")
 #: Labels of a round's traffic: the average (also what a wire round sends), the fragments.
-ROUND_LABELS = ("average", "final", "fragments")
+ROUND_LABELS = ("average", "final", FRAGMENT_LABEL)
 
 
 @dataclass(frozen=True)
@@ -58,17 +59,18 @@ class Case:
     """One configuration of the study (run once per seed)."""
 
     label: str
-    options: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
+    options: dict[str, int | str] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def overlap(self) -> int:
-        return int(self.options.get("overlap", 0))  # type: ignore[call-overload]
+        """Inner steps a fragment's reduction overlaps (0: none, or no fragments)."""
+        return int(self.options.get("overlap", 0))
 
 
 def cases(args: argparse.Namespace) -> list[Case]:
     """Every configuration, in the page's order."""
     mid = args.intervals[len(args.intervals) // 2]
-    diloco = {"algorithm": "diloco"}
+    diloco: dict[str, int | str] = {"algorithm": "diloco"}
     found = [Case("synchronous (I = 1)", {"algorithm": "prsgd", "interval": 1}),
              Case(f"PR-SGD (H = {mid})", {"algorithm": "prsgd", "interval": mid}),
              Case(f"SlowMo (H = {mid})", {"algorithm": "slowmo", "interval": mid})]
@@ -121,6 +123,8 @@ def projected(trace: Trace, overlap: int, workers: int, network: str) -> float:
     """Wall seconds on ``network`` with ``workers`` ranks: the run's measured computation plus
     the modelled seconds of its calls and bytes there; a fragment's reduction hidden behind
     ``overlap`` steps of that computation (hpcopt.comm.costmodel's rule, max(0, M - H))."""
+    if trace.summary is None:
+        raise SystemExit(f"{trace.path}: no summary (the run did not finish)")
     wall = float(trace.summary["wall"])
     comm = {label: f for label, f in trace.comm.items() if label not in SETUP_LABELS}
     measured = sum(float(f["seconds"][-1]) for f in comm.values())
@@ -131,7 +135,7 @@ def projected(trace: Trace, overlap: int, workers: int, network: str) -> float:
     for label, fields in comm.items():
         one = {label: {k: v[-1:] for k, v in fields.items()}}
         modelled = float(trace_modelled(one, ops, workers, PROFILES[network])[0])
-        if label == "fragments" and overlap:
+        if label == FRAGMENT_LABEL and overlap:
             calls = max(1, int(fields["calls"][-1]))
             modelled = calls * max(0.0, modelled / calls - overlap * compute / steps)
         seconds += modelled
