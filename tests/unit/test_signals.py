@@ -60,13 +60,19 @@ def test_the_handlers_are_put_back_and_a_job_inside_a_job_is_the_same():
 
 
 def test_the_python_api_keeps_sigterm_a_flag_and_ctrl_c_a_keyboard_interrupt():
-    with StopSignal(True) as stop:
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.raised == signal.SIGTERM
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    # Python's own SIGINT handler, as a program started from a terminal has it (a suite started
+    # in the background by a non-interactive shell inherits SIGINT ignored, and keeps it so)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with StopSignal(True) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.raised == signal.SIGTERM
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_the_rank_comes_from_the_launcher_before_mpi_starts(monkeypatch):
