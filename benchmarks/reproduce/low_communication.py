@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 from benchmarks.common.launch import add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
 from benchmarks.common.study import Run, add_study_options, find_run, study_runs, sweep_file  # noqa: E402
-from hpcopt.algorithms.streaming import FRAGMENT_LABEL  # noqa: E402
+from hpcopt.algorithms.streaming import FRAGMENT_LABEL, PEAK_COLUMN  # noqa: E402
 from hpcopt.comm.costmodel import PROFILES, SETUP_LABELS, trace_modelled  # noqa: E402
 from hpcopt.io.trace import Trace, read_trace  # noqa: E402
 
@@ -113,8 +113,8 @@ def round_bytes(trace: Trace) -> int:
 def largest_message(trace: Trace) -> int:
     """The most bytes a rank had in flight at once: the streaming runs' trace column, else a
     round's whole message (its bytes over its calls)."""
-    if "peak_bytes_in_flight" in trace.columns:
-        return int(np.max(trace.columns["peak_bytes_in_flight"]))
+    if PEAK_COLUMN in trace.columns:
+        return int(np.max(trace.columns[PEAK_COLUMN]))
     fields = trace.comm["average"]
     return int(fields["bytes"][-1]) // max(1, int(fields["calls"][-1]))
 

@@ -44,7 +44,7 @@ from .base import option
 from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 from .groups import GROUP_LABEL, GroupRounds
-from .streaming import FRAGMENT_LABEL, FragmentOptions, FragmentSchedule
+from .streaming import FRAGMENT_LABEL, PEAK_COLUMN, FragmentOptions, FragmentSchedule
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -159,13 +159,13 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
 
     def trace_columns(self) -> tuple[str, ...]:
         """A streaming run's peak_bytes_in_flight (``hpcopt.algorithms.streaming``)."""
-        return ("peak_bytes_in_flight",) if self.streaming else ()
+        return (PEAK_COLUMN,) if self.streaming else ()
 
     def trace_row(self, state: DataParallelState) -> dict[str, Any]:
         """peak_bytes_in_flight over the round up to ``state``'s step (streaming runs)."""
         if not self.streaming:
             return {}
-        return {"peak_bytes_in_flight": self.streamed.peak_bytes(state.step, state.x.itemsize)}
+        return {PEAK_COLUMN: self.streamed.peak_bytes(state.step, state.x.itemsize)}
 
     def state_vectors(self) -> tuple[int, int]:
         """Rounds', the wire's error feedback and a streaming run's ``in_flight`` (per rank)."""

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 Array = Any
 
 FRAGMENT_LABEL = "fragments"
+#: The trace column of a streaming run: the most bytes a rank had in flight at once over the
+#: round up to the row's step.
+PEAK_COLUMN = "peak_bytes_in_flight"
 
 
 def streamed(options: Any) -> bool:

@@ -81,6 +81,9 @@ SHM_CHUNK_BYTES = 1 << 20
 
 INTER_MODES = ("owners", "leaders")
 
+_LINE = 64  # bytes: slices start on cache-line boundaries, so owners never share a line
+_PAGE = 4096  # bytes: the rows of a shared array start on page boundaries
+
 #: The file system that holds node-shared windows (MPICH and Open MPI map a file there): a
 #: tmpfs, sized by the system (half the memory by default, 64 MB in a default Docker container).
 SHM_DIRECTORY = "/dev/shm"
@@ -93,8 +96,6 @@ def shm_free_bytes(directory: str = SHM_DIRECTORY) -> float:
     except OSError:
         return math.inf
     return float(stat.f_bavail * stat.f_frsize)
-_LINE = 64  # bytes: slices start on cache-line boundaries, so owners never share a line
-_PAGE = 4096  # bytes: the rows of a shared array start on page boundaries
 
 
 def shm_supported(buf: Any) -> bool:

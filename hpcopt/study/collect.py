@@ -34,12 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..algorithms.streaming import PEAK_COLUMN as PEAK
 from ..errors import HpcoptError
 from .layout import Entry, is_study, lock_held, log_path, read_manifest, read_record, record_path
 
 STOPPED = {128 + signal.SIGTERM: "SIGTERM", 128 + signal.SIGINT: "SIGINT"}
-#: The trace column of the most bytes in flight at once (its maximum over the run is the column).
-PEAK = "peak_bytes_in_flight"
 #: Bytes read from the end of a task's log for the note of a failed run.
 LOG_TAIL = 8192
 
@@ -242,7 +241,7 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
                           comm_seconds=_last(trace, "seconds"),
                           modelled_comm_seconds=_last(trace, "modelled"), network=trace.attrs.get("network"))
             values.update({m: _latest(trace, m) for m in metrics})
-            if peak and PEAK in trace.columns and trace.rows:
+            if PEAK in trace.columns and trace.rows:  # the run's most bytes in flight at once
                 values[PEAK] = int(trace.columns[PEAK].max())
             values.update({f"bytes_{label}": f["bytes"][-1].item() for label, f in trace.comm.items()
                            if trace.rows})
