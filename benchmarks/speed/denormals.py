@@ -3,8 +3,9 @@ model of each run given, with the CPU's flush-to-zero off (as hpcopt trains) and
 
 The runs are ``hpcopt train --model torch:hpcopt.torch.models:word_lstm --dataset ptb`` runs
 (e.g. those of ``benchmarks/reproduce/low_communication.py``); each run's newest checkpoint
-gives the parameters (``/model/params``, docs/formats.md). One thread, the same PTB windows for
-every model, the median over ``--windows`` batches; rounds alternate between the models.
+gives the averaged model (``hpcopt.io.data_parallel_checkpoint.read_checkpoint``). One thread,
+the same PTB windows for every model, the median over ``--windows`` batches; rounds alternate
+between the models.
 
     python benchmarks/speed/denormals.py RUN [RUN ...] [--windows 20] [--batch 10] [--bptt 20]
 
@@ -20,23 +21,23 @@ import sys
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: hpcopt
 
 from hpcopt.data.text import load_corpus  # noqa: E402
+from hpcopt.io.data_parallel_checkpoint import read_checkpoint  # noqa: E402
 from hpcopt.torch.models import word_lstm  # noqa: E402
 
 
 def trained(run: Path, vocab: int) -> torch.nn.Module:
-    """The word LSTM with the parameters of ``run``'s newest checkpoint."""
+    """The word LSTM with the averaged model of ``run``'s newest checkpoint."""
     module = word_lstm(vocab)
-    checkpoint = sorted((run / "checkpoints").glob("step-*.h5"))[-1]
-    with h5py.File(checkpoint, "r") as f:
-        for name, parameter in module.named_parameters():
-            parameter.data.copy_(torch.as_tensor(f[f"model/params/{name}"][()]))
+    checkpoint = read_checkpoint(run)
+    params = checkpoint.layout.views(checkpoint.model)
+    for name, parameter in module.named_parameters():
+        parameter.data.copy_(torch.as_tensor(params[name]))
     return module
 
 

@@ -104,7 +104,6 @@ def test_a_disk_filling_mid_checkpoint_is_one_line_and_loses_nothing(tmp_path):
     assert read_trace(kept / "trace.h5").rows >= read_checkpoint(kept).trace_rows
 
 
-
 #: Runs ``mpiexec ...`` (its arguments after the first) with a /dev/shm of $1 bytes, in a mount
 #: namespace of its own.
 SMALL_SHM = """
