@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 from benchmarks.common.launch import add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
 from benchmarks.common.study import Run, add_study_options, find_run, study_runs, sweep_file  # noqa: E402
+from hpcopt.algorithms.data_parallel import AVERAGE_LABEL  # noqa: E402
 from hpcopt.algorithms.streaming import FRAGMENT_LABEL, PEAK_COLUMN  # noqa: E402
 from hpcopt.comm.costmodel import PROFILES, SETUP_LABELS, trace_modelled  # noqa: E402
 from hpcopt.io.trace import Trace, read_trace  # noqa: E402
@@ -51,7 +52,7 @@ MODEL = "torch:hpcopt.torch.models:word_lstm"
 WORKERS = (4, 64)  # the cost model's projections
 NETWORKS = ("eth10", "ib100")
 #: Labels of a round's traffic: the average (also what a wire round sends), the fragments.
-ROUND_LABELS = ("average", "final", FRAGMENT_LABEL)
+ROUND_LABELS = (AVERAGE_LABEL, "final", FRAGMENT_LABEL)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def largest_message(trace: Trace) -> int:
     round's whole message (its bytes over its calls)."""
     if PEAK_COLUMN in trace.columns:
         return int(np.max(trace.columns[PEAK_COLUMN]))
-    fields = trace.comm["average"]
+    fields = trace.comm[AVERAGE_LABEL]
     return int(fields["bytes"][-1]) // max(1, int(fields["calls"][-1]))
 
 
