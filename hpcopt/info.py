@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from . import __version__
 from .comm import Comm, node_layout
-from .comm.mpi_support import cuda_aware_mpi, launcher_size, parallel_hdf5
+from .comm.mpi_support import cuda_aware_mpi, launcher_size, mpi_library, parallel_hdf5
 from .comm.staging import gpu_report
 from .run.threads import configure_threads
 
@@ -35,12 +35,11 @@ def info_lines(comm: Comm) -> list[str]:
     aware, why = cuda_aware_mpi()
     aware_text = {True: "yes", False: "no", None: "unknown"}[aware]
     gpu, transfers = gpu_report(local_rank)
-    library = MPI.Get_library_version().strip().splitlines()[0]
     lines = [
         f"hpcopt          {__version__}",
         f"python          {platform.python_version()} ({platform.machine()})",
         *(f"{name:<15} {_version(name)}" for name in PACKAGES),
-        f"MPI library     {library} (MPI {'.'.join(map(str, MPI.Get_version()))})",
+        f"MPI library     {mpi_library()} (MPI {'.'.join(map(str, MPI.Get_version()))})",
         f"world size      {comm.size} ({local_size} rank(s) on this node){size_note}",
         f"threads         {threads.describe()}",
         f"CUDA-aware MPI  {aware_text} ({why})",

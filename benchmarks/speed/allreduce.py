@@ -74,6 +74,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from hpcopt.bench.common import KB, MB, fmt_bytes, parse_bytes  # noqa: E402
 from hpcopt.comm import ALLREDUCE_SLICE_BYTES, Comm  # noqa: E402
+from hpcopt.comm.mpi_support import mpi_library  # noqa: E402
 from hpcopt.comm.shm import SHM_AVERAGE_MIN_BYTES, SHM_CHUNK_BYTES, ShmAverager  # noqa: E402
 
 DEFAULT_SLICES = (256 * KB, 1 * MB, 2 * MB, 4 * MB, 8 * MB, 16 * MB, 0)  # 0 = unsliced
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     main_slices = byte_list(args.main_slices)
 
     say(f"# hpcopt allreduce benchmark: {n} rank(s), {dtype.name}, "
-        f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}")
+        f"{mpi_library()}, mpi4py {__import__('mpi4py').__version__}")
     load_start = os.getloadavg()
     shm = comms["shm"].averager
     say(f"# host {platform.node()}, {os.cpu_count()} cpu(s), load average {load_start[0]:.2f} at start; "
@@ -539,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None and rank == 0:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "ranks": n, "dtype": dtype.name, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "ranks": n, "dtype": dtype.name, "mpi": mpi_library(),
             "mpi4py": __import__("mpi4py").__version__, "host": platform.node(), "cpus": os.cpu_count(),
             "loadavg_start": load_start, "loadavg_end": load_end,
             "handoff_gbps": {"local": xcore[0], "cross_core": xcore[1]},

@@ -46,7 +46,7 @@ from hpcopt.backend import CPU, Backend, get_backend  # noqa: E402
 from hpcopt.comm import Comm, node_layout  # noqa: E402
 from hpcopt.data.sampler import MinibatchSampler  # noqa: E402
 from hpcopt.errors import HpcoptError  # noqa: E402
-from hpcopt.comm.mpi_support import cuda_aware_mpi  # noqa: E402
+from hpcopt.comm.mpi_support import cuda_aware_mpi, mpi_library  # noqa: E402
 from hpcopt.nn import mlp  # noqa: E402
 from hpcopt.problems.classification import ClassificationProblem  # noqa: E402
 from hpcopt.rng import stream  # noqa: E402
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         name = properties["name"]
         gpu_name = name.decode() if isinstance(name, bytes) else str(name)
     result.update(part=args.part, dry_run=args.dry_run, gpu=gpu_name,
-                  mpi=MPI.Get_library_version().splitlines()[0].strip(),
+                  mpi=mpi_library(),
                   created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     dry = "  (DRY RUN: numbers mean nothing)" if args.dry_run else ""
     lines = [f"# benchmarks/speed/gpu.py --part {args.part}{dry}",

@@ -32,13 +32,13 @@ from mpi4py import MPI
 
 from ..comm import AVERAGING_MODES, Comm
 from ..comm.costmodel import NetworkProfile, fit_allreduce
+from ..comm.mpi_support import mpi_library
 from ..errors import HpcoptError
 from .common import (
     KB,
     MB,
     Parser,
     fmt_bytes,
-    mpi_library,
     parse_bytes,
     repetitions,
     sizes_between,

@@ -80,5 +80,3 @@ def write_json(path: Path | None, data: dict[str, Any]) -> None:
         raise HpcoptError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def mpi_library() -> str:
-    return MPI.Get_library_version().splitlines()[0].strip()

@@ -23,8 +23,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comm.costmodel import NetworkProfile
+from ..comm.mpi_support import mpi_library
 from ..errors import HpcoptError
-from .common import MB, Parser, fmt_bytes, mpi_library, parse_bytes, sizes_between, write_json
+from .common import MB, Parser, fmt_bytes, parse_bytes, sizes_between, write_json
 
 TAG, ACK = 11, 12
 

@@ -12,7 +12,23 @@ LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLU
 #: PMI) tells a process that it is one rank of a job. A child process started without them
 #: initializes MPI as a singleton instead of joining (and confusing) the parent's job.
 LAUNCHER_VARIABLE_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_",
-                              "OMPI_FILE_LOCATION", "PRTE_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
+                              "OMPI_WORLD_", "OMPI_FILE_LOCATION", "OMPI_COMMAND", "OMPI_ARGV",
+                              "OMPI_NUM_APP_CTX", "OMPI_TOOL_NAME", "OMPI_MCA_num_procs",
+                              "OMPI_MCA_initial_wdir", "PRTE_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
+
+#: The user's own settings among those prefixes (Open MPI's ``PRTE_MCA_*`` and ``PMIX_MCA_*``
+#: parameters: mapping policy, signal forwarding): a child keeps them.
+USER_SETTING_PREFIXES = ("PRTE_MCA_", "PMIX_MCA_")
+
+
+def mpi_library() -> str:
+    """The first line of ``MPI.Get_library_version()``, printable: Open MPI's string ends in a NUL
+    byte (and h5py refuses NULs in string attributes), so every control character is dropped."""
+    from mpi4py import MPI
+
+    text = MPI.Get_library_version().replace("\0", "").strip()
+    first = text.splitlines()[0] if text else "unknown MPI library"
+    return "".join(ch for ch in first if ch.isprintable()).strip()
 
 
 def cuda_aware_mpi() -> tuple[bool | None, str]:
@@ -35,11 +51,12 @@ def cuda_aware_mpi() -> tuple[bool | None, str]:
 
 def singleton_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``environ`` (default: this process's) without the launcher's per-job variables, for a
-    child process that must run MPI on its own. MPI settings (``OMPI_MCA_*``, ``MPIR_CVAR_*``,
-    ``UCX_*``) are kept, since they decide whether the library handles device memory."""
+    child process that must run MPI on its own. MPI settings (``OMPI_MCA_*``, ``PRTE_MCA_*``,
+    ``PMIX_MCA_*``, ``MPIR_CVAR_*``, ``UCX_*``) are kept: they decide whether the library handles
+    device memory, and how a child's own ``mpiexec`` maps and signals its ranks."""
     source = os.environ if environ is None else environ
     return {name: value for name, value in source.items()
-            if not name.startswith(LAUNCHER_VARIABLE_PREFIXES)}
+            if name.startswith(USER_SETTING_PREFIXES) or not name.startswith(LAUNCHER_VARIABLE_PREFIXES)}
 
 
 def parallel_hdf5() -> bool:

@@ -146,9 +146,9 @@ def versions() -> dict[str, str]:
     import h5py
     import mpi4py
     import numpy as np
-    from mpi4py import MPI
 
     from .. import __version__
+    from ..comm.mpi_support import mpi_library
 
     return {
         "hpcopt_version": __version__,
@@ -157,5 +157,5 @@ def versions() -> dict[str, str]:
         "h5py_version": h5py.version.version,
         "hdf5_version": h5py.version.hdf5_version,
         "mpi4py_version": mpi4py.__version__,
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_library": mpi_library(),
     }

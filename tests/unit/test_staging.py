@@ -108,10 +108,14 @@ def test_singleton_environment_drops_the_launcher_but_keeps_mpi_settings():
     env = {"PMI_FD": "5", "PMI_RANK": "1", "PMIX_NAMESPACE": "x", "HYDRA_CONTROL_FD": "3",
            "OMPI_COMM_WORLD_RANK": "1", "MPI_LOCALRANKID": "1", "OMPI_MCA_pml": "ucx",
            "MPIR_CVAR_ENABLE_GPU": "1", "UCX_TLS": "cuda", "PATH": "/bin",
-           "CUDA_VISIBLE_DEVICES": "2"}
+           "CUDA_VISIBLE_DEVICES": "2", "PRTE_LAUNCHED": "1", "OMPI_WORLD_SIZE": "2",
+           "OMPI_MCA_num_procs": "2", "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+           "PMIX_MCA_gds": "hash"}
     assert singleton_environment(env) == {"OMPI_MCA_pml": "ucx", "MPIR_CVAR_ENABLE_GPU": "1",
                                           "UCX_TLS": "cuda", "PATH": "/bin",
-                                          "CUDA_VISIBLE_DEVICES": "2"}
+                                          "CUDA_VISIBLE_DEVICES": "2",
+                                          "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                                          "PMIX_MCA_gds": "hash"}
 
 
 @pytest.mark.parametrize("local_rank,count,device", [(0, 4, 0), (3, 4, 3), (5, 4, 1), (2, 1, 0)])
