@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from hpcopt.comm.mpi_support import mpi_library
+from tests.launcher import RANK_VARIABLES
 from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,20 +25,6 @@ STEPS = 32
 #: Hard limit on any one job: a test that would hang fails instead.
 HARD_TIMEOUT = scaled(60)
 INJECTED = "hpcopt: debug: injecting"
-RANK_VARIABLES = (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK")
-#: Open MPI's ``mpirun`` answers SIGTERM and SIGINT by killing every rank within 0.5 s, and
-#: forwards SIGUSR1 (hpcopt's SIGTERM that launchers leave alone) as it is: docs/failures.md.
-OPEN_MPI = mpi_library().startswith("Open MPI")
-#: The mark of a test that sends SIGTERM or SIGINT to ``mpiexec`` and expects a checkpoint.
-FORWARDS_TERM_AND_INT = pytest.mark.skipif(
-    OPEN_MPI, reason="Open MPI's mpirun kills the ranks 0.5 s after it forwards SIGTERM or SIGINT "
-    "(no checkpoint: docs/failures.md#launchers); SIGUSR1 is tested instead")
-
-
-def stop_signal_for_the_launcher(signum: int) -> int:
-    """What a test sends ``mpiexec`` to stop a job: ``signum``, but SIGUSR1 under Open MPI (its
-    mpirun kills the ranks for SIGTERM and SIGINT)."""
-    return signal.SIGUSR1 if OPEN_MPI else signum
 
 
 @dataclass

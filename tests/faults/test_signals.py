@@ -15,14 +15,8 @@ import pytest
 from hpcopt.io import pipeline_checkpoint as pipe_ckpt
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.run.signals import GRACE_SECONDS, exit_code
-from tests.faults.jobs import (
-    FORWARDS_TERM_AND_INT,
-    Job,
-    Send,
-    assert_same_run,
-    run_job,
-    stop_signal_for_the_launcher,
-)
+from tests.faults.jobs import Job, Send, assert_same_run, run_job
+from tests.launcher import FORWARDS_TERM_AND_INT, stop_signal_for_the_launcher
 
 JOB = ["train", "--dataset", "digits", "--hidden", "16", "--progress", "true",
        "--keep-checkpoints", "1000", "--steps", "10000000"]  # ended by the signal, never by steps
@@ -32,7 +26,8 @@ PIPELINE = ["train", "--algorithm", "pprs", "--problem", "l1_chain", "--samples"
 INTERRUPT_SECONDS = 5
 #: SIGTERM waits for its row: these jobs' rows come every few milliseconds.
 TERMINATE_SECONDS = 10
-STOPPED = re.compile(r"hpcopt: (SIGTERM|SIGINT|SIGUSR1): stopped at (step|iteration) (\d+) after writing (\S+);")
+STOPPED = re.compile(r"hpcopt: (SIGTERM|SIGINT|SIGUSR1): stopped at (step|iteration) (\d+) "
+                     r"after writing (\S+);")
 
 
 def assert_signal_ended_the_job(job: Job, signum: int) -> re.Match | None:

@@ -16,6 +16,7 @@ import pytest
 import hpcopt.run
 from hpcopt import cli
 from hpcopt.errors import HpcoptError
+from tests.launcher import rank_lines
 from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ def launch(args, ranks=2, python_code=None, timeout=120):
 
 
 def assert_one_line_error(result, *fragments):
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = rank_lines(result.stderr)
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("hpcopt: error: "), lines
