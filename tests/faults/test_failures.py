@@ -13,6 +13,7 @@ import pytest
 from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint
 from tests.faults.jobs import SMALL, STEPS, Send, assert_fault_ended_the_job, assert_same_run, run_job
 from tests.unit.test_cli import assert_one_line_error
+from tests.launcher import stop_signal_for_the_launcher
 
 #: fault -> (flags, exit code (None: any non-zero), what stderr says, seconds from the fault to
 #: the end of the job at most, newest checkpoint left behind)
@@ -63,11 +64,13 @@ def test_nan_with_skip_drops_the_step_and_finishes(tmp_path):
 
 
 def test_sigterm_to_the_launcher_checkpoints_and_resumes_bitwise(tmp_path):
+    """SIGTERM, or under Open MPI SIGUSR1 (its mpirun kills the ranks for SIGTERM)."""
     out, reference = tmp_path / "run", tmp_path / "reference"
+    signum = stop_signal_for_the_launcher(signal.SIGTERM)
     job = run_job(["train", *SMALL, "--steps", "100000", "--out", str(out), "--progress", "true"],
-                  send=Send(signal.SIGTERM, 0.5))
+                  send=Send(signum, 0.5))
     assert job.returncode == 143, job.describe()  # stopped (128 + SIGTERM), not finished
-    assert "hpcopt: SIGTERM: stopped at step" in job.stdout
+    assert f"hpcopt: {signal.Signals(signum).name}: stopped at step" in job.stdout
     assert job.after_fault is not None and job.after_fault < 5, job.after_fault
     tick = read_checkpoint(out).tick
     assert 0 < tick < 100000 and tick % 4 == 0  # at a trace row
