@@ -12,8 +12,8 @@ import pytest
 
 from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint
 from tests.faults.jobs import SMALL, STEPS, Send, assert_fault_ended_the_job, assert_same_run, run_job
-from tests.unit.test_cli import assert_one_line_error
 from tests.launcher import stop_signal_for_the_launcher
+from tests.unit.test_cli import assert_one_line_error
 
 #: fault -> (flags, exit code (None: any non-zero), what stderr says, seconds from the fault to
 #: the end of the job at most, newest checkpoint left behind)
