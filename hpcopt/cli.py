@@ -4,7 +4,6 @@ and ``hpcopt sweep|collect|export`` (studies of many runs, without ``mpiexec``).
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import signal
 import sys
@@ -228,10 +227,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     from .run.signals import exit_code
 
     summary = train(config, comm, resume=args.resume, faults=args.faults)[0]
-    # The run's arrays in node-shared memory (the model, averaged moments) are garbage now, in
-    # reference cycles too: collect them, so that free() closes their windows before MPI_Finalize
-    # (MPICH's OFI netmod cannot close its fabric under an open window: the job failed at exit).
-    gc.collect()
+    # The run's arrays in node-shared memory (the model, averaged moments) are gone with the
+    # state, so free() closes their windows before MPI_Finalize (MPICH's OFI netmod cannot close
+    # its fabric under an open window: the job failed at exit, after the summary).
     comm.free()
     # stopped (143 for SIGTERM, 130 for SIGINT): the run is not finished, so job chains must not
     # take it for done

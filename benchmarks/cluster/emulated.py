@@ -291,6 +291,12 @@ exec ip netns exec "$ns" sh -c "$*"
                    [b - a for a, b in zip(before[0], after[0])],
                    [b - a for a, b in zip(before[1], after[1])])
 
+    def kill_jobs(self) -> None:
+        """SIGKILL every process left in the nodes and the launch host (e.g. ranks a cut link
+        kept from hearing that their job was aborted)."""
+        for namespace in (self.launch_host, *self.node_names):
+            _kill_all(namespace)
+
     def node_pids(self, node: int) -> list[int]:
         """The processes running in node ``node`` (hydra's proxy, the ranks, their shells)."""
         return [int(pid) for pid in _ip("netns", "pids", self.node_names[node]).split()]
@@ -306,14 +312,19 @@ exec ip netns exec "$ns" sh -c "$*"
         return pids
 
 
-def remove_namespace(namespace: str) -> None:
-    """Kill the processes in ``namespace`` (they would keep its links alive) and delete it."""
+def _kill_all(namespace: str) -> None:
+    """SIGKILL every process in ``namespace``."""
     pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
     for pid in pids.stdout.split():
         try:
             os.kill(int(pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def remove_namespace(namespace: str) -> None:
+    """Kill the processes in ``namespace`` (they would keep its links alive) and delete it."""
+    _kill_all(namespace)
     subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
 
 

@@ -30,6 +30,13 @@ def cluster() -> Iterator[EmulatedCluster]:
         yield made
 
 
+@pytest.fixture
+def nodes(cluster: EmulatedCluster) -> Iterator[EmulatedCluster]:
+    """The session's cluster, with every process a test left on it killed after the test."""
+    yield cluster
+    cluster.kill_jobs()
+
+
 def job_env() -> dict[str, str]:
     """The ranks' environment: this checkout first on the module path, hydra's own timeout."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
