@@ -6,6 +6,8 @@
 # GPU works). In the first passes the GPU cases are skipped with the reason where CuPy finds no
 # GPU, and run on the real CuPy where it does. Tests of optional packages (torch) skip where
 # those are not installed.
+# After the serial tests, the cluster pass runs tests/cluster on an emulated cluster of network
+# namespaces; where `ip netns add` is not permitted it is skipped with the reason.
 #
 # First it installs what the tests need (the `test` extra) when some of it is missing. Every
 # pass runs, even after one fails; the failed passes are listed at the end and the exit status
@@ -70,7 +72,17 @@ mpi_pytest() {
         exec python -m pytest "$@" > /dev/null' _ --with-mpi "${pytest_args[@]}" "$@"
 }
 
-pass "serial tests" python -m pytest "${pytest_args[@]}" tests
+pass "serial tests" python -m pytest "${pytest_args[@]}" --ignore tests/cluster tests
+
+# an emulated cluster of network namespaces (benchmarks/cluster/emulated.py): needs `ip netns add`
+no_cluster="$(python -c 'from benchmarks.cluster.emulated import namespaces_unavailable as why
+print(why())')"
+if [ -z "$no_cluster" ]; then
+    pass "cluster tests (2 nodes x 2 ranks, 100 Mbit/s)" \
+        timeout -k 10 "$outer_limit" python -m pytest "${pytest_args[@]}" tests/cluster
+else
+    echo "== cluster tests (2 nodes x 2 ranks, 100 Mbit/s): skipped: $no_cluster"
+fi
 
 for n in $sizes; do
     pass "MPI tests on $n rank(s)" mpi_pytest "$n" tests/mpi tests/gpu
