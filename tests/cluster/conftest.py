@@ -5,6 +5,7 @@ the tests that need it are skipped with the reason, and only the fork-launcher f
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +27,19 @@ def cluster() -> Iterator[EmulatedCluster]:
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(f"no emulated cluster: {reason}")
-    with EmulatedCluster(NODES, RANKS_PER_NODE, RATE) as made:
-        yield made
+    # SIGTERM (tests/run.sh's timeout) or SIGHUP would end the process without any clean-up:
+    # as an interrupt, pytest stops and the cluster is removed on the way out
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with EmulatedCluster(NODES, RANKS_PER_NODE, RATE) as made:
+            yield made
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @pytest.fixture
