@@ -226,11 +226,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     from .run import train
     from .run.signals import exit_code
 
-    summary = train(config, comm, resume=args.resume, faults=args.faults)[0]
-    # The run's arrays in node-shared memory (the model, averaged moments) are gone with the
-    # state, so free() closes their windows before MPI_Finalize (MPICH's OFI netmod cannot close
-    # its fabric under an open window: the job failed at exit, after the summary).
-    comm.free()
+    summary, _ = train(config, comm, resume=args.resume, faults=args.faults)
     # stopped (143 for SIGTERM, 130 for SIGINT): the run is not finished, so job chains must not
     # take it for done
     return exit_code(signal.Signals[summary.stop_signal]) if summary.stopped else 0

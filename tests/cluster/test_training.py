@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,13 +38,30 @@ def reference(cluster, tmp_path_factory):
 def test_training_ends_with_exit_0_and_the_model_crosses_every_link(nodes, netmod, tmp_path):
     out = tmp_path / "run"
     job = run_hpcopt(nodes, "train", *RUN, "--progress", "true", "--out", str(out), netmod=netmod)
-    # before the fix, the OFI netmod failed in MPI_Finalize after the summary (the shared
-    # window was still open): "OFI call fabricclose failed"
+    # before the fix, the OFI netmod failed in MPI_Finalize after the summary (the model's
+    # shared window was still open): "OFI call fabricclose failed", exit 15
     assert job.returncode == 0, job.describe()
     assert "summary" in job.stdout and "Fatal error" not in job.stderr, job.describe()
     model_bytes = read_checkpoint(out).model.nbytes
     rounds = STEPS // INTERVAL
     assert all(sent >= 0.9 * rounds * model_bytes for sent in job.sent), (job.sent, rounds, model_bytes)
+
+
+#: ``hpcopt.train`` on a Comm of its own, its model kept by the caller after the run.
+API_RUN = """
+import hpcopt
+config = hpcopt.build_config(None, {"dataset": "digits", "hidden": "256", "interval": "4",
+                                    "steps": "40", "averaging": "shm"})
+summary, state = hpcopt.train(config, verbose=False)
+print("trained, model[0] =", float(state.x[0]))
+"""
+
+
+def test_a_python_api_run_that_keeps_its_model_ends_with_exit_0(nodes):
+    job = nodes.mpiexec([sys.executable, "-c", API_RUN], "ofi", JOB_TIMEOUT, job_env(), ROOT)
+    # before the fix: the model's shared window was still open at MPI_Finalize (exit 15)
+    assert job.returncode == 0, job.describe()
+    assert job.stdout.count("trained, model[0] =") == 4, job.describe()
 
 
 def _start(nodes, out: Path, *flags: str) -> subprocess.Popen:
