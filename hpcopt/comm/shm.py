@@ -48,12 +48,19 @@ correctly rounded division (a multiplication by 1/N where N is a power of two: t
 are those of the copying path, so the bits are the same too. With ``inter="leaders"`` such
 arrays take the copying path.
 
+Windows left open at exit: an averager never freed (e.g. that of ``hpcopt.train`` on a ``Comm``
+of its own, whose model the caller keeps), and the windows ``free`` kept for live arrays, are
+freed when the interpreter exits, in the order the averagers were made (the same on every
+rank), before mpi4py's ``MPI_Finalize``: MPICH's OFI netmod cannot close its fabric under an open
+window, and the job failed at exit (exit code 15) after a finished run.
+
 Testing on one machine: ``ranks_per_node=k`` fakes nodes of ``k`` ranks by splitting the
 communicator by ``rank // k`` (all of them still share memory), so the inter-node step runs.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import sys
@@ -129,6 +136,10 @@ class _Shared:
                                # first
 
 
+#: Averagers not freed yet, in the order they were made (collectively: the same on every rank).
+_UNFREED: dict[int, ShmAverager] = {}
+
+
 class ShmAverager:
     """Node-local shared-memory averaging with an inter-node MPI step (see the module docstring).
 
@@ -181,8 +192,10 @@ class ShmAverager:
         self._mem: np.ndarray | None = None
         self._plans: dict[tuple[int, np.dtype], tuple[_Chunk, ...]] = {}
         self._shared: dict[int, _Shared] = {}  # id of an array shared_empty handed out -> it
+        self._kept: list[MPI.Win] = []  # windows free() left to a live array: freed at exit
         #: Whether arrays from ``shared_empty`` are averaged in place (else they are copied).
         self.in_place = self.nodes == 1 or inter == "owners"
+        _UNFREED[id(self)] = self
 
     @property
     def worthwhile(self) -> bool:
@@ -368,10 +381,11 @@ class ShmAverager:
         self._sync(shared.win)  # every row holds the average
         return shared.array
 
-    def free(self) -> None:
+    def free(self, exiting: bool = False) -> None:
         """Release the windows and the communicators (collective; idempotent). The window of
         an array from ``shared_empty`` that some rank still views (a model's parameters) is
-        kept: it goes with the process, never under a live array."""
+        kept, never freed under a live array, until the process exits (``exiting``: the kept
+        windows go too, see the module docstring)."""
         shared, self._shared = list(self._shared.values()), {}
         while shared:
             item = shared.pop(0)  # the same order on every rank: the frees are collective
@@ -380,9 +394,18 @@ class ShmAverager:
             viewed = np.array([sys.getrefcount(root) > 2], dtype=np.int32)  # `root`, the argument
             self.node.Allreduce(MPI.IN_PLACE, viewed, op=MPI.MAX)
             del root
-            if not viewed[0]:
+            if viewed[0]:
+                self._kept.append(win)
+            else:
                 win.Unlock_all()
                 win.Free()
+        if exiting:
+            for win in self._kept:
+                win.Unlock_all()
+                win.Free()
+            self._kept.clear()
+        if not self._kept:
+            _UNFREED.pop(id(self), None)
         if self.win is not None:
             self.win.Unlock_all()
             self.win.Free()
@@ -392,3 +415,12 @@ class ShmAverager:
             self.inter.Free()
         if self.node != MPI.COMM_NULL:
             self.node.Free()
+
+
+@atexit.register  # Python runs its exit handlers before mpi4py calls MPI_Finalize
+def _free_at_exit() -> None:
+    """Free every averager not freed yet and every window ``free`` kept for a live array (the
+    module docstring): the process is ending."""
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        for averager in list(_UNFREED.values()):
+            averager.free(exiting=True)

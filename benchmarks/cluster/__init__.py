@@ -1,0 +1,1 @@
+"""Test and benchmark infrastructure: an emulated cluster of network namespaces (emulated.py)."""

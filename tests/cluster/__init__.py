@@ -1,0 +1,1 @@
+"""Tests on an emulated cluster of network namespaces (benchmarks/cluster/emulated.py)."""

@@ -1,0 +1,64 @@
+"""The emulated cluster the tests run on: 2 nodes x 2 ranks, every link shaped to 100 Mbit/s
+(benchmarks/cluster/emulated.py). It needs ``ip netns add`` (root); where that is not permitted
+the tests that need it are skipped with the reason, and only the fork-launcher fallback runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cluster.emulated import EmulatedCluster, Job, namespaces_unavailable
+from tests.timeouts import scaled
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES, RANKS_PER_NODE, RATE = 2, 2, "100mbit"
+#: Hard limit on any one job on the cluster: a job that would hang fails instead.
+JOB_TIMEOUT = scaled(120)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[EmulatedCluster]:
+    """The cluster, made once for the session and removed at its end."""
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(f"no emulated cluster: {reason}")
+    # SIGTERM (tests/run.sh's timeout) or SIGHUP would end the process without any clean-up:
+    # as an interrupt, pytest stops and the cluster is removed on the way out
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with EmulatedCluster(NODES, RANKS_PER_NODE, RATE) as made:
+            yield made
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture
+def nodes(cluster: EmulatedCluster) -> Iterator[EmulatedCluster]:
+    """The session's cluster, with every process a test left on it killed after the test."""
+    yield cluster
+    cluster.kill_jobs()
+
+
+def job_env() -> dict[str, str]:
+    """The ranks' environment: this checkout first on the module path, hydra's own timeout."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, MPIEXEC_TIMEOUT=str(int(JOB_TIMEOUT)))
+
+
+def hpcopt_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hpcopt", *args]
+
+
+def run_hpcopt(cluster: EmulatedCluster, *args: str, netmod: str = "ofi") -> Job:
+    """``python -m hpcopt ARGS`` on every rank of the cluster, to its end."""
+    return cluster.mpiexec(hpcopt_command(*args), netmod, JOB_TIMEOUT, job_env(), ROOT)
