@@ -37,7 +37,8 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from hpcopt.bench.common import fmt_bytes, mpi_library, parse_bytes
+from hpcopt.bench.common import fmt_bytes, parse_bytes
+from hpcopt.comm.mpi_support import mpi_library
 from hpcopt.comm import Comm
 
 CASES = ("ceiling", "hpcopt", "hpcopt_copy", "mpi")
