@@ -38,8 +38,8 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcopt.bench.common import fmt_bytes, parse_bytes
-from hpcopt.comm.mpi_support import mpi_library
 from hpcopt.comm import Comm
+from hpcopt.comm.mpi_support import mpi_library
 
 CASES = ("ceiling", "hpcopt", "hpcopt_copy", "mpi")
 LINE, PAGE = 64, 4096
