@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -166,13 +167,14 @@ def wire_mean(messages, errors, wire):
     return (total / np.float32(len(messages))).astype(np.float64)
 
 
-def prsgd_reference(config, workers: int) -> np.ndarray:
+def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarray:
     """Final averaged model of PR-SGD, serially: local steps of the inner optimizer (sgd with
     momentum, or adamw), with two-level periods each group's mean every group_interval steps
     between rounds, the mean every I_i steps (with ``wire`` of the pseudo-gradients, or models
     under plain averaging, sent through it: ``wire_mean``), then the outer optimizer's step from the
     round's start (``--outer-optimizer``; for ``--algorithm slowmo`` its slow step:
-    u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u)."""
+    u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u). ``nodes``: each
+    rank's node, whose ranks form the groups of ``group_size = "node"``."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
     schedule = parts[0].algorithm.lr_at
@@ -193,10 +195,15 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
     group, group_interval = getattr(algo, "group_size", 1), getattr(algo, "group_interval", 0)
     wire, errors = getattr(algo, "wire", ""), [np.zeros_like(x[0]) for _ in range(workers)]
 
+    ranks = range(workers)
+    groups = ([[i for i in ranks if nodes[i] == node] for node in sorted(set(nodes))] if group == "node"
+              else [list(ranks[i:i + group]) for i in range(0, workers, group)])
+
     def group_means():  # two-level periods: each model becomes its group's mean
-        for i in range(0, workers, group):
-            mean = sum(x[i:i + group]) / group
-            x[i:i + group] = [mean.copy() for _ in range(group)]
+        for members in groups:
+            mean = sum(x[i] for i in members) / len(members)
+            for i in members:
+                x[i] = mean.copy()
 
     for r in range(total_rounds):
         for s in range(1, max(intervals) + 1):

@@ -120,7 +120,7 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         (collective); the wire's error feedback; a streaming run's vector of what it sent and
         its reductions."""
         state = super().new_state(x0, comm, buffers, state_type)
-        self.group_comm(comm)
+        self.open_groups(comm)
         if self.wire:
             state.wire_error = comm.backend.xp.zeros_like(x0)
         if self.streaming:

@@ -43,6 +43,9 @@ AVERAGING_MODES = ("auto", "mpi", "shm")
 #: so ``CommStats.totals`` and the trace leave them out of the seconds spent communicating.
 IN_FLIGHT = "in_flight"
 
+#: ``Comm._groups``' key of the node's Comm (``Comm.node_group``).
+NODE = "node"
+
 
 @dataclass
 class OpCounter:
@@ -163,7 +166,7 @@ class Comm:
         #: for ``backend``, or set beforehand (``staging.prepare_gpu``, tests).
         self.transport: DeviceTransport | None = None
         self._scalar = np.zeros(1, dtype=np.float64)
-        self._groups: dict[int, Comm] = {}
+        self._groups: dict[int | str, Comm] = {}
 
     @property
     def averaging(self) -> str:
@@ -194,16 +197,25 @@ class Comm:
         call (collective), freed with this Comm; it has this Comm's backend and averaging mode
         (so its shared-memory path stays within the group) and counts into this Comm's stats,
         where ``stats.ranks`` notes that ``label`` spans ``size`` ranks."""
-        group = self._groups.get(size)
+        if size not in self._groups and (size < 1 or self._size % size):
+            raise ValueError(f"a group of {size} ranks does not divide {self._size} ranks")
+        return self._sub(size, lambda: self.mpi.Split(self._rank // size, self._rank), label)
+
+    def node_group(self, label: str) -> Comm:
+        """The Comm of this rank's node (a shared-memory split, ranks in this Comm's order), for
+        calls on ``label``; made, freed and counted as ``group``'s."""
+        return self._sub(NODE, lambda: self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank), label)
+
+    def _sub(self, key: int | str, split: Callable[[], MPI.Comm], label: str) -> Comm:
+        """The sub-Comm cached under ``key``, made from the communicator ``split`` returns."""
+        group = self._groups.get(key)
         if group is None:
-            if size < 1 or self._size % size:
-                raise ValueError(f"a group of {size} ranks does not divide {self._size} ranks")
-            split = self.mpi.Split(self._rank // size, self._rank)
-            group = self._groups[size] = Comm(split, self.backend, self.slice_bytes, self.averaging)
-            split.Free()
+            made = split()
+            group = self._groups[key] = Comm(made, self.backend, self.slice_bytes, self.averaging)
+            made.Free()
         group.backend, group.averaging = self.backend, self.averaging
         group.transport = self.transport  # device buffers reach MPI as they do here
-        self.stats.ranks[label] = size
+        self.stats.ranks[label] = group.size
         group.stats = self.stats  # the same counters, whatever this Comm's stats are now
         return group
 
@@ -446,6 +458,19 @@ def node_layout(mpi_comm: MPI.Comm) -> tuple[int, int]:
         return local.Get_rank(), local.Get_size()
     finally:
         local.Free()
+
+
+def node_indices(mpi_comm: MPI.Comm) -> tuple[int, ...]:
+    """Per rank of ``mpi_comm``, the index of its node (nodes numbered in the order of their
+    lowest rank), from a shared-memory split (collective)."""
+    rank = mpi_comm.Get_rank()
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    try:
+        lowest = mpi_comm.allgather(local.allreduce(rank, op=MPI.MIN))
+    finally:
+        local.Free()
+    order = {first: index for index, first in enumerate(sorted(set(lowest)))}
+    return tuple(order[first] for first in lowest)
 
 
 def agreed(build: Callable[[], T], comm: Comm, label: str = "preflight") -> T:
