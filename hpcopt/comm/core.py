@@ -49,11 +49,19 @@ NODE = "node"
 
 @dataclass
 class OpCounter:
-    """Calls, payload bytes and wall seconds of one (operation, label) pair."""
+    """Calls, payload bytes and wall seconds of one (operation, label) pair; of its calls and
+    bytes, those on a communicator within one node (``Comm.in_node``: shared memory, no network)."""
 
     calls: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    in_node_calls: int = 0
+    in_node_bytes: int = 0
+
+    @property
+    def across_bytes(self) -> int:
+        """The bytes of calls on communicators that span nodes."""
+        return self.bytes - self.in_node_bytes
 
 
 @dataclass
@@ -73,15 +81,17 @@ class CommStats:
     #: in flight (IN_FLIGHT), which overlap the computation.
     spans: Callable[[str, str, float], None] | None = None
 
-    def record(self, op: str, label: str, nbytes: int, seconds: float) -> None:
+    def record(self, op: str, label: str, nbytes: int, seconds: float, in_node: bool = False) -> None:
+        """One call; ``in_node``: on a communicator within one node."""
         if self.delay is not None:
             extra = self.delay(op, nbytes, self.ranks.get(label, 0))
             if extra > 0:
                 time.sleep(extra)
                 seconds += extra
-        self._add(op, label, 1, nbytes, seconds)
+        self._add(op, label, 1, nbytes, seconds, in_node)
 
-    def record_overlapped(self, op: str, label: str, nbytes: int, held: float, hidden: float) -> None:
+    def record_overlapped(self, op: str, label: str, nbytes: int, held: float, hidden: float,
+                          in_node: bool = False) -> None:
         """One completed non-blocking call: ``held`` seconds this rank spent in its post and
         its wait, ``hidden`` the seconds between them (computation it overlapped); its seconds
         in flight (both) go to (IN_FLIGHT, label). Delay mode sleeps the modelled seconds that
@@ -91,16 +101,19 @@ class CommStats:
             if extra > 0:
                 time.sleep(extra)
                 held += extra
-        self._add(op, label, 1, nbytes, held)
-        self._add(IN_FLIGHT, label, 0, 0, held + hidden)
+        self._add(op, label, 1, nbytes, held, in_node)
+        self._add(IN_FLIGHT, label, 0, 0, held + hidden, in_node)
 
-    def _add(self, op: str, label: str, calls: int, nbytes: int, seconds: float) -> None:
+    def _add(self, op: str, label: str, calls: int, nbytes: int, seconds: float, in_node: bool) -> None:
         counter = self.counters.get((op, label))
         if counter is None:
             counter = self.counters[(op, label)] = OpCounter()
         counter.calls += calls
         counter.bytes += nbytes
         counter.seconds += seconds
+        if in_node:
+            counter.in_node_calls += calls
+            counter.in_node_bytes += nbytes
         if self.spans is not None and op != IN_FLIGHT:
             self.spans(op, label, seconds)
 
@@ -113,6 +126,8 @@ class CommStats:
                 total.calls += c.calls
                 total.bytes += c.bytes
                 total.seconds += c.seconds if o != IN_FLIGHT or op == IN_FLIGHT else 0.0
+                total.in_node_calls += c.in_node_calls
+                total.in_node_bytes += c.in_node_bytes
         return total
 
     def labels(self) -> list[str]:
@@ -121,6 +136,11 @@ class CommStats:
     def as_rows(self) -> list[tuple[str, str, int, int, float]]:
         """(op, label, calls, bytes, seconds) sorted by op and label."""
         return [(o, lab, c.calls, c.bytes, c.seconds) for (o, lab), c in sorted(self.counters.items())]
+
+    def stored_rows(self) -> list[tuple[str, str, int, int, float, int, int]]:
+        """``as_rows`` with each counter's in-node calls and bytes: what a checkpoint stores."""
+        return [(o, lab, c.calls, c.bytes, c.seconds, c.in_node_calls, c.in_node_bytes)
+                for (o, lab), c in sorted(self.counters.items())]
 
     def reset(self) -> None:
         self.counters.clear()
@@ -155,6 +175,9 @@ class Comm:
                  slice_bytes: int = ALLREDUCE_SLICE_BYTES, averaging: str = "auto") -> None:
         self.mpi: MPI.Comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
         self._rank, self._size = self.mpi.Get_rank(), self.mpi.Get_size()
+        #: Whether every rank of this communicator is on this rank's node (the same answer on
+        #: every rank): its calls' bytes never reach the network, and are counted as in-node.
+        self.in_node = node_layout(self.mpi)[1] == self._size
         self.backend = backend
         self.slice_bytes = slice_bytes
         self.averaging = averaging
@@ -242,7 +265,7 @@ class Comm:
             self.backend.synchronize()
             with self._transport().inplace(buf, True, True) as target:
                 self._allreduce_sliced(target, op)
-        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return buf
 
     def _allreduce_sliced(self, buf: Any, op: MPI.Op) -> None:
@@ -268,7 +291,7 @@ class Comm:
         start = time.perf_counter()
         self.backend.synchronize()
         averager.average_(buf)
-        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return buf
 
     def _averager_for(self, buf: Any) -> ShmAverager | None:
@@ -308,7 +331,7 @@ class Comm:
         root_rank = self.rank == root
         with self._mpi_buffer(buf, send=root_rank, receive=not root_rank) as target:
             self.mpi.Bcast(target, root=root)
-        self.stats.record("bcast", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("bcast", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return buf
 
     def allreduce_scalar(self, value: float, op: MPI.Op = MPI.SUM, label: str = "scalar") -> float:
@@ -321,7 +344,7 @@ class Comm:
         """Reduce a small host array of statistics in place (one call for many scalars)."""
         start = time.perf_counter()
         self.mpi.Allreduce(MPI.IN_PLACE, values, op=op)
-        self.stats.record("allreduce", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("allreduce", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return values
 
     def allgather(self, values: np.ndarray, label: str) -> np.ndarray:
@@ -329,7 +352,7 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype)
         self.mpi.Allgather(values, everyone)
-        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return everyone
 
     def iallgather(self, values: np.ndarray, label: str) -> tuple[MPI.Request, np.ndarray]:
@@ -338,7 +361,7 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype)
         request = self.mpi.Iallgather(values, everyone)
-        self.stats.record("iallgather", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("iallgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return request, everyone
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, label: str,
@@ -357,14 +380,15 @@ class Comm:
         reduction.request.Wait()
         held = reduction.post_seconds + time.perf_counter() - start
         hidden = start - reduction.posted - reduction.post_seconds
-        self.stats.record_overlapped("iallreduce", reduction.label, reduction.nbytes, held, hidden)
+        self.stats.record_overlapped("iallreduce", reduction.label, reduction.nbytes, held, hidden,
+                                     self.in_node)
 
     def gather(self, values: np.ndarray, label: str, root: int = 0) -> np.ndarray | None:
         """Every rank's small host vector ``values`` stacked (N, k) on ``root``; None elsewhere."""
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype) if self._rank == root else None
         self.mpi.Gather(values, everyone, root=root)
-        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return everyone
 
     def gatherv(self, values: np.ndarray, counts: np.ndarray | None, label: str,
@@ -381,13 +405,13 @@ class Comm:
                              root=root)
         else:
             self.mpi.Gatherv(values, None, root=root)
-        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return everyone
 
     def barrier(self, label: str = "barrier") -> None:
         start = time.perf_counter()
         self.mpi.Barrier()
-        self.stats.record("barrier", label, 0, time.perf_counter() - start)
+        self.stats.record("barrier", label, 0, time.perf_counter() - start, self.in_node)
 
     def agree_errors(self, message: str | None, label: str = "preflight") -> list[tuple[int, str]]:
         """Every rank's error message (or None), gathered on every rank: (rank, message) pairs.
@@ -397,7 +421,7 @@ class Comm:
         """
         start = time.perf_counter()
         messages = self.mpi.allgather(message)
-        self.stats.record("allgather", label, 0, time.perf_counter() - start)
+        self.stats.record("allgather", label, 0, time.perf_counter() - start, self.in_node)
         return [(r, m) for r, m in enumerate(messages) if m is not None]
 
     # -- point to point --------------------------------------------------------------------
@@ -410,7 +434,7 @@ class Comm:
             request = self.mpi.Isend(buf, dest=dest, tag=tag)
         else:
             request = self._transport().isend(self.mpi, buf, dest, tag)
-        self.stats.record("send", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("send", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return request
 
     def irecv_(self, buf: Any, source: int, tag: int, label: str = "p2p") -> MPI.Request:
@@ -422,7 +446,7 @@ class Comm:
         else:
             self.backend.synchronize()
             request = self._transport().irecv(self.mpi, buf, source, tag)
-        self.stats.record("recv", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("recv", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return request
 
     def waitall(self, requests: Sequence[MPI.Request], label: str = "p2p") -> None:
@@ -432,7 +456,7 @@ class Comm:
         MPI.Request.Waitall(requests)
         if self.transport is not None:
             self.transport.complete(requests)
-        self.stats.record("wait", label, 0, time.perf_counter() - start)
+        self.stats.record("wait", label, 0, time.perf_counter() - start, self.in_node)
 
     # -- device buffers ---------------------------------------------------------------------
 
