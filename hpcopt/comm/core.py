@@ -43,8 +43,9 @@ AVERAGING_MODES = ("auto", "mpi", "shm")
 #: so ``CommStats.totals`` and the trace leave them out of the seconds spent communicating.
 IN_FLIGHT = "in_flight"
 
-#: ``Comm._groups``' key of the node's Comm (``Comm.node_group``).
+#: ``Comm._groups``' keys of the node's Comm (``Comm.node_group``) and the leaders' (``Comm.node_leaders``).
 NODE = "node"
+LEADERS = "leaders"
 
 
 @dataclass
@@ -189,7 +190,7 @@ class Comm:
         #: for ``backend``, or set beforehand (``staging.prepare_gpu``, tests).
         self.transport: DeviceTransport | None = None
         self._scalar = np.zeros(1, dtype=np.float64)
-        self._groups: dict[int | str, Comm] = {}
+        self._groups: dict[int | str, Comm | None] = {}
 
     @property
     def averaging(self) -> str:
@@ -222,20 +223,37 @@ class Comm:
         where ``stats.ranks`` notes that ``label`` spans ``size`` ranks."""
         if size not in self._groups and (size < 1 or self._size % size):
             raise ValueError(f"a group of {size} ranks does not divide {self._size} ranks")
-        return self._sub(size, lambda: self.mpi.Split(self._rank // size, self._rank), label)
+        group = self._sub(size, lambda: self.mpi.Split(self._rank // size, self._rank), label)
+        assert group is not None
+        return group
 
     def node_group(self, label: str) -> Comm:
         """The Comm of this rank's node (a shared-memory split, ranks in this Comm's order), for
         calls on ``label``; made, freed and counted as ``group``'s."""
-        return self._sub(NODE, lambda: self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank), label)
+        group = self._sub(NODE, lambda: self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank), label)
+        assert group is not None
+        return group
 
-    def _sub(self, key: int | str, split: Callable[[], MPI.Comm], label: str) -> Comm:
-        """The sub-Comm cached under ``key``, made from the communicator ``split`` returns."""
-        group = self._groups.get(key)
-        if group is None:
+    def node_leaders(self, label: str) -> Comm | None:
+        """The Comm of the nodes' first ranks (one a node, in this Comm's order) on those ranks,
+        None on the others, for calls on ``label``; made, freed and counted as ``group``'s."""
+        def split() -> MPI.Comm:
+            first = node_layout(self.mpi)[0] == 0
+            return self.mpi.Split(0 if first else MPI.UNDEFINED, self._rank)
+        return self._sub(LEADERS, split, label)
+
+    def _sub(self, key: int | str, split: Callable[[], MPI.Comm], label: str) -> Comm | None:
+        """The sub-Comm cached under ``key``, made from the communicator ``split`` returns (None
+        where it returns no communicator)."""
+        if key not in self._groups:
             made = split()
-            group = self._groups[key] = Comm(made, self.backend, self.slice_bytes, self.averaging)
-            made.Free()
+            self._groups[key] = None if made == MPI.COMM_NULL else \
+                Comm(made, self.backend, self.slice_bytes, self.averaging)
+            if made != MPI.COMM_NULL:
+                made.Free()
+        group = self._groups[key]
+        if group is None:
+            return None
         group.backend, group.averaging = self.backend, self.averaging
         group.transport = self.transport  # device buffers reach MPI as they do here
         self.stats.ranks[label] = group.size
@@ -246,7 +264,8 @@ class Comm:
         """Release the groups, the shared-memory averager and the duplicated communicator
         (idempotent)."""
         for group in self._groups.values():
-            group.free()
+            if group is not None:
+                group.free()
         self._groups.clear()
         if self.averager is not None:
             self.averager.free()
@@ -354,6 +373,26 @@ class Comm:
         self.mpi.Allgather(values, everyone)
         self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return everyone
+
+    def allgatherv(self, values: np.ndarray, counts: Sequence[int], label: str) -> np.ndarray:
+        """Every rank's 1-D host array ``values`` (``counts[r]`` elements from rank r) concatenated
+        in rank order on every rank; counted as an allgather of this rank's bytes."""
+        start = time.perf_counter()
+        everyone = np.empty(int(sum(counts)), dtype=values.dtype)
+        self.mpi.Allgatherv(values, [everyone, list(counts)])
+        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
+        return everyone
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int],
+                  label: str) -> np.ndarray:
+        """Rank r's part of every rank's 1-D host array ``send`` (cut into ``send_counts``
+        elements per rank in rank order), concatenated in rank order (``recv_counts`` from each);
+        counted as one ("alltoall", label) call of the bytes this rank sends."""
+        start = time.perf_counter()
+        received = np.empty(int(sum(recv_counts)), dtype=send.dtype)
+        self.mpi.Alltoallv([send, list(send_counts)], [received, list(recv_counts)])
+        self.stats.record("alltoall", label, send.nbytes, time.perf_counter() - start, self.in_node)
+        return received
 
     def iallgather(self, values: np.ndarray, label: str) -> tuple[MPI.Request, np.ndarray]:
         """Start an ``allgather``: the request (complete it with ``waitall``) and the (N, k)

@@ -9,7 +9,8 @@ inverse bandwidth beta in seconds per byte). Allreduce of n bytes over p ranks:
 
 Other operations ``Comm`` counts: broadcast (binomial tree) ``ceil(log2 p) (alpha + n beta)``;
 barrier ``ceil(log2 p) alpha``; allgather of n bytes a rank (ring) ``(p-1)(alpha + n beta)``;
-gather/scatter of n bytes a rank (tree) ``ceil(log2 p) alpha + (p-1) n beta``; a send
+gather/scatter of n bytes a rank (tree) ``ceil(log2 p) alpha + (p-1) n beta``; alltoall of n
+bytes a rank sends in all ``(p-1) alpha + n beta``; a send
 ``alpha + n beta`` (receives and waits cost nothing more: the transfer is the send's); any
 other collective as an allreduce of its bytes. p is the world's size, or, for a label used on
 a group's communicator (two-level averaging: "group_average"), the group's (``CommStats.ranks``).
@@ -234,6 +235,8 @@ def op_seconds(op: str, calls: int, nbytes: float, ranks: int, profile: NetworkP
         return calls * steps * profile.alpha
     if op in ("allgather", "iallgather"):
         return calls * (ranks - 1) * profile.p2p(size)
+    if op == "alltoall":  # nbytes: what a rank sends to the p - 1 others in all
+        return calls * ((ranks - 1) * profile.alpha + size * profile.beta)
     if op in ("gather", "scatter"):
         return calls * (steps * profile.alpha + (ranks - 1) * size * profile.beta)
     return calls * profile.allreduce(size, ranks, algorithm)  # any other collective: as an allreduce

@@ -355,7 +355,8 @@ class DataParallelSession:
         by_label = (comm_modelled(comm.stats.counters, comm.size, self.network,
                                   label_ranks=comm.stats.ranks, layout=self.layout) if self.network else {})
         modelled = sum(seconds for label, seconds in by_label.items() if label not in SETUP_LABELS)
-        per_round = {label: by_label[label] / comm.stats.totals(label).calls
+        ops = main_ops(comm.stats.counters)  # a round's calls: those of the op that moved its bytes
+        per_round = {label: by_label[label] / comm.stats.totals(label, ops[label]).calls
                      for label in algorithm.round_labels
                      if comm.stats.totals(label).calls and label in by_label}
         timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
