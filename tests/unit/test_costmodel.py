@@ -89,6 +89,7 @@ def test_every_comm_operation_has_a_cost():
     assert op_seconds("barrier", 3, 0, 4, net) == pytest.approx(3 * 2 * 1e-6)
     assert op_seconds("iallgather", 1, 24, 4, net) == pytest.approx(3 * (1e-6 + 24e-9))
     assert op_seconds("send", 2, 2000, 2, net) == pytest.approx(2 * (1e-6 + 1e-6))
+    assert op_seconds("alltoall", 2, 6000, 4, net) == pytest.approx(2 * (3 * 1e-6 + 3000e-9))
     assert op_seconds("recv", 2, 2000, 2, net) == op_seconds("wait", 5, 0, 2, net) == 0.0
     assert op_seconds("allreduce", 1, 1e6, 1, net) == op_seconds("allreduce", 0, 0, 4, net) == 0.0
     counters = {("allreduce", "average"): OpCounter(4, 4000, 1.0), ("send", "p2p"): OpCounter(1, 8, 0.1),
