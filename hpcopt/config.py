@@ -436,6 +436,10 @@ def coerce(name: str, value: Any, annotation: Any) -> Any:
         else:
             raise HpcoptError(f"{name} must be a list, got {value!r}")
         return tuple(coerce(name, item, item_type) for item in items)
+    if annotation == int | str:  # a number or a word (group_size: G or "node")
+        if isinstance(value, str) and not value.strip().lstrip("+-").isdigit():
+            return value
+        return coerce(name, value, int)
     if annotation is bool:
         if isinstance(value, bool):
             return value

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -166,13 +167,48 @@ def wire_mean(messages, errors, wire):
     return (total / np.float32(len(messages))).astype(np.float64)
 
 
-def prsgd_reference(config, workers: int) -> np.ndarray:
+def hierarchical_wire_mean(messages, errors, wire, nodes):
+    """The compressed round on several nodes (hpcopt/comm/wire_nodes.py) serially: each node's
+    messages summed in float32 in rank order; M chunks, chunk c owned by node c's first rank
+    (its leader); every other leader's chunk plus its error sent through ``wire`` (its loss its
+    new error), summed with the owner's exact one in node order in float32, / N; the owner's
+    result plus its error (the chunk's slot of its own vector) sent through ``wire`` again."""
+    workers, n = len(messages), messages[0].size
+    members = [[i for i in range(workers) if nodes[i] == node] for node in sorted(set(nodes))]
+    sums = []
+    for ranks in members:
+        total = np.zeros(n, dtype=np.float32)
+        for i in ranks:
+            total += messages[i].astype(np.float32)
+        sums.append(total)
+    mean = np.empty(n, dtype=np.float32)
+    parts = len(members)
+    for c in range(parts):
+        lo, hi = c * n // parts, (c + 1) * n // parts
+        chunk = np.zeros(hi - lo, dtype=np.float32)
+        for j, ranks in enumerate(members):
+            if j == c:
+                chunk += sums[j][lo:hi]
+                continue
+            sent = sums[j][lo:hi] + errors[ranks[0]][lo:hi]
+            chunk += wire_decoded(sent, wire)
+            errors[ranks[0]][lo:hi] = sent - wire_decoded(sent, wire)
+        chunk /= np.float32(workers)
+        sent = chunk + errors[members[c][0]][lo:hi]
+        mean[lo:hi] = wire_decoded(sent, wire)
+        errors[members[c][0]][lo:hi] = sent - mean[lo:hi]
+    return mean.astype(np.float64)
+
+
+def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarray:
     """Final averaged model of PR-SGD, serially: local steps of the inner optimizer (sgd with
     momentum, or adamw), with two-level periods each group's mean every group_interval steps
     between rounds, the mean every I_i steps (with ``wire`` of the pseudo-gradients, or models
     under plain averaging, sent through it: ``wire_mean``), then the outer optimizer's step from the
     round's start (``--outer-optimizer``; for ``--algorithm slowmo`` its slow step:
-    u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u)."""
+    u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u). ``nodes``: each
+    rank's node, whose ranks form the groups of ``group_size = "node"`` and, on several nodes,
+    take a compressing wire's round in two levels (``hierarchical_wire_mean``)."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
     schedule = parts[0].algorithm.lr_at
@@ -193,10 +229,15 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
     group, group_interval = getattr(algo, "group_size", 1), getattr(algo, "group_interval", 0)
     wire, errors = getattr(algo, "wire", ""), [np.zeros_like(x[0]) for _ in range(workers)]
 
+    ranks = range(workers)
+    groups = ([[i for i in ranks if nodes[i] == node] for node in sorted(set(nodes))] if group == "node"
+              else [list(ranks[i:i + group]) for i in range(0, workers, group)])
+
     def group_means():  # two-level periods: each model becomes its group's mean
-        for i in range(0, workers, group):
-            mean = sum(x[i:i + group]) / group
-            x[i:i + group] = [mean.copy() for _ in range(group)]
+        for members in groups:
+            mean = sum(x[i] for i in members) / len(members)
+            for i in members:
+                x[i] = mean.copy()
 
     for r in range(total_rounds):
         for s in range(1, max(intervals) + 1):
@@ -206,10 +247,12 @@ def prsgd_reference(config, workers: int) -> np.ndarray:
             if group_interval and s % group_interval == 0 and s < algo.interval:
                 group_means()
         mean = sum(x) / workers
+        through = (wire_mean if wire == "float32" or len(set(nodes)) < 2
+                   else lambda m, e, w: hierarchical_wire_mean(m, e, w, nodes))
         if wire and outer.kind == "average":  # the models are sent
-            mean = wire_mean(x, errors, wire)
+            mean = through(x, errors, wire)
         elif wire:  # the pseudo-gradients are sent
-            mean = outer.anchor - wire_mean([outer.anchor - xi for xi in x], errors, wire)
+            mean = outer.anchor - through([outer.anchor - xi for xi in x], errors, wire)
         mean = outer.step(mean, schedule((r + 1) * algo.interval - 1))
         x = [mean.copy() for _ in range(workers)]
         round_policies(inner)

@@ -158,7 +158,7 @@ class DataParallelAlgorithm(Protocol):
     def state_vectors(self) -> tuple[int, int]: ...  # (per-rank, shared) d-vectors besides x
     # what it reports besides the loss: the session asks, and names no algorithm
     averaged_labels: ClassVar[tuple[str, ...]]  # its averaging's labels (the summary's bytes)
-    round_labels: ClassVar[tuple[str, ...]]  # a round's labels (modelled seconds per call)
+    round_labels: ClassVar[tuple[str, ...]]  # a round's labels (modelled seconds a round: their main op's)
     def trace_columns(self) -> tuple[str, ...]: ...  # columns it adds to every trace row
     def trace_row(self, state: Any) -> dict[str, Any]: ...  # those of them it fills at a row
     def step_clipped(self, state: Any) -> Any: ...  # the last step was clipped (when ``clips``)

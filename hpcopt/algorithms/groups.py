@@ -2,25 +2,32 @@
 
 With ``group_size`` G and ``group_interval`` I1 (I1 divides the round's I = ``interval`` and is
 smaller), the N ranks form N / G groups of G consecutive ranks (rank r in group r // G; G must
-divide N, else the run is refused), and within a round, after local step s of it::
+divide N, else the run is refused), or with ``group_size = "node"`` one group per node (the
+ranks of a shared-memory split, wherever the launcher placed them), and within a round, after
+local step s of it::
 
     s % I == 0:   x_i <- (1/N) sum_j x_j                 (the global round, label "average")
     s % I1 == 0:  x_i <- (1/G) sum_{j in g(i)} x_j       (a group round, label "group_average")
 
 as torch's ``HierarchicalModelAverager`` with periods {I1: G, I: N}. A group with the ranks of
-one node (G = ranks per node) is a node: its average takes the shared-memory path under
-``--averaging shm`` (or auto), as the global one does (``Comm.group``). A group round is a plain
-average of x only: the momentum policies, the batch-norm buffer policy and the outer optimizer's
-step are the global round's (the outer step's pseudo-gradient is anchor - the global mean, which
-group rounds leave unchanged). It keeps no state: whether a round is due follows from the
-state's ``steps_in_round``, so checkpoints are those of PR-SGD.
+one node is a node: its average takes the shared-memory path under ``--averaging shm`` (or
+auto), as the global one does (``Comm.group``, ``Comm.node_group``). Consecutive ranks are a
+node's only under block placement: where a numeric group spans nodes or a node's ranks fall
+in several groups, rank 0 prints one warning line when the groups are made, and training goes
+on. A group round is a plain average of x only: the momentum policies, the batch-norm buffer
+policy and the outer optimizer's step are the global round's (the outer step's pseudo-gradient
+is anchor - the global mean, which group rounds leave unchanged). It keeps no state: whether a
+round is due follows from the state's ``steps_in_round``, so checkpoints are those of PR-SGD.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..comm.core import NODE, node_indices
 from ..errors import HpcoptError
 from .base import option
 
@@ -36,15 +43,19 @@ GROUP_LABEL = "group_average"
 class GroupRounds:
     """The two-level options (module docstring), for an algorithm with rounds of I steps."""
 
-    group_size: int = option(1, "G: ranks per group (consecutive ranks; a node's when G = ranks "
-                                "per node) averaged every group_interval steps")
+    group_size: int | str = option(1, "G: ranks per group (consecutive ranks), or 'node' (each "
+                                      "node's ranks), averaged every group_interval steps")
     group_interval: int = option(0, "I1: local steps between group averages (divides interval "
                                     "and is smaller); 0 = none")
 
     def check_groups(self, interval: int, local_steps: tuple[int, ...]) -> None:
         """HpcoptError for options that do not make a two-level schedule with rounds of
         ``interval`` steps (and the rounds' per-rank ``local_steps``)."""
-        if self.group_size < 1:
+        if isinstance(self.group_size, str):
+            if self.group_size != NODE:
+                raise HpcoptError(f"group_size must be a number of ranks or {NODE!r}, "
+                                  f"got {self.group_size!r}")
+        elif self.group_size < 1:
             raise HpcoptError(f"group_size must be >= 1, got {self.group_size}")
         if self.group_interval < 0:
             raise HpcoptError(f"group_interval must be >= 0 (0 = no group averages), got "
@@ -61,14 +72,29 @@ class GroupRounds:
                               "per round (not with local_steps)")
 
     def check_world(self, size: int) -> None:
-        """HpcoptError unless the groups divide the ``size`` ranks."""
-        if self.group_interval and size % self.group_size:
+        """HpcoptError unless the groups divide the ``size`` ranks (nodes always do)."""
+        if self.group_interval and isinstance(self.group_size, int) and size % self.group_size:
             raise HpcoptError(f"group_size {self.group_size} does not divide the run's {size} rank(s) "
                               f"(groups are {self.group_size} consecutive ranks)")
 
     def group_comm(self, comm: Comm) -> Comm | None:
         """This rank's group's Comm (made on the first call: collective), or None without groups."""
-        return comm.group(self.group_size, GROUP_LABEL) if self.group_interval else None
+        if not self.group_interval:
+            return None
+        if isinstance(self.group_size, str):
+            return comm.node_group(GROUP_LABEL)
+        return comm.group(self.group_size, GROUP_LABEL)
+
+    def open_groups(self, comm: Comm) -> None:
+        """Make the groups' Comm (collective); rank 0 prints one warning line where numeric
+        groups do not match the nodes (``layout_mismatch``)."""
+        if self.group_comm(comm) is None or isinstance(self.group_size, str):
+            return
+        mismatch = layout_mismatch(self.group_size, node_indices(comm.mpi))
+        if mismatch and comm.rank == 0:
+            print(f"hpcopt: warning: group_size {self.group_size}: {mismatch}; its group averages "
+                  f"cross nodes or leave a node's ranks apart (group_size '{NODE}' makes one group "
+                  "per node)", file=sys.stderr, flush=True)
 
     def group_round(self, x: Array, steps_in_round: int, comm: Comm) -> None:
         """After a local step that is not a global round's: x <- its group's mean when a group
@@ -82,4 +108,26 @@ class GroupRounds:
         """The schedule, for the run's header (empty without groups)."""
         if not self.group_interval:
             return ""
-        return f", groups of {self.group_size} every {self.group_interval} steps"
+        groups = "node groups" if isinstance(self.group_size, str) else f"groups of {self.group_size}"
+        return f", {groups} every {self.group_interval} steps"
+
+
+def layout_mismatch(group_size: int, nodes: Sequence[int]) -> str:
+    """How groups of ``group_size`` consecutive ranks miss the nodes (``nodes``: each rank's
+    node, ``node_indices``): the first group that spans nodes, else the first node whose ranks
+    fall in several groups; '' when every group is a node or lies within one."""
+    groups: dict[int, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        groups.setdefault(rank // group_size, []).append(node)
+    for index, members in groups.items():
+        if len(set(members)) > 1:
+            first = index * group_size
+            return (f"group {index} (ranks {first}-{first + group_size - 1}) spans "
+                    f"{len(set(members))} nodes")
+    split: dict[int, set[int]] = {}
+    for rank, node in enumerate(nodes):
+        split.setdefault(node, set()).add(rank // group_size)
+    for node, held in split.items():
+        if len(held) > 1:
+            return f"node {node}'s {nodes.count(node)} ranks are split over {len(held)} groups"
+    return ""

@@ -39,6 +39,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..comm.wire import WIRES, check_wire, wire_average_
+from ..comm.wire_nodes import NODE_LABEL
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
@@ -120,7 +121,7 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         (collective); the wire's error feedback; a streaming run's vector of what it sent and
         its reductions."""
         state = super().new_state(x0, comm, buffers, state_type)
-        self.group_comm(comm)
+        self.open_groups(comm)
         if self.wire:
             state.wire_error = comm.backend.xp.zeros_like(x0)
         if self.streaming:
@@ -154,8 +155,8 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
             state.rounds += 1
             state.steps_in_round = 0
 
-    averaged_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, FRAGMENT_LABEL)
-    round_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, GROUP_LABEL)
+    averaged_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, FRAGMENT_LABEL, NODE_LABEL)
+    round_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, GROUP_LABEL, NODE_LABEL)
 
     def trace_columns(self) -> tuple[str, ...]:
         """A streaming run's peak_bytes_in_flight (``hpcopt.algorithms.streaming``)."""

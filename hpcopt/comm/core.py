@@ -43,14 +43,26 @@ AVERAGING_MODES = ("auto", "mpi", "shm")
 #: so ``CommStats.totals`` and the trace leave them out of the seconds spent communicating.
 IN_FLIGHT = "in_flight"
 
+#: ``Comm._groups``' keys of the node's Comm (``Comm.node_group``) and the leaders' (``Comm.node_leaders``).
+NODE = "node"
+LEADERS = "leaders"
+
 
 @dataclass
 class OpCounter:
-    """Calls, payload bytes and wall seconds of one (operation, label) pair."""
+    """Calls, payload bytes and wall seconds of one (operation, label) pair; of its calls and
+    bytes, those on a communicator within one node (``Comm.in_node``: shared memory, no network)."""
 
     calls: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    in_node_calls: int = 0
+    in_node_bytes: int = 0
+
+    @property
+    def across_bytes(self) -> int:
+        """The bytes of calls on communicators that span nodes."""
+        return self.bytes - self.in_node_bytes
 
 
 @dataclass
@@ -70,15 +82,17 @@ class CommStats:
     #: in flight (IN_FLIGHT), which overlap the computation.
     spans: Callable[[str, str, float], None] | None = None
 
-    def record(self, op: str, label: str, nbytes: int, seconds: float) -> None:
+    def record(self, op: str, label: str, nbytes: int, seconds: float, in_node: bool = False) -> None:
+        """One call; ``in_node``: on a communicator within one node."""
         if self.delay is not None:
             extra = self.delay(op, nbytes, self.ranks.get(label, 0))
             if extra > 0:
                 time.sleep(extra)
                 seconds += extra
-        self._add(op, label, 1, nbytes, seconds)
+        self._add(op, label, 1, nbytes, seconds, in_node)
 
-    def record_overlapped(self, op: str, label: str, nbytes: int, held: float, hidden: float) -> None:
+    def record_overlapped(self, op: str, label: str, nbytes: int, held: float, hidden: float,
+                          in_node: bool = False) -> None:
         """One completed non-blocking call: ``held`` seconds this rank spent in its post and
         its wait, ``hidden`` the seconds between them (computation it overlapped); its seconds
         in flight (both) go to (IN_FLIGHT, label). Delay mode sleeps the modelled seconds that
@@ -88,16 +102,19 @@ class CommStats:
             if extra > 0:
                 time.sleep(extra)
                 held += extra
-        self._add(op, label, 1, nbytes, held)
-        self._add(IN_FLIGHT, label, 0, 0, held + hidden)
+        self._add(op, label, 1, nbytes, held, in_node)
+        self._add(IN_FLIGHT, label, 0, 0, held + hidden, in_node)
 
-    def _add(self, op: str, label: str, calls: int, nbytes: int, seconds: float) -> None:
+    def _add(self, op: str, label: str, calls: int, nbytes: int, seconds: float, in_node: bool) -> None:
         counter = self.counters.get((op, label))
         if counter is None:
             counter = self.counters[(op, label)] = OpCounter()
         counter.calls += calls
         counter.bytes += nbytes
         counter.seconds += seconds
+        if in_node:
+            counter.in_node_calls += calls
+            counter.in_node_bytes += nbytes
         if self.spans is not None and op != IN_FLIGHT:
             self.spans(op, label, seconds)
 
@@ -110,6 +127,8 @@ class CommStats:
                 total.calls += c.calls
                 total.bytes += c.bytes
                 total.seconds += c.seconds if o != IN_FLIGHT or op == IN_FLIGHT else 0.0
+                total.in_node_calls += c.in_node_calls
+                total.in_node_bytes += c.in_node_bytes
         return total
 
     def labels(self) -> list[str]:
@@ -118,6 +137,11 @@ class CommStats:
     def as_rows(self) -> list[tuple[str, str, int, int, float]]:
         """(op, label, calls, bytes, seconds) sorted by op and label."""
         return [(o, lab, c.calls, c.bytes, c.seconds) for (o, lab), c in sorted(self.counters.items())]
+
+    def stored_rows(self) -> list[tuple[str, str, int, int, float, int, int]]:
+        """``as_rows`` with each counter's in-node calls and bytes: what a checkpoint stores."""
+        return [(o, lab, c.calls, c.bytes, c.seconds, c.in_node_calls, c.in_node_bytes)
+                for (o, lab), c in sorted(self.counters.items())]
 
     def reset(self) -> None:
         self.counters.clear()
@@ -152,6 +176,9 @@ class Comm:
                  slice_bytes: int = ALLREDUCE_SLICE_BYTES, averaging: str = "auto") -> None:
         self.mpi: MPI.Comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
         self._rank, self._size = self.mpi.Get_rank(), self.mpi.Get_size()
+        #: Whether every rank of this communicator is on this rank's node (the same answer on
+        #: every rank): its calls' bytes never reach the network, and are counted as in-node.
+        self.in_node = node_layout(self.mpi)[1] == self._size
         self.backend = backend
         self.slice_bytes = slice_bytes
         self.averaging = averaging
@@ -163,7 +190,7 @@ class Comm:
         #: for ``backend``, or set beforehand (``staging.prepare_gpu``, tests).
         self.transport: DeviceTransport | None = None
         self._scalar = np.zeros(1, dtype=np.float64)
-        self._groups: dict[int, Comm] = {}
+        self._groups: dict[int | str, Comm | None] = {}
 
     @property
     def averaging(self) -> str:
@@ -194,16 +221,42 @@ class Comm:
         call (collective), freed with this Comm; it has this Comm's backend and averaging mode
         (so its shared-memory path stays within the group) and counts into this Comm's stats,
         where ``stats.ranks`` notes that ``label`` spans ``size`` ranks."""
-        group = self._groups.get(size)
+        if size not in self._groups and (size < 1 or self._size % size):
+            raise ValueError(f"a group of {size} ranks does not divide {self._size} ranks")
+        group = self._sub(size, lambda: self.mpi.Split(self._rank // size, self._rank), label)
+        assert group is not None
+        return group
+
+    def node_group(self, label: str) -> Comm:
+        """The Comm of this rank's node (a shared-memory split, ranks in this Comm's order), for
+        calls on ``label``; made, freed and counted as ``group``'s."""
+        group = self._sub(NODE, lambda: self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank), label)
+        assert group is not None
+        return group
+
+    def node_leaders(self, label: str) -> Comm | None:
+        """The Comm of the nodes' first ranks (one a node, in this Comm's order) on those ranks,
+        None on the others, for calls on ``label``; made, freed and counted as ``group``'s."""
+        def split() -> MPI.Comm:
+            first = node_layout(self.mpi)[0] == 0
+            return self.mpi.Split(0 if first else MPI.UNDEFINED, self._rank)
+        return self._sub(LEADERS, split, label)
+
+    def _sub(self, key: int | str, split: Callable[[], MPI.Comm], label: str) -> Comm | None:
+        """The sub-Comm cached under ``key``, made from the communicator ``split`` returns (None
+        where it returns no communicator)."""
+        if key not in self._groups:
+            made = split()
+            self._groups[key] = None if made == MPI.COMM_NULL else \
+                Comm(made, self.backend, self.slice_bytes, self.averaging)
+            if made != MPI.COMM_NULL:
+                made.Free()
+        group = self._groups[key]
         if group is None:
-            if size < 1 or self._size % size:
-                raise ValueError(f"a group of {size} ranks does not divide {self._size} ranks")
-            split = self.mpi.Split(self._rank // size, self._rank)
-            group = self._groups[size] = Comm(split, self.backend, self.slice_bytes, self.averaging)
-            split.Free()
+            return None
         group.backend, group.averaging = self.backend, self.averaging
         group.transport = self.transport  # device buffers reach MPI as they do here
-        self.stats.ranks[label] = size
+        self.stats.ranks[label] = group.size
         group.stats = self.stats  # the same counters, whatever this Comm's stats are now
         return group
 
@@ -211,7 +264,8 @@ class Comm:
         """Release the groups, the shared-memory averager and the duplicated communicator
         (idempotent)."""
         for group in self._groups.values():
-            group.free()
+            if group is not None:
+                group.free()
         self._groups.clear()
         if self.averager is not None:
             self.averager.free()
@@ -230,7 +284,7 @@ class Comm:
             self.backend.synchronize()
             with self._transport().inplace(buf, True, True) as target:
                 self._allreduce_sliced(target, op)
-        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return buf
 
     def _allreduce_sliced(self, buf: Any, op: MPI.Op) -> None:
@@ -256,7 +310,7 @@ class Comm:
         start = time.perf_counter()
         self.backend.synchronize()
         averager.average_(buf)
-        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return buf
 
     def _averager_for(self, buf: Any) -> ShmAverager | None:
@@ -296,7 +350,7 @@ class Comm:
         root_rank = self.rank == root
         with self._mpi_buffer(buf, send=root_rank, receive=not root_rank) as target:
             self.mpi.Bcast(target, root=root)
-        self.stats.record("bcast", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("bcast", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return buf
 
     def allreduce_scalar(self, value: float, op: MPI.Op = MPI.SUM, label: str = "scalar") -> float:
@@ -309,7 +363,7 @@ class Comm:
         """Reduce a small host array of statistics in place (one call for many scalars)."""
         start = time.perf_counter()
         self.mpi.Allreduce(MPI.IN_PLACE, values, op=op)
-        self.stats.record("allreduce", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("allreduce", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return values
 
     def allgather(self, values: np.ndarray, label: str) -> np.ndarray:
@@ -317,8 +371,28 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype)
         self.mpi.Allgather(values, everyone)
-        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return everyone
+
+    def allgatherv(self, values: np.ndarray, counts: Sequence[int], label: str) -> np.ndarray:
+        """Every rank's 1-D host array ``values`` (``counts[r]`` elements from rank r) concatenated
+        in rank order on every rank; counted as an allgather of this rank's bytes."""
+        start = time.perf_counter()
+        everyone = np.empty(int(sum(counts)), dtype=values.dtype)
+        self.mpi.Allgatherv(values, [everyone, list(counts)])
+        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
+        return everyone
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int],
+                  label: str) -> np.ndarray:
+        """Rank r's part of every rank's 1-D host array ``send`` (cut into ``send_counts``
+        elements per rank in rank order), concatenated in rank order (``recv_counts`` from each);
+        counted as one ("alltoall", label) call of the bytes this rank sends."""
+        start = time.perf_counter()
+        received = np.empty(int(sum(recv_counts)), dtype=send.dtype)
+        self.mpi.Alltoallv([send, list(send_counts)], [received, list(recv_counts)])
+        self.stats.record("alltoall", label, send.nbytes, time.perf_counter() - start, self.in_node)
+        return received
 
     def iallgather(self, values: np.ndarray, label: str) -> tuple[MPI.Request, np.ndarray]:
         """Start an ``allgather``: the request (complete it with ``waitall``) and the (N, k)
@@ -326,7 +400,7 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype)
         request = self.mpi.Iallgather(values, everyone)
-        self.stats.record("iallgather", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("iallgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return request, everyone
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, label: str,
@@ -345,14 +419,15 @@ class Comm:
         reduction.request.Wait()
         held = reduction.post_seconds + time.perf_counter() - start
         hidden = start - reduction.posted - reduction.post_seconds
-        self.stats.record_overlapped("iallreduce", reduction.label, reduction.nbytes, held, hidden)
+        self.stats.record_overlapped("iallreduce", reduction.label, reduction.nbytes, held, hidden,
+                                     self.in_node)
 
     def gather(self, values: np.ndarray, label: str, root: int = 0) -> np.ndarray | None:
         """Every rank's small host vector ``values`` stacked (N, k) on ``root``; None elsewhere."""
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype) if self._rank == root else None
         self.mpi.Gather(values, everyone, root=root)
-        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return everyone
 
     def gatherv(self, values: np.ndarray, counts: np.ndarray | None, label: str,
@@ -369,13 +444,13 @@ class Comm:
                              root=root)
         else:
             self.mpi.Gatherv(values, None, root=root)
-        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start)
+        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start, self.in_node)
         return everyone
 
     def barrier(self, label: str = "barrier") -> None:
         start = time.perf_counter()
         self.mpi.Barrier()
-        self.stats.record("barrier", label, 0, time.perf_counter() - start)
+        self.stats.record("barrier", label, 0, time.perf_counter() - start, self.in_node)
 
     def agree_errors(self, message: str | None, label: str = "preflight") -> list[tuple[int, str]]:
         """Every rank's error message (or None), gathered on every rank: (rank, message) pairs.
@@ -385,7 +460,7 @@ class Comm:
         """
         start = time.perf_counter()
         messages = self.mpi.allgather(message)
-        self.stats.record("allgather", label, 0, time.perf_counter() - start)
+        self.stats.record("allgather", label, 0, time.perf_counter() - start, self.in_node)
         return [(r, m) for r, m in enumerate(messages) if m is not None]
 
     # -- point to point --------------------------------------------------------------------
@@ -398,7 +473,7 @@ class Comm:
             request = self.mpi.Isend(buf, dest=dest, tag=tag)
         else:
             request = self._transport().isend(self.mpi, buf, dest, tag)
-        self.stats.record("send", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("send", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return request
 
     def irecv_(self, buf: Any, source: int, tag: int, label: str = "p2p") -> MPI.Request:
@@ -410,7 +485,7 @@ class Comm:
         else:
             self.backend.synchronize()
             request = self._transport().irecv(self.mpi, buf, source, tag)
-        self.stats.record("recv", label, buf.nbytes, time.perf_counter() - start)
+        self.stats.record("recv", label, buf.nbytes, time.perf_counter() - start, self.in_node)
         return request
 
     def waitall(self, requests: Sequence[MPI.Request], label: str = "p2p") -> None:
@@ -420,7 +495,7 @@ class Comm:
         MPI.Request.Waitall(requests)
         if self.transport is not None:
             self.transport.complete(requests)
-        self.stats.record("wait", label, 0, time.perf_counter() - start)
+        self.stats.record("wait", label, 0, time.perf_counter() - start, self.in_node)
 
     # -- device buffers ---------------------------------------------------------------------
 
@@ -446,6 +521,19 @@ def node_layout(mpi_comm: MPI.Comm) -> tuple[int, int]:
         return local.Get_rank(), local.Get_size()
     finally:
         local.Free()
+
+
+def node_indices(mpi_comm: MPI.Comm) -> tuple[int, ...]:
+    """Per rank of ``mpi_comm``, the index of its node (nodes numbered in the order of their
+    lowest rank), from a shared-memory split (collective)."""
+    rank = mpi_comm.Get_rank()
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    try:
+        lowest = mpi_comm.allgather(local.allreduce(rank, op=MPI.MIN))
+    finally:
+        local.Free()
+    order = {first: index for index, first in enumerate(sorted(set(lowest)))}
+    return tuple(order[first] for first in lowest)
 
 
 def agreed(build: Callable[[], T], comm: Comm, label: str = "preflight") -> T:

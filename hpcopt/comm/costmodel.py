@@ -9,7 +9,8 @@ inverse bandwidth beta in seconds per byte). Allreduce of n bytes over p ranks:
 
 Other operations ``Comm`` counts: broadcast (binomial tree) ``ceil(log2 p) (alpha + n beta)``;
 barrier ``ceil(log2 p) alpha``; allgather of n bytes a rank (ring) ``(p-1)(alpha + n beta)``;
-gather/scatter of n bytes a rank (tree) ``ceil(log2 p) alpha + (p-1) n beta``; a send
+gather/scatter of n bytes a rank (tree) ``ceil(log2 p) alpha + (p-1) n beta``; alltoall of n
+bytes a rank sends in all ``(p-1) alpha + n beta``; a send
 ``alpha + n beta`` (receives and waits cost nothing more: the transfer is the send's); any
 other collective as an allreduce of its bytes. p is the world's size, or, for a label used on
 a group's communicator (two-level averaging: "group_average"), the group's (``CommStats.ranks``).
@@ -18,6 +19,17 @@ is hidden behind the computation it overlapped: a label's modelled seconds are `
 M its calls' modelled seconds and H the measured seconds between their posts and their waits
 (their seconds in flight, ``in_flight``, less the seconds the rank was held in them), summed
 over the label's calls.
+
+Nodes (``NodeLayout``): a run whose ranks sit on several nodes is priced where its bytes went.
+A call on a communicator within one node (``Comm.in_node``: the counters' in-node calls and
+bytes) costs its formula on ``MEMORY`` (shared memory: the ``shm`` profile) over its ranks; a
+call on a communicator spanning m nodes with k of its ranks on each (m = min(nodes, p), k =
+p / m) costs two levels, as MPI libraries run them: the formula over k ranks on ``MEMORY``,
+plus the formula over the m nodes on the network profile, where an allgather or gather moves
+the k ranks' bytes of a node together (k n a node); a send costs ``alpha + n beta`` on the
+network. Without a layout (a run on one node, and every run before the split was counted)
+every call is priced on the network over its ranks, as if each rank had a node of its own:
+how a run here is projected onto a cluster.
 
 A run with ``--network PROFILE`` carries, per trace row and label, the modelled seconds of the
 calls and bytes counted so far beside the measured ones (``comm_modelled``); ``project_wall``
@@ -32,7 +44,7 @@ MPICH", IJHPCA 2005; Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithm
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +67,12 @@ class CallCounter(Protocol):
 
     @property
     def seconds(self) -> float: ...
+
+    @property
+    def in_node_calls(self) -> int: ...
+
+    @property
+    def in_node_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,38 @@ PROFILES = {
 }
 
 
+#: What in-node calls cost under a ``NodeLayout``: node-shared memory.
+MEMORY = PROFILES["shm"]
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """A run's ranks on ``nodes`` nodes of ``per_node`` ranks (module docstring: Nodes)."""
+
+    nodes: int
+    per_node: int
+    memory: NetworkProfile = MEMORY
+
+    def spanning(self, op: str, calls: int, nbytes: float, ranks: int, network: NetworkProfile,
+                 algorithm: str = "auto") -> float:
+        """Modelled seconds of ``calls`` calls of ``op`` on a communicator of ``ranks`` ranks
+        that spans nodes: within each node on ``memory``, across them on ``network``."""
+        if calls == 0 or op in ("send", "isend"):
+            return op_seconds(op, calls, nbytes, ranks, network, algorithm)
+        spanned = max(1, min(self.nodes, ranks))
+        local = max(1, ranks // spanned)
+        gathers = op in ("allgather", "iallgather", "gather", "scatter")
+        return (op_seconds(op, calls, nbytes, local, self.memory, algorithm)
+                + op_seconds(op, calls, nbytes * (local if gathers else 1), spanned, network, algorithm))
+
+
+def node_layout_of(nodes: Sequence[int]) -> NodeLayout | None:
+    """The layout of a run whose rank r is on node ``nodes[r]`` (``comm.core.node_indices``),
+    None on one node; nodes of unequal sizes count as nodes of the largest."""
+    counts = [nodes.count(node) for node in set(nodes)]
+    return NodeLayout(len(counts), max(counts)) if len(counts) > 1 else None
+
+
 def get_profile(spec: str) -> NetworkProfile:
     """A named profile, or user values ``alpha=2e-6,bandwidth=5e9`` (or ``beta=...``)."""
     if spec in PROFILES:
@@ -121,10 +171,13 @@ def get_profile(spec: str) -> NetworkProfile:
     return NetworkProfile("custom", values["alpha"], beta)
 
 
-def profile_attrs(profile: NetworkProfile, algorithm: str = "auto") -> dict[str, float | str]:
-    """The trace attributes that name the profile a run was modelled on."""
+def profile_attrs(profile: NetworkProfile, algorithm: str = "auto",
+                  layout: NodeLayout | None = None) -> dict[str, float | str]:
+    """The trace attributes that name the profile a run was modelled on (and its nodes)."""
+    nodes = {} if layout is None else {"network_nodes": layout.nodes, "network_per_node": layout.per_node}
     return {"network": profile.name, "network_alpha": profile.alpha, "network_beta": profile.beta,
-            "network_allreduce": algorithm}
+            "network_allreduce": algorithm, **nodes}
+
 
 
 def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
@@ -182,6 +235,8 @@ def op_seconds(op: str, calls: int, nbytes: float, ranks: int, profile: NetworkP
         return calls * steps * profile.alpha
     if op in ("allgather", "iallgather"):
         return calls * (ranks - 1) * profile.p2p(size)
+    if op == "alltoall":  # nbytes: what a rank sends to the p - 1 others in all
+        return calls * ((ranks - 1) * profile.alpha + size * profile.beta)
     if op in ("gather", "scatter"):
         return calls * (steps * profile.alpha + (ranks - 1) * size * profile.beta)
     return calls * profile.allreduce(size, ranks, algorithm)  # any other collective: as an allreduce
@@ -194,18 +249,32 @@ def network_delay(profile: NetworkProfile, ranks: int,
     return lambda op, nbytes, span: op_seconds(op, 1, nbytes, span or ranks, profile, algorithm)
 
 
+def placed_seconds(op: str, calls: int, nbytes: float, in_node_calls: int, in_node_bytes: float,
+                   ranks: int, profile: NetworkProfile, algorithm: str = "auto",
+                   layout: NodeLayout | None = None) -> float:
+    """``op_seconds`` of calls of which ``in_node_calls`` (moving ``in_node_bytes``) were on
+    communicators within one node: on ``layout`` those cost memory speed and the others
+    ``NodeLayout.spanning``; without a layout all of them cost ``op_seconds`` on ``profile``."""
+    if layout is None:
+        return op_seconds(op, calls, nbytes, ranks, profile, algorithm)
+    return (op_seconds(op, in_node_calls, in_node_bytes, ranks, layout.memory, algorithm)
+            + layout.spanning(op, calls - in_node_calls, nbytes - in_node_bytes, ranks, profile, algorithm))
+
+
 def comm_modelled(counters: Mapping[tuple[str, str], CallCounter], ranks: int, profile: NetworkProfile,
-                  algorithm: str = "auto", label_ranks: Mapping[str, int] | None = None) -> dict[str, float]:
+                  algorithm: str = "auto", label_ranks: Mapping[str, int] | None = None,
+                  layout: NodeLayout | None = None) -> dict[str, float]:
     """label -> modelled seconds, from ``CommStats.counters`` ((op, label) -> calls, bytes,
     seconds): a non-blocking allreduce's less the computation it overlapped (module docstring);
     a label of ``label_ranks`` (``CommStats.ranks``: a group's average) spans its own ranks,
-    every other one ``ranks``. Summed in sorted (op, label) order, so that a resumed run's
-    counters, restored in another order, give the same bits."""
+    every other one ``ranks``; with ``layout`` priced where the bytes went (``placed_seconds``).
+    Summed in sorted (op, label) order, so that a resumed run's counters, restored in another
+    order, give the same bits."""
     spans = label_ranks or {}
     out: dict[str, float] = {}
     for (op, label), counter in sorted(counters.items()):
-        seconds = op_seconds(op, counter.calls, counter.bytes, spans.get(label, ranks), profile,
-                             algorithm)
+        seconds = placed_seconds(op, counter.calls, counter.bytes, counter.in_node_calls,
+                                 counter.in_node_bytes, spans.get(label, ranks), profile, algorithm, layout)
         out[label] = out.get(label, 0.0) + seconds
     for (op, label), counter in counters.items():
         held = counters.get(("iallreduce", label))
@@ -228,10 +297,12 @@ def main_ops(counters: Mapping[tuple[str, str], CallCounter]) -> dict[str, str]:
 
 def trace_modelled(comm: Mapping[str, Mapping[str, np.ndarray]], ops: Mapping[str, str], ranks: int,
                    profile: NetworkProfile, algorithm: str = "auto",
-                   label_ranks: Mapping[str, int] | None = None) -> np.ndarray:
+                   label_ranks: Mapping[str, int] | None = None,
+                   layout: NodeLayout | None = None) -> np.ndarray:
     """Per trace row, the modelled communication seconds on ``profile`` of all labels but the
     set-up ones (``SETUP_LABELS``), from the trace's cumulative calls and bytes per label and
-    its ``ops`` (label -> operation); ``label_ranks`` as in ``comm_modelled``. The trace's
+    its ``ops`` (label -> operation); ``label_ranks`` and ``layout`` as in ``comm_modelled``
+    (a trace without the in-node counters counts every call as spanning nodes). The trace's
     non-blocking allgather counts a post and a wait per row, so half of its calls are
     modelled. A trace holds no seconds in flight: its non-blocking allreduces (streaming
     fragments) are modelled here unhidden, an upper bound of the run's own ``comm_modelled``."""
@@ -243,11 +314,14 @@ def trace_modelled(comm: Mapping[str, Mapping[str, np.ndarray]], ops: Mapping[st
             continue
         op = ops.get(label, "allreduce")
         calls = fields["calls"].astype(float)
+        node_calls = fields["in_node_calls"].astype(float) if "in_node_calls" in fields else np.zeros(rows)
+        node_bytes = fields["in_node_bytes"] if "in_node_bytes" in fields else np.zeros(rows)
         if op == "iallgather":  # post + wait per row: the operation is every other call
-            calls = calls / 2
+            calls, node_calls = calls / 2, node_calls / 2
         for i in range(rows):
-            total[i] += op_seconds(op, int(round(calls[i])), float(fields["bytes"][i]),
-                                   spans.get(label, ranks), profile, algorithm)
+            total[i] += placed_seconds(op, int(round(calls[i])), float(fields["bytes"][i]),
+                                       int(round(node_calls[i])), float(node_bytes[i]),
+                                       spans.get(label, ranks), profile, algorithm, layout)
     return total
 
 

@@ -22,7 +22,10 @@ order: the same bits on every rank. It costs what an allgather of the message co
 (N-1)(alpha + bytes beta) on the cost model, against a ring allreduce's 2(N-1)/N of 4 n bytes:
 cheaper below N = 4 for the 2-byte types (equal at 4) and up to N = 7 for int8; every rank holds
 the N messages at once (N n bytes for int8). ``Comm`` counts the message bytes, so the trace and
-``--network`` see them.
+``--network`` see them. That is the round on one node; when the ranks span several nodes, the
+compressing wires take hpcopt/comm/wire_nodes.py instead (float32 sums within each node, a
+reduce-scatter and an allgather of compressed chunks between them), and float32 stays one
+Allreduce.
 """
 
 from __future__ import annotations
@@ -97,7 +100,11 @@ def compressed_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: Com
                     label: str) -> np.ndarray:
     """The mean over ranks of the messages as ``wire`` sends them (module docstring), in
     float32; ``message`` (this rank's, flat) is overwritten with m + e and ``error`` with the
-    new e."""
+    new e. On several nodes a compressing wire takes ``wire_nodes.hierarchical_mean``."""
+    if wire != "float32" and not comm.in_node:  # on several nodes: hpcopt/comm/wire_nodes.py
+        from .wire_nodes import hierarchical_mean
+
+        return hierarchical_mean(message, error, wire, comm, label)
     message += error
     payload, decoded = encode(message, wire)
     np.subtract(message, decoded, out=error)

@@ -80,7 +80,9 @@ _TAG = 7301
 CHECKSUMMED = {"fletcher32": True}
 ROW_CHUNK = 1 << 18  # values per chunk of a per-rank row (1 MB of float32): read one row at a time
 
-CommRow = tuple[str, str, int, int, float]
+#: A stored counter: (op, label, calls, bytes, seconds, in-node calls, in-node bytes)
+#: (``CommStats.stored_rows``; files written before the in-node split hold the first five).
+CommRow = tuple[str, str, int, int, float, int, int]
 
 
 @dataclass
@@ -98,7 +100,7 @@ class Checkpoint:
     counters: dict[str, np.ndarray]  # the state's counters: name -> (N,) int64
     sampler: np.ndarray       # (N, 6) int64, SAMPLER_COLUMNS
     window: np.ndarray        # (N, 2) float64, WINDOW_COLUMNS ((N, 3), CLIP_WINDOW_COLUMNS, clipping)
-    comm: list[CommRow] = field(default_factory=list)   # rank 0's (op, label, calls, bytes, seconds)
+    comm: list[CommRow] = field(default_factory=list)   # rank 0's counters (CommRow)
     rows: dict[str, np.ndarray] = field(default_factory=dict)  # per-rank vectors: (len(ranks), width)
     ranks: tuple[int, ...] = ()
     path: Path = Path()       # where it was read from
@@ -442,14 +444,15 @@ def _layout(f: Any, path: Path) -> ParamLayout:
 
 
 def comm_rows(f: Any, path: Path) -> list[CommRow]:
-    """``/comm``'s stored communication counters, checked (HpcoptError naming the file)."""
+    """``/comm``'s stored communication counters, checked (HpcoptError naming the file); a
+    file's rows without the in-node split count nothing in-node."""
     rows = json_attr(f["comm"].attrs, "counters", path) if "comm" in f else None
     if not isinstance(rows, list) or not all(
-            isinstance(r, list) and len(r) == 5 and isinstance(r[0], str) and isinstance(r[1], str)
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r[2:4])
-            and isinstance(r[4], (int, float)) for r in rows):
+            isinstance(r, list) and len(r) in (5, 7) and isinstance(r[0], str) and isinstance(r[1], str)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in r[2:4] + r[5:])
+            and isinstance(r[4], (int, float)) and r[5:] <= r[2:4] for r in rows):
         raise HpcoptError(f"{path}: /comm attribute 'counters' is missing or malformed")
-    return [(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
+    return [(r[0], r[1], r[2], r[3], float(r[4]), *(r[5:] or (0, 0))) for r in rows]
 
 
 # -- a distributed run <-> a checkpoint ---------------------------------------------------------
@@ -518,21 +521,24 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
         if before_commit is not None:
             before_commit()
         try:
-            writer.commit(with_agreement(comm.stats.as_rows()))
+            writer.commit(with_agreement(comm.stats.stored_rows(), comm.in_node))
         except HpcoptError as exc:
             failure = exc
     agreed(lambda: _raise(failure), comm, LABEL)
 
 
-def with_agreement(rows: list[CommRow]) -> list[CommRow]:
+def with_agreement(rows: list[CommRow], in_node: bool) -> list[CommRow]:
     """Rank 0's communication counters as they stand once the checkpoint's last collective is
-    done: the allgather (label "checkpoint", no payload) in which every rank learns whether the
-    file was written, so that a failed write ends every rank with one line. A resumed run
-    continues from these, as the uninterrupted run continues after that allgather."""
-    counted = {(op, label): (calls, nbytes, seconds) for op, label, calls, nbytes, seconds in rows}
-    calls, nbytes, seconds = counted.get(("allgather", LABEL), (0, 0, 0.0))
-    counted[("allgather", LABEL)] = (calls + 1, nbytes, seconds)
-    return [(op, label, *numbers) for (op, label), numbers in sorted(counted.items())]
+    done: the allgather (label "checkpoint", no payload; on a communicator within one node when
+    ``in_node``) in which every rank learns whether the file was written, so that a failed
+    write ends every rank with one line. A resumed run continues from these, as the
+    uninterrupted run continues after that allgather."""
+    counted = {(row[0], row[1]): row for row in rows}
+    _, _, calls, nbytes, seconds, node_calls, node_bytes = counted.get(
+        ("allgather", LABEL), ("allgather", LABEL, 0, 0, 0.0, 0, 0))
+    counted[("allgather", LABEL)] = ("allgather", LABEL, calls + 1, nbytes, seconds,
+                                     node_calls + int(in_node), node_bytes)
+    return [counted[key] for key in sorted(counted)]
 
 
 def _raise(failure: HpcoptError | None) -> None:
@@ -589,8 +595,8 @@ def restore_counters(rows: list[CommRow], comm: Comm) -> None:
     the trace's cumulative columns go on as in the uninterrupted run. Called just before the
     first step: the resumed process's own start-up traffic is not part of them."""
     comm.stats.reset()
-    for op, label, calls, nbytes, seconds in rows:
-        comm.stats.counters[(op, label)] = OpCounter(calls, nbytes, seconds)
+    for op, label, calls, nbytes, seconds, node_calls, node_bytes in rows:
+        comm.stats.counters[(op, label)] = OpCounter(calls, nbytes, seconds, node_calls, node_bytes)
 
 
 __all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint",

@@ -123,7 +123,7 @@ def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any
                                    {name: NUMBER_TYPES[name](v) for name, v in zip(numbers, h[3:])}))
     ckpt = PipelineCheckpoint(config, comm.size, tick, run_id, trace_rows, wall_seconds, model,
                               records, np.stack([h[3 + len(numbers):] for h in headers]))
-    agreed(lambda: _write(path, ckpt, layout, ckpt_io.with_agreement(comm.stats.as_rows()),
+    agreed(lambda: _write(path, ckpt, layout, ckpt_io.with_agreement(comm.stats.stored_rows(), comm.in_node),
                           before_commit), comm, LABEL)
 
 

@@ -72,10 +72,16 @@ def optional_dtype(name: str) -> str | None:
 #: ``/comm/<name>`` (rows x labels): rank 0's counters per label, summed over operations,
 #: cumulative since the start of the run.
 COMM_COLUMNS = {"calls": "int64", "bytes": "int64", "seconds": "float64"}
+#: ``/comm/in_node_calls``, ``/comm/in_node_bytes`` (rows x labels): of those calls and bytes, the
+#: ones on a communicator within one node (``Comm.in_node``); the rest went across nodes.
+#: Traces written before the split lack them, and a resumed run appends to such a trace without.
+NODE_COLUMNS = {"in_node_calls": "int64", "in_node_bytes": "int64"}
 #: With a cost-model profile (``--network``): ``/comm/modelled``, the modelled seconds of the same
 #: calls and bytes on that profile (hpcopt.comm.costmodel); ``/comm``'s ``ops`` attribute names each
 #: label's operation, so any profile can be applied later (``costmodel.trace_modelled``).
 MODELLED = "modelled"
+#: The order of the values of a label in ``comm_totals``.
+TOTALS = (*COMM_COLUMNS, *NODE_COLUMNS, MODELLED)
 CHUNK_ROWS = 256
 
 Oracle = Callable[[Any, Any], Any]
@@ -106,7 +112,7 @@ class Row:
 
     tick: int
     fields: dict[str, Any]                   # COLUMNS except the window statistics
-    comm: dict[str, tuple[int, int, float]]  # rank 0's ``comm_totals`` at its tick
+    comm: dict[str, tuple]                   # rank 0's ``comm_totals`` at its tick
     stats: WindowStats | None = None
 
 
@@ -217,20 +223,25 @@ class Window:
         return [p.row for p in posted]
 
 
-def comm_totals(comm: Comm, network: Any = None) -> dict[str, tuple]:
-    """label -> (calls, bytes, seconds) of this rank, summed over operations (not the seconds in
-    flight of non-blocking reductions, ``IN_FLIGHT``: they overlap computation); with a
-    ``costmodel.NetworkProfile`` also the modelled seconds on it, as a fourth value."""
+def comm_totals(comm: Comm, network: Any = None, layout: Any = None) -> dict[str, tuple]:
+    """label -> (calls, bytes, seconds, in-node calls, in-node bytes) of this rank, summed over
+    operations (not the seconds in flight of non-blocking reductions, ``IN_FLIGHT``: they
+    overlap computation); with a ``costmodel.NetworkProfile`` also the modelled seconds on it
+    (on the nodes of ``layout``, a ``costmodel.NodeLayout``, when given), as a sixth value
+    (``TOTALS``)."""
     totals: dict[str, list] = {}
     for (op, label), counter in comm.stats.counters.items():
-        entry = totals.setdefault(label, [0, 0, 0.0])
+        entry = totals.setdefault(label, [0, 0, 0.0, 0, 0])
         entry[0] += counter.calls
         entry[1] += counter.bytes
         entry[2] += counter.seconds if op != IN_FLIGHT else 0.0  # overlapped computation
+        entry[3] += counter.in_node_calls
+        entry[4] += counter.in_node_bytes
     if network is not None:
         from ..comm.costmodel import comm_modelled
 
-        modelled = comm_modelled(comm.stats.counters, comm.size, network, label_ranks=comm.stats.ranks)
+        modelled = comm_modelled(comm.stats.counters, comm.size, network, label_ranks=comm.stats.ranks,
+                                 layout=layout)
         for label, seconds in modelled.items():
             totals[label].append(seconds)
     return {label: tuple(entry) for label, entry in totals.items()}
@@ -254,11 +265,11 @@ class TraceWriter:
                  flush_rows: int = 64, flush_seconds: float = 10.0,
                  extra_columns: Sequence[str] = (), modelled: bool = False) -> None:
         self.columns = {**COLUMNS, **{name: optional_dtype(name) for name in extra_columns}}
-        self.comm_columns = {**COMM_COLUMNS, **({MODELLED: "float64"} if modelled else {})}
+        self.comm_columns = {**COMM_COLUMNS, **NODE_COLUMNS, **({MODELLED: "float64"} if modelled else {})}
         self.ops: dict[str, str] = {}  # label -> operation, written with the labels (``ops``)
         self.row_dtype = np.dtype(list(self.columns.items()))
         self.path, self.flush_rows, self.flush_seconds = path, flush_rows, flush_seconds
-        self._rows: list[tuple[dict[str, float], dict[str, tuple[int, int, float]]]] = []
+        self._rows: list[tuple[dict[str, float], dict[str, tuple]]] = []
         self._last_flush = time.monotonic()
         self.labels: list[str] = []
         self.rows_on_disk = 0
@@ -267,6 +278,8 @@ class TraceWriter:
             self.writing = HDF5Writing(path, "r+", FILE_KIND)
             self.writing.check()
             self.file = self.writing.file
+            if any(name not in self.file.get("comm", {}) for name in NODE_COLUMNS):  # an older trace
+                self.comm_columns = {k: v for k, v in self.comm_columns.items() if k not in NODE_COLUMNS}
             try:
                 check_structure(self.file, path, FILE_KIND, *DECLARED_BOUND)
                 self._check_appendable()
@@ -308,7 +321,7 @@ class TraceWriter:
         if f["rows"].dtype != self.row_dtype:
             raise HpcoptError(f"{path}: its rows have columns {', '.join(f['rows'].dtype.names or ())}, "
                               f"this run writes {', '.join(self.columns)}")
-        stored = [name for name in f["comm"] if name in (*COMM_COLUMNS, MODELLED)]
+        stored = [name for name in f["comm"] if name in TOTALS]
         if sorted(stored) != sorted(self.comm_columns):
             raise HpcoptError(f"{path}: /comm holds {', '.join(stored)}, this run writes "
                               f"{', '.join(self.comm_columns)}")
@@ -328,8 +341,9 @@ class TraceWriter:
         """Rows written so far, buffered ones included."""
         return self.rows_on_disk + len(self._rows)
 
-    def append(self, row: dict[str, float], comm: dict[str, tuple[int, int, float]]) -> None:
-        """Add a row (every name in ``self.columns``) with rank 0's ``comm_totals``."""
+    def append(self, row: dict[str, float], comm: dict[str, tuple]) -> None:
+        """Add a row (every name in ``self.columns``) with rank 0's ``comm_totals`` (values left
+        off a label's end count 0)."""
         self._rows.append((row, comm))
         if len(self._rows) >= self.flush_rows or \
                 time.monotonic() - self._last_flush >= self.flush_seconds:
@@ -352,9 +366,9 @@ class TraceWriter:
                 self.file["comm"].attrs["labels"] = json.dumps(self.labels)
                 if self.ops:
                     self.file["comm"].attrs["ops"] = json.dumps(self.ops)
-            zero = (0, 0, 0.0, 0.0)
-            for i, (name, dtype) in enumerate(self.comm_columns.items()):
-                values = np.array([[c.get(label, zero)[i] for label in self.labels]
+            for name, dtype in self.comm_columns.items():
+                i = TOTALS.index(name)
+                values = np.array([[_value(c.get(label, ()), i) for label in self.labels]
                                    for _, c in rows], dtype)
                 dataset = self.file[f"comm/{name}"]
                 dataset.resize((start + len(rows), len(self.labels)))
@@ -388,6 +402,11 @@ class TraceWriter:
             del self.file["summary"]
         self.rows_on_disk = rows
         self.file.flush()
+
+
+def _value(totals: tuple, index: int) -> float:
+    """The ``index``-th of a label's ``comm_totals`` (``TOTALS``), 0 where it has fewer."""
+    return totals[index] if index < len(totals) else 0
 
 
 def _check_resumable(path: Path, run_id: str, keep_rows: int) -> Trace:
@@ -451,7 +470,7 @@ def read_trace(path: str | Path) -> Trace:
             labels = json_attr(f["comm"].attrs, "labels", path) if "comm" in f else None
             if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
                 raise HpcoptError(f"{path}: /comm attribute 'labels' is missing or malformed")
-            names = [*COMM_COLUMNS, *([MODELLED] if MODELLED in f["comm"] else [])]
+            names = [*COMM_COLUMNS, *(name for name in (*NODE_COLUMNS, MODELLED) if name in f["comm"])]
             counters = {name: _dataset(f, f"comm/{name}", path, 2)[()] for name in names}
             summary = {k: _plain(v) for k, v in f["summary"].attrs.items()} if "summary" in f else None
             ops = json_attr(f["comm"].attrs, "ops", path) if "ops" in f["comm"].attrs else None

@@ -30,12 +30,15 @@ from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
 from ..build import RunParts, build_run
 from ..comm import Comm
+from ..comm.core import node_indices
 from ..comm.costmodel import (
     SETUP_LABELS,
+    NodeLayout,
     comm_modelled,
     get_profile,
     main_ops,
     network_delay,
+    node_layout_of,
     profile_attrs,
 )
 from ..config import Config, check_resume
@@ -65,6 +68,7 @@ class Summary:
     comm_seconds: float            # mean over ranks, while the wall clock runs (no set-up labels)
     bytes_per_rank: float          # mean over ranks, all labels
     average_bytes_per_rank: float  # the algorithm's own label (with streaming fragments')
+    in_node_bytes_per_rank: float  # of bytes_per_rank, on communicators within one node
     parameters: int
     workers: int
     samples_per_second: float      # all ranks together (tokens for a language model)
@@ -109,8 +113,10 @@ class Summary:
     def _communicated(self) -> str:
         if self.workers == 1:  # the counters hold the messages' sizes, but nothing leaves the rank
             return "nothing (1 rank: its averages and reductions move no bytes)"
+        across = self.bytes_per_rank - self.in_node_bytes_per_rank
         return (f"{_megabytes(self.bytes_per_rank)} per rank ({_megabytes(self.average_bytes_per_rank)} "
-                f"averaging the {self.parameters:,} parameters)")
+                f"averaging the {self.parameters:,} parameters; {_megabytes(self.in_node_bytes_per_rank)} "
+                f"in-node, {_megabytes(across)} across nodes)")
 
 
 def _megabytes(nbytes: float) -> str:
@@ -178,6 +184,7 @@ class DataParallelSession:
         self.ticks = Ticks(self.algorithm.clock_ticks(parts.total_steps), run.trace_every,
                            run.eval_every, run.checkpoint_every)
         self.network = get_profile(run.network) if run.network else None
+        self.layout: NodeLayout | None = None  # from start()
         self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
         self.oracle = self.window.traced(self.guard.wrap(workload.problem.oracle,
                                                          lambda: self.state.step))
@@ -200,6 +207,8 @@ class DataParallelSession:
                       else algorithm.init(workload.x0, comm, buffers=workload.buffers))
         self.scratch = self.parts.backend.xp.empty_like(self.state.x)
         agree_ticks(self.ticks.total, self.parts.local_steps, comm)
+        # with --network on several nodes, the cost model prices in-node calls at memory speed
+        self.layout = node_layout_of(node_indices(comm.mpi)) if self.network else None
 
     def restore(self, ckpt: ckpt_io.Checkpoint) -> None:
         """Check that ``ckpt`` fits this run, then load this rank's part."""
@@ -222,7 +231,7 @@ class DataParallelSession:
     def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
         extra = self.algorithm.trace_columns() + \
             (("eval_perplexity",) if self.workload.language_model else ())
-        return extra, profile_attrs(self.network) if self.network else {}
+        return extra, profile_attrs(self.network, layout=self.layout) if self.network else {}
 
     def parameters(self) -> int:
         return self.workload.layout.size
@@ -278,7 +287,7 @@ class DataParallelSession:
                   "lr": self.algorithm.lr_at(max(state.step - 1, 0)),
                   **_evaluation_fields(evaluation, self.workload.language_model),
                   **self.algorithm.trace_row(state)}
-        row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm, self.network))
+        row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm, self.network, self.layout))
         self.window.post(self.comm, stop, row)
         self.guard.window_skips = 0
         return self._publish(finished)
@@ -344,23 +353,25 @@ class DataParallelSession:
         comm, state, algorithm, files = self.comm, self.state, self.algorithm, self._files()
         totals = comm.stats.totals()
         by_label = (comm_modelled(comm.stats.counters, comm.size, self.network,
-                                  label_ranks=comm.stats.ranks) if self.network else {})
+                                  label_ranks=comm.stats.ranks, layout=self.layout) if self.network else {})
         modelled = sum(seconds for label, seconds in by_label.items() if label not in SETUP_LABELS)
-        per_round = {label: by_label[label] / comm.stats.totals(label).calls
+        ops = main_ops(comm.stats.counters)  # a round's calls: those of the op that moved its bytes
+        per_round = {label: by_label[label] / comm.stats.totals(label, ops[label]).calls
                      for label in algorithm.round_labels
                      if comm.stats.totals(label).calls and label in by_label}
         timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
         averaged = sum(comm.stats.totals(label).bytes for label in algorithm.averaged_labels)
         local = np.array([timed_seconds, totals.bytes, averaged,
-                          self.workload.processed(state.step), modelled,
+                          self.workload.processed(state.step), modelled, totals.in_node_bytes,
                           *algorithm.summary_tallies(state)])
         comm.allreduce_host_(local, label="summary")
-        figures, reported = algorithm.summary_report(local[5:].tolist())
+        figures, reported = algorithm.summary_report(local[6:].tolist())
         wall = float(comm.allreduce_host_(np.array([files.wall()]), op=MPI.MAX, label="summary")[0])
         size = comm.size
         return Summary(steps=state.step, rounds=state.rounds, final=final, train_loss=train_loss,
                        wall_seconds=wall, comm_seconds=local[0] / size, bytes_per_rank=local[1] / size,
-                       average_bytes_per_rank=local[2] / size, parameters=self.parameters(),
+                       average_bytes_per_rank=local[2] / size, in_node_bytes_per_rank=local[5] / size,
+                       parameters=self.parameters(),
                        workers=size, samples_per_second=local[3] / wall if wall else 0.0,
                        threads=threads, out=str(files.out or ""), checkpoint=self.checkpoint,
                        stopped=bool(stopped), stop_signal=stopped, history=self.history,

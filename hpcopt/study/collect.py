@@ -15,7 +15,8 @@ does (hpcopt.io.vet); a trace it refuses becomes a note in its run's row. A run'
 
 The columns: the run directory, the state, the options whose values differ between the runs
 (world size included), steps, rounds, the last training loss, the final (else the latest)
-evaluation, bytes communicated in all and per label (rank 0), the peak bytes in flight (when a
+evaluation, bytes communicated in all (and of them, when the traces count it, those within a
+node and those across nodes) and per label (rank 0), the peak bytes in flight (when a
 run's trace has that column: Streaming DiLoCo's fragments), wall seconds, measured and, with
 ``--network``, modelled communication seconds, the newest checkpoint (to resume from), a note.
 Paths inside the output directory are written relative to it.
@@ -224,13 +225,16 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
                               if any(m in t.columns for t in traces))]
     labels = sorted({label for t in traces for label in t.comm})
     peak = [PEAK] if any(PEAK in t.columns for t in traces) else []
+    split = (["in_node_bytes", "across_nodes_bytes"]
+             if any("in_node_bytes" in f for t in traces for f in t.comm.values()) else [])
     table = []
     for row in rows:
         trace = row.trace
         values: dict[str, Any] = {"run": _shown(row.found.run, out), "state": row.state}
         values.update({k: row.settings.get(k) for k in keys})
         values.update({"steps": None, "rounds": None, "train_loss": None, **{m: None for m in metrics},
-                       "bytes": None, **{f"bytes_{label}": None for label in labels},
+                       "bytes": None, **{name: None for name in split},
+                       **{f"bytes_{label}": None for label in labels},
                        **{name: None for name in peak}, "wall_seconds": None, "comm_seconds": None,
                        "modelled_comm_seconds": None,
                        "network": None})
@@ -241,6 +245,9 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
                           comm_seconds=_last(trace, "seconds"),
                           modelled_comm_seconds=_last(trace, "modelled"), network=trace.attrs.get("network"))
             values.update({m: _latest(trace, m) for m in metrics})
+            in_node = _last(trace, "in_node_bytes")
+            if split and in_node is not None and values["bytes"] is not None:
+                values.update(in_node_bytes=in_node, across_nodes_bytes=values["bytes"] - in_node)
             if PEAK in trace.columns and trace.rows:  # the run's most bytes in flight at once
                 values[PEAK] = int(trace.columns[PEAK].max())
             values.update({f"bytes_{label}": f["bytes"][-1].item() for label, f in trace.comm.items()

@@ -6,7 +6,8 @@ Each run's files go into ``DIR/<run directory name>/`` (default DIR: ``export``)
 
 - ``csv``: ``rows.csv``, the trace rows (a column per trace column, empty where the trace has
   NaN) and ``comm.csv``, the per-label communication table (step, label, operation, calls,
-  bytes, seconds and, with ``--network``, modelled seconds; rank 0's, cumulative);
+  bytes, seconds and, with ``--network``, modelled seconds, then where traces count them the
+  calls and bytes within a node; rank 0's, cumulative);
 - ``tensorboard``: an event file written by tensorboardX (the optional ``tensorboard`` extra:
   ``pip install 'hpcopt[tensorboard]'``) with the trace's scalars at their steps: ``train/``
   losses, gradient norms, learning rate (and clipped fraction), ``eval/`` test loss and metric
@@ -65,7 +66,7 @@ def write_csv(trace: Any, out: Path) -> list[Path]:
         for i in range(trace.rows):
             writer.writerow([_cell(trace.columns[name][i].item()) for name in names])
     counters = sorted({name for fields in trace.comm.values() for name in fields},
-                      key=("calls", "bytes", "seconds", "modelled").index)
+                      key=("calls", "bytes", "seconds", "modelled", "in_node_calls", "in_node_bytes").index)
     with open(comm_path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["step", "label", "op", *counters])

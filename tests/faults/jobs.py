@@ -59,13 +59,14 @@ class Send:
 
 def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
             send: Send | None = None, timeout: float = HARD_TIMEOUT, path: tuple[Path, ...] = (),
-            launcher: tuple[str, ...] = ()) -> Job:
+            launcher: tuple[str, ...] = (), mpiexec_args: tuple[str, ...] = ()) -> Job:
     """``mpiexec -n ranks python -m hpcopt ARGS`` (or ``python -c CODE``) from the repository
     (and ``path`` on the module path), sending ``send`` while it runs. ``launcher``: a command
     that runs the ``mpiexec`` command line given as its arguments (e.g. in a file system of its
-    own). The launcher runs in its own session; past ``timeout`` the whole session is SIGKILLed
-    and the test fails, so no job can hang the suite."""
-    command = [*launcher, "mpiexec", "-n", str(ranks), sys.executable]
+    own); ``mpiexec_args``: options of ``mpiexec`` itself. The launcher runs in its own
+    session; past ``timeout`` the whole session is SIGKILLed and the test fails, so no job can
+    hang the suite."""
+    command = [*launcher, "mpiexec", *mpiexec_args, "-n", str(ranks), sys.executable]
     command += ["-c", python_code] if python_code else ["-m", "hpcopt", *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (ROOT, *path))),
                MPIEXEC_TIMEOUT=str(int(timeout) + 10))

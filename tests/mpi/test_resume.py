@@ -48,7 +48,7 @@ def assert_same_run(a_state, b_state, a_dir, b_dir, rank):
         np.testing.assert_array_equal(a.columns[name], b.columns[name], err_msg=name)
     assert sorted(a.comm) == sorted(b.comm)
     for label in a.comm:
-        for field in ("calls", "bytes", "modelled"):
+        for field in ("calls", "bytes", "in_node_calls", "in_node_bytes", "modelled"):
             # a non-blocking reduction's modelled seconds subtract the computation it measured
             # overlapping (costmodel.comm_modelled): wall-clock, so not bitwise
             if field not in a.comm[label] or (field == "modelled" and label == FRAGMENT_LABEL):

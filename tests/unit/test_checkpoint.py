@@ -43,7 +43,7 @@ def synthetic(d: int = 6, world_size: int = 2, value: float = 1.0, mid_round: bo
         counters={"step": np.full(world_size, 5), "rounds": np.full(world_size, 1),
                   "steps_in_round": np.full(world_size, int(mid_round))},
         sampler=np.array([[0, 5, 8, 700, 0, r] for r in range(world_size)], dtype=np.int64),
-        window=np.array([[1.25, 2.0]] * world_size), comm=[("allreduce", "average", 1, 48, 0.01)],
+        window=np.array([[1.25, 2.0]] * world_size), comm=[("allreduce", "average", 2, 96, 0.01, 1, 48)],
         rows=per_rank, ranks=tuple(range(world_size)))
 
 
@@ -55,7 +55,7 @@ def test_round_trip_and_per_rank_reading(tmp_path):
     assert everything.ranks == (0, 1) and everything.config.algorithm.momentum == 0.9
     one = read_checkpoint(path, rank=1, world_size=2)
     np.testing.assert_array_equal(one.rows["x"], [[2.0] * 6])
-    assert one.ranks == (1,) and one.comm == [("allreduce", "average", 1, 48, 0.01)]
+    assert one.ranks == (1,) and one.comm == [("allreduce", "average", 2, 96, 0.01, 1, 48)]
     with h5py.File(path, "r") as f:  # plain h5py: named parameters next to the flat vector
         assert f["model/params/w"].shape == (4,) and f["model/params/b"].shape == (2,)
         assert f.attrs["format"] == "hpcopt-checkpoint" and "h5py_version" in f.attrs
@@ -263,6 +263,8 @@ BAD_FILES = {
                          "ranks/momentum is missing"),
     "sampler-out-of-range": (lambda s, d: _edit(s, d, lambda f: f["ranks/sampler"].__setitem__(
         (0, 1), 10**6)), "step-000000006.h5: /ranks/sampler row 0: sampler state position 1000000"),
+    "in-node-over-total": (lambda s, d: _edit(s, d, lambda f: f["comm"].attrs.__setitem__(
+        "counters", '[["allreduce", "average", 2, 96, 0.01, 3, 48]]')), "'counters' is missing or malformed"),
     "counters-vs-tick": (lambda s, d: _edit(s, d, lambda f: f.attrs.__setitem__("tick", 3)),
                          "counters do not match its tick 3"),
     "digest-mismatch-value": (_unsealed(lambda f: f["ranks/momentum"].__setitem__((0, 1), 0.5)),
@@ -295,6 +297,14 @@ BAD_FILES = {
                     "/ranks/momentum uses the filter deflate"),
     "huge-model": (lambda s, d: crafted.huge_model(_copy(s, d), 1 << 23), "of data but the file holds"),
 }
+
+
+def test_counters_written_before_the_in_node_split_count_nothing_in_node(tmp_path):
+    path = tmp_path / "step-000000005.h5"
+    write_checkpoint(path, synthetic())
+    old = _edit(path, tmp_path / "step-000000006.h5", lambda f: f["comm"].attrs.__setitem__(
+        "counters", '[["allreduce", "average", 2, 96, 0.01]]'))
+    assert read_checkpoint(old).comm == [("allreduce", "average", 2, 96, 0.01, 0, 0)]
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))

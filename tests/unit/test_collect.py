@@ -61,6 +61,8 @@ def test_one_row_per_run_with_the_options_that_differ(runs, tmp_path):
         assert float(row["train_loss"]) == trace.columns["loss_mean"][-1]
         assert int(row["bytes"]) == trace.bytes_total()[-1]
         assert int(row["bytes_average"]) == trace.comm["average"]["bytes"][-1]
+        # one rank: its communicator is within its node, so every byte stayed there
+        assert (int(row["in_node_bytes"]), int(row["across_nodes_bytes"])) == (int(row["bytes"]), 0)
         assert float(row["wall_seconds"]) == trace.summary["wall"]
         assert row["checkpoint"] == str(runs[name] / "checkpoints" / "step-000000008.h5")
     # modelled only where --network was set (0 at one rank: nothing crosses ranks)

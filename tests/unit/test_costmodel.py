@@ -5,8 +5,19 @@ import math
 import numpy as np
 import pytest
 
-from hpcopt.comm.costmodel import (NetworkProfile, fit_allreduce, get_profile,
-                              predict_allreduce_seconds)
+from hpcopt.comm.core import OpCounter
+from hpcopt.comm.costmodel import (
+    MEMORY,
+    NetworkProfile,
+    NodeLayout,
+    comm_modelled,
+    fit_allreduce,
+    get_profile,
+    node_layout_of,
+    predict_allreduce_seconds,
+    profile_attrs,
+    trace_modelled,
+)
 from hpcopt.errors import HpcoptError
 
 
@@ -78,6 +89,7 @@ def test_every_comm_operation_has_a_cost():
     assert op_seconds("barrier", 3, 0, 4, net) == pytest.approx(3 * 2 * 1e-6)
     assert op_seconds("iallgather", 1, 24, 4, net) == pytest.approx(3 * (1e-6 + 24e-9))
     assert op_seconds("send", 2, 2000, 2, net) == pytest.approx(2 * (1e-6 + 1e-6))
+    assert op_seconds("alltoall", 2, 6000, 4, net) == pytest.approx(2 * (3 * 1e-6 + 3000e-9))
     assert op_seconds("recv", 2, 2000, 2, net) == op_seconds("wait", 5, 0, 2, net) == 0.0
     assert op_seconds("allreduce", 1, 1e6, 1, net) == op_seconds("allreduce", 0, 0, 4, net) == 0.0
     counters = {("allreduce", "average"): OpCounter(4, 4000, 1.0), ("send", "p2p"): OpCounter(1, 8, 0.1),
@@ -104,3 +116,63 @@ def test_the_network_option_is_checked():
         build_config(None, {"network": "token-ring"})
     with pytest.raises(HpcoptError, match="data-parallel"):
         build_config(None, {"network": "eth10", "algorithm": "pprs"})
+
+
+def test_the_node_layout_of_a_node_map():
+    assert node_layout_of((0, 0, 1, 1)) == node_layout_of((0, 1, 0, 1)) == NodeLayout(2, 2)
+    assert node_layout_of((0, 0, 0, 1, 1, 1)) == NodeLayout(2, 3)
+    assert node_layout_of((0, 0, 0, 0)) is None  # one node: each rank priced as a node of its own
+    attrs = profile_attrs(get_profile("eth10"), layout=NodeLayout(2, 2))
+    assert (attrs["network_nodes"], attrs["network_per_node"]) == (2, 2)
+    assert "network_nodes" not in profile_attrs(get_profile("eth10"))  # one node: as before
+
+
+D = 4000
+
+
+def counters() -> dict:
+    """A 2 x 2 run: group rounds within the nodes; global averages and allgathers across them."""
+    return {("allreduce", "group_average"): OpCounter(5, 5 * D, 0.1, 5, 5 * D),
+            ("allreduce", "average"): OpCounter(3, 3 * D, 0.1, 0, 0),
+            ("allgather", "wire"): OpCounter(2, 2 * D, 0.1, 0, 0),
+            ("barrier", "start"): OpCounter(1, 0, 0.1, 1, 0)}
+
+
+def test_without_nodes_every_call_is_priced_on_the_network_over_its_ranks():
+    eth10 = get_profile("eth10")
+    modelled = comm_modelled(counters(), 4, eth10, label_ranks={"group_average": 2})
+    assert modelled["group_average"] == 5 * eth10.allreduce(D, 2)
+    assert modelled["average"] == 3 * eth10.allreduce(D, 4)
+    assert modelled["wire"] == 2 * 3 * eth10.p2p(D)
+
+
+def test_on_nodes_in_node_calls_cost_memory_speed_and_the_others_two_levels():
+    eth10, layout = get_profile("eth10"), NodeLayout(2, 2)
+    modelled = comm_modelled(counters(), 4, eth10, label_ranks={"group_average": 2}, layout=layout)
+    assert modelled["group_average"] == pytest.approx(5 * MEMORY.allreduce(D, 2), rel=1e-12)
+    two_levels = MEMORY.allreduce(D, 2) + eth10.allreduce(D, 2)
+    assert modelled["average"] == pytest.approx(3 * two_levels, rel=1e-12)
+    # an allgather: one in-node message, and one across nodes of the node's two messages
+    assert modelled["wire"] == pytest.approx(2 * (MEMORY.p2p(D) + eth10.p2p(2 * D)), rel=1e-12)
+    assert modelled["start"] == pytest.approx(MEMORY.alpha * 2, rel=1e-12)
+    assert modelled["group_average"] < comm_modelled(counters(), 4, eth10, label_ranks={"group_average": 2})[
+        "group_average"] / 10
+    # a group of 2 on round-robin nodes spans both nodes with one rank on each: all network
+    spanning = {("allreduce", "group_average"): OpCounter(5, 5 * D, 0.1, 0, 0)}
+    assert comm_modelled(spanning, 4, eth10, label_ranks={"group_average": 2}, layout=layout) == {
+        "group_average": pytest.approx(5 * eth10.allreduce(D, 2), rel=1e-12)}
+
+
+def test_a_trace_is_modelled_on_nodes_as_the_run_was():
+    eth10, layout = get_profile("eth10"), NodeLayout(2, 2)
+    trace = {label: {name: np.array([getattr(c, name)])
+                     for name in ("calls", "bytes", "in_node_calls", "in_node_bytes")}
+             for (_, label), c in counters().items()}
+    ops = {"wire": "allgather", "start": "barrier"}
+    modelled = comm_modelled(counters(), 4, eth10, label_ranks={"group_average": 2}, layout=layout)
+    rows = trace_modelled(trace, ops, 4, eth10, label_ranks={"group_average": 2}, layout=layout)
+    assert rows[0] == pytest.approx(sum(v for k, v in modelled.items() if k != "start"), rel=1e-12)
+    for fields in trace.values():  # a trace from before the split: every call across nodes
+        del fields["in_node_calls"], fields["in_node_bytes"]
+    old = trace_modelled(trace, ops, 4, eth10, label_ranks={"group_average": 2}, layout=layout)
+    assert old[0] > rows[0]

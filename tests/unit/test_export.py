@@ -47,11 +47,13 @@ def test_csv_holds_the_rows_and_the_communication_table(run, tmp_path):
     assert [row["eval_accuracy"] == "" for row in rows] == [True, False, True, False]
     with open(written[1], newline="") as handle:
         comm = list(csv.DictReader(handle))
-    assert list(comm[0]) == ["step", "label", "op", "calls", "bytes", "seconds", "modelled"]
+    assert list(comm[0]) == ["step", "label", "op", "calls", "bytes", "seconds", "modelled", "in_node_calls",
+                             "in_node_bytes"]
     assert len(comm) == trace.rows * len(trace.comm)
     averages = [row for row in comm if row["label"] == "average"]
     assert [int(row["step"]) for row in averages] == [3, 6, 9, 12]
     assert [int(row["bytes"]) for row in averages] == list(trace.comm["average"]["bytes"])
+    assert [int(row["in_node_bytes"]) for row in averages] == list(trace.comm["average"]["in_node_bytes"])
     assert [float(row["modelled"]) for row in averages] == list(trace.comm["average"]["modelled"])
     assert {row["op"] for row in averages} == {trace.ops["average"]}
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hpcopt.algorithms.groups import layout_mismatch
 from hpcopt.build import build_run
 from hpcopt.comm.core import OpCounter
 from hpcopt.comm.costmodel import comm_modelled, get_profile, network_delay, trace_modelled
@@ -22,6 +23,8 @@ from hpcopt.errors import HpcoptError
     ({"group_size": "2", "group_interval": "8", "interval": "8"},
      "group_interval 8 must divide interval 8 and be smaller"),
     ({"group_size": "0", "group_interval": "2"}, "group_size must be >= 1, got 0"),
+    ({"group_size": "nodes", "group_interval": "2"},
+     "group_size must be a number of ranks or 'node', got 'nodes'"),
     ({"group_size": "2", "group_interval": "2", "local_steps": "4,8"},
      "group_interval applies only when every rank runs interval steps per round"),
     ({"algorithm": "celgc", "group_size": "2", "group_interval": "2"},
@@ -38,6 +41,24 @@ def test_groups_that_do_not_divide_the_ranks_are_refused():
     build_run(config, SimpleNamespace(rank=0, size=4))
     with pytest.raises(HpcoptError, match=r"group_size 2 does not divide the run's 3 rank\(s\)"):
         build_run(config, SimpleNamespace(rank=0, size=3))
+
+
+@pytest.mark.parametrize("group_size, nodes, mismatch", [
+    (2, (0, 0, 1, 1), ""),
+    (2, (0, 0, 0, 0, 1, 1, 1, 1), "node 0's 4 ranks are split over 2 groups"),
+    (2, (0, 1, 0, 1), "group 0 (ranks 0-1) spans 2 nodes"),
+    (4, (0, 0, 1, 1, 0, 0, 1, 1), "group 0 (ranks 0-3) spans 2 nodes"),
+    (4, (0, 0, 0, 0, 1, 1, 1, 1), ""),
+    (1, (0, 1), "")])
+def test_groups_that_miss_the_nodes_are_named(group_size, nodes, mismatch):
+    assert layout_mismatch(group_size, nodes) == mismatch
+
+
+def test_node_groups_fit_any_world():
+    config = build_config(None, {"dataset": "digits", "hidden": "8", "steps": "4", "interval": "4",
+                                 "group_size": "node", "group_interval": "2"})
+    assert config.algorithm.group_size == "node"
+    build_run(config, SimpleNamespace(rank=0, size=3))
 
 
 def test_a_groups_label_is_modelled_on_the_groups_ranks():

@@ -13,7 +13,8 @@ from hpcopt.run.threads import ThreadChoice
 def summary(workers: int) -> Summary:
     return Summary(steps=16, rounds=2, final=Evaluation(0.9, 0.8, 100), train_loss=1.0,
                    wall_seconds=1.0, comm_seconds=0.01, bytes_per_rank=2.01e6,
-                   average_bytes_per_rank=1.34e6, parameters=167_178, workers=workers,
+                   average_bytes_per_rank=1.34e6, in_node_bytes_per_rank=0.5e6, parameters=167_178,
+                   workers=workers,
                    samples_per_second=100.0, threads=ThreadChoice(1, "test"))
 
 
@@ -27,5 +28,6 @@ def test_one_rank_communicates_nothing():
 
 
 @pytest.mark.parametrize("workers", [2, 4])
-def test_several_ranks_report_bytes_per_rank_and_the_averaging_share(workers):
-    assert communicated(workers) == "2.01 MB per rank (1.34 MB averaging the 167,178 parameters)"
+def test_several_ranks_report_bytes_per_rank_the_averaging_share_and_where_they_went(workers):
+    assert communicated(workers) == ("2.01 MB per rank (1.34 MB averaging the 167,178 parameters; "
+                                     "0.50 MB in-node, 1.51 MB across nodes)")
