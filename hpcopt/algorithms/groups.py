@@ -12,9 +12,9 @@ local step s of it::
 as torch's ``HierarchicalModelAverager`` with periods {I1: G, I: N}. A group with the ranks of
 one node is a node: its average takes the shared-memory path under ``--averaging shm`` (or
 auto), as the global one does (``Comm.group``, ``Comm.node_group``). Consecutive ranks are a
-node's only under block placement: where a numeric group spans nodes or a node's ranks fall
-in several groups, rank 0 prints one warning line when the groups are made, and training goes
-on. A group round is a plain average of x only: the momentum policies, the batch-norm buffer
+node's only under block placement: where a numeric group spans nodes, or on several nodes a
+node's ranks fall in several groups, rank 0 prints one warning line when the groups are made,
+and training goes on. A group round is a plain average of x only: the momentum policies, the batch-norm buffer
 policy and the outer optimizer's step are the global round's (the outer step's pseudo-gradient
 is anchor - the global mean, which group rounds leave unchanged). It keeps no state: whether a
 round is due follows from the state's ``steps_in_round``, so checkpoints are those of PR-SGD.
@@ -114,8 +114,9 @@ class GroupRounds:
 
 def layout_mismatch(group_size: int, nodes: Sequence[int]) -> str:
     """How groups of ``group_size`` consecutive ranks miss the nodes (``nodes``: each rank's
-    node, ``node_indices``): the first group that spans nodes, else the first node whose ranks
-    fall in several groups; '' when every group is a node or lies within one."""
+    node, ``node_indices``): the first group that spans nodes, else, on several nodes, the first
+    node whose ranks fall in several groups; '' when every group is a node or lies within one,
+    and on one node (where groups within it are the only two-level schedule there is)."""
     groups: dict[int, list[int]] = {}
     for rank, node in enumerate(nodes):
         groups.setdefault(rank // group_size, []).append(node)
@@ -124,6 +125,8 @@ def layout_mismatch(group_size: int, nodes: Sequence[int]) -> str:
             first = index * group_size
             return (f"group {index} (ranks {first}-{first + group_size - 1}) spans "
                     f"{len(set(members))} nodes")
+    if len(set(nodes)) == 1:
+        return ""
     split: dict[int, set[int]] = {}
     for rank, node in enumerate(nodes):
         split.setdefault(node, set()).add(rank // group_size)

@@ -45,6 +45,7 @@ def test_groups_that_do_not_divide_the_ranks_are_refused():
 
 @pytest.mark.parametrize("group_size, nodes, mismatch", [
     (2, (0, 0, 1, 1), ""),
+    (2, (0, 0, 0, 0), ""),
     (2, (0, 0, 0, 0, 1, 1, 1, 1), "node 0's 4 ranks are split over 2 groups"),
     (2, (0, 1, 0, 1), "group 0 (ranks 0-1) spans 2 nodes"),
     (4, (0, 0, 1, 1, 0, 0, 1, 1), "group 0 (ranks 0-3) spans 2 nodes"),
