@@ -24,7 +24,7 @@ from hpcopt.io import pipeline_checkpoint as pipe_ckpt
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.trace import read_trace
 from hpcopt.run.faults import FaultPlan
-from hpcopt.run.signals import SIGNALS, JobSignals
+from hpcopt.run.signals import JobSignals
 from tests.runs import PIPELINE_TIME_COLUMNS, assert_same_state, fresh_pipeline, fresh_train
 
 pytestmark = pytest.mark.mpi
@@ -33,6 +33,8 @@ CHECKPOINT_EVERY = (0, 1, 4, 8)
 TRACE_EVERY = (1, 2, 8)
 #: Who is signalled: every rank, the last rank only, or rank 0 while it writes a checkpoint.
 TARGETS = ("every rank", "last rank", "in a checkpoint")
+#: SIGUSR1 stops as SIGTERM does (hpcopt.run.signals): tests/faults/test_signals.py sends it.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 DATA_PARALLEL = dict(dataset="digits", hidden="8", batch_size="8", dtype="float64", lr="0.1",
                      interval="4", momentum="0.9", seed="3")
