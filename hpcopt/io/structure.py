@@ -13,7 +13,9 @@ links without following any and refuses (HpcoptError, one line naming the file a
 - more declared data than the file can hold: the datasets' declared bytes (shape times item
   size, counted per link) must not exceed ``ratio`` times the file's size plus ``slack``, so
   reading, hashing or vetting a file costs memory and time in proportion to its real size,
-  never to what a few header bytes declare.
+  never to what a few header bytes declare. The size is what the file has on disk: its
+  length, but no more than the blocks allocated to it (``st_blocks``), since a sparse file
+  (``truncate -s 2G``) has a length that costs nothing and reads as zeros.
 
 The walk opens each object by its own hard link (never by a path through another link) and
 reads only object headers, so it costs time in proportion to the file's metadata.
@@ -21,6 +23,7 @@ reads only object headers, so it costs time in proportion to the file's metadata
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,7 @@ def check_structure(f: Any, path: Path, what: str, ratio: float = 1.0, slack: in
     hard-linked groups and plain datasets whose declared data fit the file (module docstring)."""
     import h5py
 
-    size = path.stat().st_size
+    size = stored_bytes(path.stat())
     declared = 0
     seen = {_address(f.id)}
     groups = [("", f.id)]
@@ -65,6 +68,13 @@ def check_structure(f: Any, path: Path, what: str, ratio: float = 1.0, slack: in
     if declared > ratio * size + slack:
         raise HpcoptError(f"{path}: its datasets declare {human_size(declared)} of data but the "
                           f"file holds {human_size(size)} (a damaged or crafted {what})")
+
+
+def stored_bytes(status: os.stat_result) -> int:
+    """The bytes a file holds on disk: its length, but no more than its allocated blocks (the
+    holes of a sparse file hold nothing; ``st_blocks`` counts 512-byte units)."""
+    blocks = getattr(status, "st_blocks", None)
+    return status.st_size if blocks is None else min(status.st_size, blocks * 512)
 
 
 def _links(group: Any) -> list[tuple[bytes, int]]:
