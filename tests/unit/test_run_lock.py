@@ -148,7 +148,7 @@ def test_an_abandoned_lock_naming_no_holder_is_taken_over(tmp_path, content):
     cut short: once unchanged for a few seconds, no job is about to write it, and it is stale."""
     path = tmp_path / FILE_NAME
     path.write_bytes(content)
-    old = time.time() - lock_module.ABANDONED_SECONDS - 5
+    old = time.time() - 60  # a minute unchanged
     os.utime(path, (old, old))
     taken = RunLock.acquire(tmp_path, "run-b")
     assert lock_module._read(path) == taken.holder
