@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -102,6 +103,34 @@ def test_a_task_refuses_a_fifo_record_without_blocking(tmp_path):
     os.mkfifo(layout.record_path(study, 0))
     task = layout.TaskRecord(study, layout.read_manifest(study)[0])
     refused_promptly(task.start, "is a FIFO, not a regular file")
+
+
+def test_the_preflight_probe_never_opens_a_file_planted_at_its_name(tmp_path):
+    """The probe once had a name anyone could plant a FIFO at (``.preflight-PID``): opening it to
+    write waited for a reader. A reader that comes after 5 s turns such a wait into a failure."""
+    from types import SimpleNamespace
+
+    from hpcopt.run.preflight import check_output
+
+    (tmp_path / "checkpoints").mkdir()
+    fifo = tmp_path / "checkpoints" / f".preflight-{os.getpid()}"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def reader() -> None:
+        if not stop.wait(5.0):
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    start = time.monotonic()
+    try:
+        check_output(tmp_path, 1, SimpleNamespace(rank=0))
+    finally:
+        stop.set()
+        thread.join()
+    assert time.monotonic() - start < 5.0 and fifo.exists()
+    assert sorted(p.name for p in fifo.parent.iterdir()) == [fifo.name]  # the probe removed
 
 
 # -- sparse files and the declared-size bound (item 2) -------------------------------------------
