@@ -18,7 +18,11 @@ Each run's files go into ``DIR/<run directory name>/`` (default DIR: ``export``)
   per rank ("rank N"), a complete event per span (name, category, start and duration in
   microseconds, the step in ``args``). A trace without a timeline is refused.
 
-Traces are read by a child process first (hpcopt.io.vet), as ``report`` does.
+Traces are read by a child process first (hpcopt.io.vet), as ``report`` does. A run's folder is
+named after its directory (a run given as ``..`` too), and must be a plain folder of DIR (a link
+planted there is refused); each file is written under a temporary name in it and renamed
+(``hpcopt.io.safe_files.replacing``), so a link planted at a file's name is replaced, never
+written through.
 """
 
 from __future__ import annotations
@@ -36,8 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcoptError
-from ..io.safe_files import kind as kind_of
-from ..io.safe_files import replacing
+from ..io import safe_files
 from ..io.writing import publish
 
 TRAIN = ("loss_mean", "loss_max", "grad_norm", "grad_norm_max", "lr", "clip_fraction")
@@ -64,14 +67,14 @@ def write_csv(trace: Any, out: Path) -> list[Path]:
     """``rows.csv`` and ``comm.csv`` of ``trace`` in ``out``."""
     names = list(trace.columns)
     rows_path, comm_path = out / "rows.csv", out / "comm.csv"
-    with replacing(rows_path, "export") as handle:
+    with safe_files.replacing(rows_path, "export") as handle:
         writer = csv.writer(handle)
         writer.writerow(names)
         for i in range(trace.rows):
             writer.writerow([_cell(trace.columns[name][i].item()) for name in names])
     counters = sorted({name for fields in trace.comm.values() for name in fields},
                       key=("calls", "bytes", "seconds", "modelled").index)
-    with replacing(comm_path, "export") as handle:
+    with safe_files.replacing(comm_path, "export") as handle:
         writer = csv.writer(handle)
         writer.writerow(["step", "label", "op", *counters])
         for i in range(trace.rows):
@@ -138,7 +141,7 @@ def write_chrome(trace: Any, out: Path) -> list[Path]:
     if note:
         print(f"export: {note}", file=sys.stderr, flush=True)
     path = out / "timeline.json"
-    with replacing(path, "export") as handle:  # an event at a time: a long timeline never sits in memory
+    with safe_files.replacing(path, "export") as handle:  # an event at a time, never all in memory
         handle.write('{"displayTimeUnit": "ms", "traceEvents": [')
         for i, event in enumerate(chrome_events(timeline)):
             handle.write(("," if i else "") + "\n" + json.dumps(event))
@@ -167,9 +170,10 @@ def export(runs: list[str], kind: str, out: str | Path) -> list[Path]:
         folder = Path(out) / unique
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            if not stat.S_ISDIR(folder.lstat().st_mode):  # a link planted there leads out of --out
-                raise HpcoptError(f"{folder} is {kind_of(folder.lstat().st_mode)}, not a folder of "
-                                  f"{out}: remove it or choose another --out")
+            mode = folder.lstat().st_mode
+            if not stat.S_ISDIR(mode):  # a link planted there leads out of --out
+                raise HpcoptError(f"{folder} is {safe_files.kind(mode)}, not a folder of {out}: "
+                                  "remove it or choose another --out")
             written += FORMATS[kind](trace, folder)
         except OSError as exc:
             raise HpcoptError(f"cannot write into {folder}: {exc.strerror or exc}") from None
