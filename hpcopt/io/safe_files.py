@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -96,11 +96,11 @@ def replacing(path: Path, what: str, mode: str = "w") -> Iterator[IO]:
     temporary file is removed when it raises. OSError is one HpcoptError line naming ``path``."""
     from .writing import publish, write_failure
 
-    try:
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:  # O_EXCL: a new file, whatever was planted; its mode as any file's (the umask's)
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666)
     except OSError as exc:
         raise write_failure(path, what, exc) from None
-    tmp = Path(name)
     try:
         with os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, newline="") as handle:
             yield handle

@@ -210,3 +210,13 @@ def test_export_never_writes_out_of_its_out_nor_through_a_link(run, tmp_path, mo
     (planted / "run-a").symlink_to(elsewhere)
     refused_promptly(lambda: export([str(run)], "csv", planted), f"{planted / 'run-a'} is a symbolic link")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_outputs_written_by_rename_keep_the_modes_of_files_written_in_place(run, tmp_path):
+    """A temporary file is made with the umask's mode, as ``open`` makes a file (not 0600)."""
+    mask = os.umask(0o022)
+    try:
+        written = [*collect([run], tmp_path / "c"), *export([str(run)], "csv", tmp_path / "e")]
+    finally:
+        os.umask(mask)
+    assert {oct(path.stat().st_mode & 0o777) for path in written} == {oct(0o644)}
