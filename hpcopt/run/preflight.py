@@ -16,8 +16,8 @@ Every problem is one HpcoptError line, exit code 2 on every rank.
 
 from __future__ import annotations
 
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,11 @@ def check_output(out: Path | None, checkpoint_bytes: int, comm: Any) -> None:
     if out is None or comm.rank != 0:
         return
     directory = out / ckpt_io.SUBDIR
-    try:  # a new file of a random name (O_EXCL): never a FIFO or a link planted at a known one
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".preflight-") as handle:
+    probe = directory / f".preflight-{secrets.token_hex(8)}"
+    try:  # a new file (O_EXCL) of a random name: never a FIFO or a link planted at a known one
+        with open(probe, "xb") as handle:
             handle.write(b"hpcopt preflight\n")
-            handle.flush()
+        probe.unlink()
     except OSError as exc:
         raise HpcoptError(f"the checkpoint directory {directory} is not writable: "
                           f"{exc.strerror or exc}") from None
