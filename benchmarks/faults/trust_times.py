@@ -19,7 +19,13 @@ announcement, or the launch for a crafted file) to the end of the job, and what 
   links, FIFOs, virtual and external datasets, filters, declared sizes far beyond the file:
   exit 2 in seconds, no module they name imported, and no file of another run touched;
 - a write failing in the middle of a checkpoint (a full disk): one line, exit 2, what is left
-  on disk, and whether the resume ends bitwise.
+  on disk, and whether the resume ends bitwise;
+- planted files (``--parts planted``): a FIFO among a live run's checkpoints (then SIGTERM), at
+  the lock or the trace of ``train`` and ``resume``, at a task's record for ``collect``; the
+  record linked to ``/dev/zero``; a trace declaring 7 GB in a 2 GB sparse file (``collect``'s
+  peak memory, its vetting child included); no room to write at start; links planted at
+  ``collect``'s and ``export``'s outputs, and ``export ..``: exit, lines, whether a file
+  outside the run or ``--out`` changed.
 """
 
 from __future__ import annotations
@@ -27,11 +33,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint  # noqa: E402
 from tests import crafted  # noqa: E402
-from tests.faults.jobs import INJECTED, SMALL, Send, assert_same_run, run_job  # noqa: E402
+from tests.faults.jobs import INJECTED, ROOT, SMALL, Send, assert_same_run, run_job  # noqa: E402
 
 CHECKPOINT_EVERY = (0, 1, 2, 4, 8, 16)
 TRACE_EVERY = (1, 2, 4, 8, 16)
@@ -228,6 +238,128 @@ def disk_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
              str(job.returncode), seconds(job), f"left {', '.join(left)}; {same}")]
 
 
+#: ``train`` with no room to write: a file size limit of 0 bytes (EFBIG, as a full disk's ENOSPC).
+NO_ROOM = """
+import resource, signal, sys
+from hpcopt.cli import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+sys.exit(main(["train", *{args!r}, "--steps", "8", "--out", {out!r}]))
+"""
+#: A trace declaring 7 GB of rows in a sparse file of 2 GB (a few kB on disk).
+SPARSE_ROWS, SPARSE_BYTES = 50_000_000, 2 << 30
+
+
+def _cli(args: list[str], cwd: Path = ROOT, timeout: float = 120.0) -> tuple[int, float, str, float]:
+    """``python -m hpcopt ARGS`` without MPI (collect, export): (exit, seconds, stderr, peak MB of
+    it and the children it waited for), SIGKILLed past ``timeout`` (exit -9: a hang)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "hpcopt", *args], cwd=cwd, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    killer = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL))
+    killer.start()
+    assert process.stderr is not None
+    err = process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    killer.cancel()
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait
+    return process.returncode, time.monotonic() - start, err, usage.ru_maxrss / 1024
+
+
+def _lines(text: str) -> int:
+    return len([line for line in text.splitlines() if line.strip()])
+
+
+def planted_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
+    """Files planted where hpcopt expects its own: each case's exit, seconds and what it did."""
+    from hpcopt.study.layout import COLUMNS, LOGS, MANIFEST
+
+    rows: list[tuple[str, ...]] = []
+    precious = work / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me\n")
+    before = _digests(precious)
+
+    def touched() -> str:
+        return "yes" if _digests(precious) != before else "no"
+
+    def fresh(name: str, steps: int = 8) -> Path:
+        out = work / f"planted-{ranks}-{name}"
+        run_job(small(out, "--checkpoint-every", "8", steps=steps), ranks=ranks)
+        return out
+
+    live = fresh("live")
+    fifo = live / "checkpoints" / "step-000000001.h5"
+    os.mkfifo(fifo)
+    job = run_job(["resume", str(live), "--steps", "100000", *HEADER_SHOWN], ranks=ranks,
+                  send=Send(signal.SIGTERM, after=1.0))
+    rows.append(("FIFO at RUN/checkpoints/step-000000001.h5 of a live run, then SIGTERM to mpiexec",
+                  str(ranks), str(job.returncode), seconds(job),
+                  f"stopped at tick {newest_tick(live)}, checkpoint there; FIFO left: "
+                  f"{'yes' if fifo.exists() else 'no'}"))
+    for planted, command in (("hpcopt.lock", "train"), ("trace.h5", "train"), ("trace.h5", "resume")):
+        out = fresh(f"{planted}-old") if command == "resume" else work / f"planted-{ranks}-{planted}-new"
+        out.mkdir(exist_ok=True)
+        (out / planted).unlink(missing_ok=True)
+        os.mkfifo(out / planted)
+        args = ["resume", str(out), "--steps", "16"] if command == "resume" else small(out, steps=8)
+        job = run_job(args, ranks=ranks)
+        rows.append((f"FIFO at OUT/{planted}, {command}", str(ranks), str(job.returncode), seconds(job),
+                     f"{_lines(job.stderr)} stderr line(s)"))
+    out = work / f"planted-{ranks}-no-room"
+    job = run_job([], ranks=ranks, python_code=NO_ROOM.format(args=SMALL, out=str(out)))
+    rows.append(("no room to write at start (file size limit 0), train", str(ranks), str(job.returncode),
+                 seconds(job), f"{_lines(job.stderr)} stderr line(s); lock left: "
+                 f"{'yes' if (out / 'hpcopt.lock').exists() else 'no'}"))
+
+    study = work / f"planted-{ranks}-study"
+    (study / LOGS).mkdir(parents=True)
+    (study / MANIFEST).write_text("\t".join(COLUMNS) + f"\n0\truns/t0\t{ranks}\t--dataset digits\n")
+    record = study / LOGS / "task-0.json"
+    for name, plant in (("FIFO at STUDY/logs/task-0.json", lambda: os.mkfifo(record)),
+                        ("STUDY/logs/task-0.json linked to /dev/zero",
+                         lambda: record.symlink_to("/dev/zero"))):
+        record.unlink(missing_ok=True)
+        plant()
+        code, took, err, _ = _cli(["collect", str(study)])
+        rows.append((f"{name}, collect", "-", str(code), f"{took:.2f}", f"{_lines(err)} stderr line(s)"))
+    record.unlink()
+
+    sparse = fresh("sparse")
+    crafted.huge_trace(sparse / "trace.h5", SPARSE_ROWS)
+    os.truncate(sparse / "trace.h5", SPARSE_BYTES)
+    code, took, err, peak = _cli(["collect", str(sparse), "--out", str(work / "sparse-out")])
+    table = work / "sparse-out" / "study.csv"
+    refused = table.is_file() and "of data but the file holds" in table.read_text()
+    rows.append(("a trace declaring 7 GB in a 2 GB sparse file, collect", "-", str(code), f"{took:.2f}",
+                 f"{_lines(err)} stderr line(s); trace {'refused in its row' if refused else 'READ'}; "
+                 f"peak RSS {peak:,.0f} MB"))
+
+    finished = fresh("finished")
+    out = work / "collect-out"
+    out.mkdir()
+    (out / "study.csv").symlink_to(precious / "notes.txt")
+    code, took, err, _ = _cli(["collect", str(finished), "--out", str(out)])
+    rows.append(("STUDY/study.csv linked to a file elsewhere, collect", "-", str(code), f"{took:.2f}",
+                 f"{_lines(err)} stderr line(s); file elsewhere touched: {touched()}"))
+    export = work / "export"
+    export.mkdir()
+    code, took, err, _ = _cli(["export", "..", "--format", "csv", "--out", str(export / "xo")],
+                              cwd=finished / "checkpoints")
+    beside = sorted(p.name for p in export.iterdir() if p.name != "xo")
+    rows.append(("export .. --format csv --out xo (from RUN/checkpoints)", "-", str(code), f"{took:.2f}",
+                 f"{_lines(err)} stderr line(s); files written beside --out: {len(beside)}"))
+    link = export / "xo" / finished.name / "rows.csv"
+    link.unlink()
+    link.symlink_to(precious / "notes.txt")
+    code, took, err, _ = _cli(["export", str(finished), "--format", "csv", "--out", str(export / "xo")])
+    rows.append(("xo/RUN/rows.csv linked to a file elsewhere, export", "-", str(code), f"{took:.2f}",
+                 f"{_lines(err)} stderr line(s); file elsewhere touched: {touched()}"))
+    return rows
+
+
 def _plant(checkpoint: Path, run: Path) -> Path:
     """A copy of another run's ``checkpoint`` in ``run``'s checkpoints, as its newest; ``run``."""
     shutil.copyfile(checkpoint, run / "checkpoints" / "step-000000072.h5")
@@ -235,7 +367,7 @@ def _plant(checkpoint: Path, run: Path) -> Path:
 
 
 PARTS = {"signals": signal_cases, "ctrl-c": ctrl_c_cases, "files": file_cases, "hostile": hostile_cases,
-         "disk": disk_cases}
+         "disk": disk_cases, "planted": planted_cases}
 
 
 def main() -> None:

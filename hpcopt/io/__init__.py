@@ -37,21 +37,23 @@ READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 def open_for_reading(path: str | Path, what: str, ratio: float = 1.0, slack: int = 0) -> h5py.File:
     """Open an HDF5 file read-only, or raise a HpcoptError saying why it cannot be a ``what``.
 
-    Before anything in it is opened by name, its links and datasets are checked
+    It must be a regular file (``safe_files.open_regular``), checked without blocking. Before
+    anything in it is opened by name, its links and datasets are checked
     (``structure.check_structure``, with ``ratio`` and ``slack`` bounding the data it may
     declare): no link is ever followed out of the file, whoever opens it, vetted or not. File
     locking is off so that a trace can be read while its run is still writing it.
     """
     import h5py
 
+    from .safe_files import open_regular
     from .structure import check_structure
 
     path = Path(path)
-    if not path.is_file():
-        raise HpcoptError(f"{what} not found: {path}" if not path.exists() else f"{path} is not a file")
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, what) as handle:  # a FIFO or a device: refused, never waited on
             head = handle.read(len(HDF5_SIGNATURE))
+    except FileNotFoundError:
+        raise HpcoptError(f"{what} not found: {path}") from None
     except OSError as exc:
         raise HpcoptError(f"cannot read {what} {path}: {exc.strerror}") from None
     if head != HDF5_SIGNATURE:

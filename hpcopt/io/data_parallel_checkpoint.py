@@ -51,6 +51,7 @@ from . import (
     versions,
 )
 from .digest import check_sealed, refuse_damaged, seal
+from .safe_files import check_regular
 from .trace import FILE_NAME as TRACE_FILE
 from .writing import HDF5Writing, publish
 
@@ -136,13 +137,14 @@ def checkpoints(out: Path) -> list[Path]:
 
 def run_id_of(path: Path) -> str | None:
     """The ``run_id`` attribute of a checkpoint or trace, read alone; None where it cannot be
-    read (a damaged file: its owner is unknown)."""
+    read (a damaged file, or no regular file: a FIFO is never opened; its owner is unknown)."""
     import h5py
 
     try:
+        check_regular(path, "checkpoint")
         with h5py.File(path, "r", locking=False) as f:
             value = f.attrs.get("run_id")
-    except READ_ERRORS:
+    except (HpcoptError, *READ_ERRORS):
         return None
     return value if isinstance(value, str) else None
 

@@ -13,7 +13,11 @@ links without following any and refuses (HpcoptError, one line naming the file a
 - more declared data than the file can hold: the datasets' declared bytes (shape times item
   size, counted per link) must not exceed ``ratio`` times the file's size plus ``slack``, so
   reading, hashing or vetting a file costs memory and time in proportion to its real size,
-  never to what a few header bytes declare.
+  never to what a few header bytes declare. Nor may they exceed ``ALLOCATED_RATIO`` times the
+  blocks allocated to it (``st_blocks``) plus ``ALLOCATED_SLACK``, since a sparse file
+  (``truncate -s 2G``) has a length that costs nothing and reads as zeros. That second bound
+  is loose on purpose: a compressing file system (ZFS, btrfs) allocates fewer blocks than a
+  genuine file's length, and none for its runs of zeros (a zero momentum buffer).
 
 The walk opens each object by its own hard link (never by a path through another link) and
 reads only object headers, so it costs time in proportion to the file's metadata.
@@ -21,12 +25,16 @@ reads only object headers, so it costs time in proportion to the file's metadata
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import HpcoptError
 from . import human_size
 
+#: How much more data than its allocated blocks hold a file may declare, and the slack on top:
+#: room for a compressing file system and zero buffers, none for a sparse file's empty length.
+ALLOCATED_RATIO, ALLOCATED_SLACK = 64, 64 * 2**20
 #: The filters hpcopt writes (HDF5's filter ids): Fletcher-32 checksums (``H5Z_FILTER_FLETCHER32``).
 FLETCHER32 = 3
 ALLOWED_FILTERS = {FLETCHER32: "Fletcher-32"}
@@ -37,7 +45,8 @@ def check_structure(f: Any, path: Path, what: str, ratio: float = 1.0, slack: in
     hard-linked groups and plain datasets whose declared data fit the file (module docstring)."""
     import h5py
 
-    size = path.stat().st_size
+    status = path.stat()
+    size = min(status.st_size, ALLOCATED_SLACK + ALLOCATED_RATIO * allocated_bytes(status))
     declared = 0
     seen = {_address(f.id)}
     groups = [("", f.id)]
@@ -65,6 +74,13 @@ def check_structure(f: Any, path: Path, what: str, ratio: float = 1.0, slack: in
     if declared > ratio * size + slack:
         raise HpcoptError(f"{path}: its datasets declare {human_size(declared)} of data but the "
                           f"file holds {human_size(size)} (a damaged or crafted {what})")
+
+
+def allocated_bytes(status: os.stat_result) -> int:
+    """The bytes allocated to a file on disk (``st_blocks`` counts 512-byte units; the holes of
+    a sparse file take none), or its length where the system does not say."""
+    blocks = getattr(status, "st_blocks", None)
+    return status.st_size if blocks is None else blocks * 512
 
 
 def _links(group: Any) -> list[tuple[bytes, int]]:

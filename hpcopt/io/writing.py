@@ -14,6 +14,7 @@ an exclusive ``flock`` on the file while it is open, as HDF5 does for a writer.
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import shutil
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Any
 
 from ..errors import HpcoptError
 from . import described, human_size
+from .safe_files import open_writable
 
 #: What h5py raises when HDF5 fails to write (or to read back what it wrote).
 WRITE_ERRORS = (OSError, RuntimeError)
@@ -51,7 +53,7 @@ class HDF5Writing:
         self._raised = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._sink = _Sink(path, mode)
+            self._sink = _Sink(path, mode, what)
             self.file = h5py.File(self._sink, mode, **options)
         except WRITE_ERRORS as exc:
             self._failed(exc)
@@ -141,11 +143,13 @@ class _Sink:
     """The file object h5py writes through: writes go straight to the file (unbuffered) until
     one fails; that one and every later one are dropped (``error`` keeps the first failure)."""
 
-    def __init__(self, path: Path, mode: str) -> None:
+    def __init__(self, path: Path, mode: str, what: str) -> None:
         self.error: OSError | None = None
         if mode == "w":  # a new file: whatever has this name (a planted symlink) is replaced
             path.unlink(missing_ok=True)
-        self._raw = open(path, "x+b" if mode == "w" else "r+b", buffering=0)  # noqa: SIM115
+            self._raw = open(path, "x+b", buffering=0)  # noqa: SIM115
+        else:  # an existing file: a regular one, never through a link (``safe_files``)
+            self._raw = io.FileIO(open_writable(path, what), "r+")
         try:
             fcntl.flock(self._raw.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -17,6 +17,7 @@ from ..errors import HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io import versions
+from ..io.safe_files import check_regular
 from .lock import RunLock, check_free
 
 
@@ -96,8 +97,11 @@ def claim(out: Path | None, run_id: str, resumed: bool, verbose: bool) -> RunLoc
 
 
 def _check_one_run(out: Path, run_id: str) -> None:
-    """HpcoptError if the trace or a checkpoint in ``out`` is of another run than ``run_id``."""
+    """HpcoptError if the trace or a checkpoint in ``out`` is of another run than ``run_id``, or
+    the trace is no regular file."""
     trace = out / trace_io.FILE_NAME
+    if trace.exists():
+        check_regular(trace, trace_io.FILE_KIND)
     for path in ([trace] if trace.exists() else []) + ckpt_io.checkpoints(out):
         found = ckpt_io.run_id_of(path)
         if found is not None and found != run_id:
@@ -116,6 +120,7 @@ def _check_unused(out: Path, verbose: bool) -> None:
     trace = out / trace_io.FILE_NAME
     if not trace.exists():
         return
+    check_regular(trace, trace_io.FILE_KIND)  # a FIFO is refused, never opened nor moved aside
     found = ckpt_io.run_id_of(trace)
     kept = unused_path(out / f"trace-{found if found and found.isalnum() else 'unknown'}.h5")
     try:

@@ -22,6 +22,11 @@ job is refused with one line naming the holder (host, pid) and the file to delet
 is known to be gone. Taking over a stale lock is serialized by a second file created the same
 way (``hpcopt.lock.break``), so two jobs that find the same stale lock cannot both win. (A job
 suspended for longer than ``STALE_SECONDS`` on another host would lose its lock.)
+
+A job that creates the file but cannot write its holder (a full disk) removes it and ends with
+one line. A lock file naming no holder (empty, unreadable) is refused while it is new, and
+taken over once unchanged for ``ABANDONED_SECONDS`` (its job would have written it at once).
+Anything but a regular file there (a FIFO) is refused without waiting on it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -40,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcoptError
+from ..io.safe_files import open_regular
+from ..io.writing import write_failure
 
 FILE_NAME = "hpcopt.lock"
 BREAK_SUFFIX = ".break"
@@ -47,6 +55,8 @@ HEARTBEAT_SECONDS = 60.0
 STALE_SECONDS = 600.0
 #: Largest lock file read: a holder's JSON is about 250 bytes.
 MAX_BYTES = 4096
+#: Seconds after which a lock file naming no holder (empty: its job could not write it) is stale.
+ABANDONED_SECONDS = 10.0
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -113,7 +123,6 @@ class RunLock:
             refusal = _refusal(path, found)
             if refusal is not None:
                 raise refusal
-            assert isinstance(found, Holder), "a lock naming no holder is refused"
             _break(path, found, holder)
         raise HpcoptError(f"{directory}: its lock {path} keeps changing hands; is another job "
                           "starting there?")
@@ -127,7 +136,10 @@ class RunLock:
         """Stop refreshing and remove the lock file, if it is still this job's."""
         self._stop.set()
         self._heartbeat.join()
-        found = _read(self.path)
+        try:
+            found = _read(self.path)
+        except HpcoptError:  # replaced by something that is not a file: not this job's
+            return
         if isinstance(found, Holder) and found.token == self.holder.token:
             self.path.unlink(missing_ok=True)
 
@@ -147,6 +159,8 @@ def _refusal(path: Path, found: Holder | str) -> HpcoptError | None:
     """Why lock file ``path``, naming ``found``, keeps another job out; None when it is stale."""
     directory = path.parent
     if isinstance(found, str):
+        if _abandoned(path):
+            return None
         return HpcoptError(f"{directory} is locked, but {path} names no holder ({found}); if no "
                            f"job uses {directory}, delete {path}")
     gone = _gone(path, found)
@@ -174,17 +188,22 @@ def _gone(path: Path, holder: Holder) -> bool | None:
 
 
 def _create(path: Path, holder: Holder) -> bool:
-    """Create ``path`` holding ``holder`` if it does not exist (atomically); False if it does."""
+    """Create ``path`` holding ``holder`` if it does not exist (atomically); False if it does.
+    A holder that cannot be written (a full disk) is one HpcoptError line, the file removed."""
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
     except OSError as exc:
         raise HpcoptError(f"cannot create the lock file {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "w") as handle:
-        json.dump(asdict(holder), handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(asdict(holder), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise write_failure(path, "lock file", exc) from None
     return True
 
 
@@ -194,7 +213,7 @@ def _read(path: Path) -> Holder | str | None:
     just after creating it."""
     for _ in range(20):
         try:
-            with open(path, "rb") as handle:
+            with open_regular(path, "lock file") as handle:  # a FIFO: refused, never waited on
                 raw = handle.read(MAX_BYTES + 1)
         except FileNotFoundError:
             return None
@@ -202,6 +221,8 @@ def _read(path: Path) -> Holder | str | None:
             return f"unreadable: {exc.strerror or exc}"
         if raw:
             return _parse(raw)
+        if _abandoned(path):
+            break
         time.sleep(0.05)
     return "empty"
 
@@ -220,8 +241,9 @@ def _parse(raw: bytes) -> Holder | str:
     return Holder(**values)
 
 
-def _break(path: Path, stale: Holder, breaker: Holder) -> None:
-    """Remove ``path`` if it still names ``stale``, holding the break file (one job at a time)."""
+def _break(path: Path, stale: Holder | str, breaker: Holder) -> None:
+    """Remove ``path`` if it still names ``stale`` (or, naming no holder, is still abandoned),
+    holding the break file (one job at a time)."""
     guard = path.with_name(path.name + BREAK_SUFFIX)
     if not _create(guard, breaker):
         found = _read(guard)
@@ -233,10 +255,25 @@ def _break(path: Path, stale: Holder, breaker: Holder) -> None:
                           f"no job uses {path.parent}, delete {path} and {guard}")
     try:
         current = _read(path)
-        if isinstance(current, Holder) and current.token == stale.token:
+        if isinstance(stale, Holder):
+            still = isinstance(current, Holder) and current.token == stale.token
+        else:
+            still = isinstance(current, str) and _abandoned(path)
+        if still:
             path.unlink(missing_ok=True)
     finally:
         guard.unlink(missing_ok=True)
+
+
+def _abandoned(path: Path) -> bool:
+    """Whether ``path``, a regular file naming no holder (empty, unreadable, not a holder's
+    record), has not changed for ``ABANDONED_SECONDS``: no job is about to write its holder
+    (a job writes it at once), so it is what a job that failed to (a full disk) left behind."""
+    try:
+        status = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(status.st_mode) and time.time() - status.st_mtime > ABANDONED_SECONDS
 
 
 def _boot_id() -> str:

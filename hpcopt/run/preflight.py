@@ -16,7 +16,7 @@ Every problem is one HpcoptError line, exit code 2 on every rank.
 
 from __future__ import annotations
 
-import os
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -62,9 +62,9 @@ def check_output(out: Path | None, checkpoint_bytes: int, comm: Any) -> None:
     if out is None or comm.rank != 0:
         return
     directory = out / ckpt_io.SUBDIR
-    probe = directory / f".preflight-{os.getpid()}"
-    try:
-        with open(probe, "wb") as handle:
+    probe = directory / f".preflight-{secrets.token_hex(8)}"
+    try:  # a new file (O_EXCL) of a random name: never a FIFO or a link planted at a known one
+        with open(probe, "xb") as handle:
             handle.write(b"hpcopt preflight\n")
         probe.unlink()
     except OSError as exc:

@@ -37,6 +37,7 @@ from typing import Any
 
 from ..algorithms.streaming import PEAK_COLUMN as PEAK
 from ..errors import HpcoptError
+from ..io.safe_files import open_regular, write_replacing
 from .layout import Entry, is_study, lock_held, log_path, read_manifest, read_record, record_path
 
 STOPPED = {128 + signal.SIGTERM: "SIGTERM", 128 + signal.SIGINT: "SIGINT"}
@@ -109,11 +110,12 @@ def find_runs(paths: Sequence[Path]) -> list[Found]:
 
 
 def _log_line(path: Path) -> str:
-    """The last error line of a log (else its last line), for a note."""
+    """The last error line of a log (else its last line), for a note; HpcoptError for a log that
+    is no regular file."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(path) - LOG_TAIL))
-            lines = [line.strip() for line in handle.read().decode("utf-8", "replace").splitlines()]
+        with open_regular(path, "task log") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - LOG_TAIL))
+            lines = [line.strip() for line in handle.read(LOG_TAIL).decode("utf-8", "replace").splitlines()]
     except OSError:
         return ""
     lines = [line for line in lines if line]
@@ -303,16 +305,18 @@ def markdown(table: Sequence[dict[str, Any]]) -> str:
 
 
 def collect(paths: Sequence[str | Path], out: str | Path) -> list[Path]:
-    """Gather the runs, write ``study.csv`` and ``study.md`` into ``out``; the files written."""
+    """Gather the runs, write ``study.csv`` and ``study.md`` into ``out`` (each a new file renamed
+    over the old: a link planted at their names is replaced, never written through); the files
+    written."""
     out = Path(out)
     table = columns(gather([Path(p) for p in paths]), out)
     written = [out / "study.csv", out / "study.md"]
     try:
         out.mkdir(parents=True, exist_ok=True)
-        written[0].write_text(csv_text(table))
-        written[1].write_text(markdown(table))
     except OSError as exc:
         raise HpcoptError(f"cannot write into {out}: {exc.strerror or exc}") from None
+    write_replacing(written[0], csv_text(table), "study table")
+    write_replacing(written[1], markdown(table), "study table")
     return written
 
 

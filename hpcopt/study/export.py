@@ -19,7 +19,11 @@ Each run's files go into ``DIR/<run directory name>/`` (default DIR: ``export``)
   per rank ("rank N"), a complete event per span (name, category, start and duration in
   microseconds, the step in ``args``). A trace without a timeline is refused.
 
-Traces are read by a child process first (hpcopt.io.vet), as ``report`` does.
+Traces are read by a child process first (hpcopt.io.vet), as ``report`` does. A run's folder is
+named after its directory (a run given as ``..`` too), and must be a plain folder of DIR (a link
+planted there is refused); each file is written under a temporary name in it and renamed
+(``hpcopt.io.safe_files.replacing``), so a link planted at a file's name is replaced, never
+written through.
 """
 
 from __future__ import annotations
@@ -29,12 +33,16 @@ import csv
 import datetime
 import json
 import math
+import stat
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import HpcoptError
+from ..io import safe_files
+from ..io.writing import publish
 
 TRAIN = ("loss_mean", "loss_max", "grad_norm", "grad_norm_max", "lr", "clip_fraction")
 EVAL = {"eval_loss": "eval/loss", "eval_accuracy": "eval/accuracy", "eval_perplexity": "eval/perplexity"}
@@ -60,14 +68,14 @@ def write_csv(trace: Any, out: Path) -> list[Path]:
     """``rows.csv`` and ``comm.csv`` of ``trace`` in ``out``."""
     names = list(trace.columns)
     rows_path, comm_path = out / "rows.csv", out / "comm.csv"
-    with open(rows_path, "w", newline="") as handle:
+    with safe_files.replacing(rows_path, "export") as handle:
         writer = csv.writer(handle)
         writer.writerow(names)
         for i in range(trace.rows):
             writer.writerow([_cell(trace.columns[name][i].item()) for name in names])
     counters = sorted({name for fields in trace.comm.values() for name in fields},
                       key=("calls", "bytes", "seconds", "modelled", "in_node_calls", "in_node_bytes").index)
-    with open(comm_path, "w", newline="") as handle:
+    with safe_files.replacing(comm_path, "export") as handle:
         writer = csv.writer(handle)
         writer.writerow(["step", "label", "op", *counters])
         for i in range(trace.rows):
@@ -111,12 +119,15 @@ def write_tensorboard(trace: Any, out: Path) -> list[Path]:
                           "pip install 'hpcopt[tensorboard]'") from None
     if any(out.glob(EVENT_FILES)):
         raise HpcoptError(f"{out} holds TensorBoard event files already: remove them or choose another --out")
-    writer = SummaryWriter(logdir=str(out), flush_secs=3600)
-    try:
-        for tag, step, wall, value in scalars(trace):
-            writer.add_scalar(tag, value, global_step=step, walltime=wall)
-    finally:
-        writer.close()
+    with tempfile.TemporaryDirectory(dir=out, prefix=".export-") as fresh:  # nothing planted in it
+        writer = SummaryWriter(logdir=fresh, flush_secs=3600)
+        try:
+            for tag, step, wall, value in scalars(trace):
+                writer.add_scalar(tag, value, global_step=step, walltime=wall)
+        finally:
+            writer.close()
+        for made in sorted(Path(fresh).glob(EVENT_FILES)):
+            publish(made, out / made.name, "export")
     return sorted(out.glob(EVENT_FILES))
 
 
@@ -131,7 +142,7 @@ def write_chrome(trace: Any, out: Path) -> list[Path]:
     if note:
         print(f"export: {note}", file=sys.stderr, flush=True)
     path = out / "timeline.json"
-    with open(path, "w") as handle:  # an event at a time: a long timeline never sits in memory as dicts
+    with safe_files.replacing(path, "export") as handle:  # an event at a time, never all in memory
         handle.write('{"displayTimeUnit": "ms", "traceEvents": [')
         for i, event in enumerate(chrome_events(timeline)):
             handle.write(("," if i else "") + "\n" + json.dumps(event))
@@ -151,7 +162,7 @@ def export(runs: list[str], kind: str, out: str | Path) -> list[Path]:
     written: list[Path] = []
     used: set[str] = set()
     for trace in traces:
-        name = trace.path.parent.name or "run"
+        name = trace.path.resolve().parent.name or "run"  # a name, never ".." (out of --out)
         unique, n = name, 1
         while unique in used:
             n += 1
@@ -160,6 +171,10 @@ def export(runs: list[str], kind: str, out: str | Path) -> list[Path]:
         folder = Path(out) / unique
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            mode = folder.lstat().st_mode
+            if not stat.S_ISDIR(mode):  # a link planted there leads out of --out
+                raise HpcoptError(f"{folder} is {safe_files.kind(mode)}, not a folder of {out}: "
+                                  "remove it or choose another --out")
             written += FORMATS[kind](trace, folder)
         except OSError as exc:
             raise HpcoptError(f"cannot write into {folder}: {exc.strerror or exc}") from None

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import HpcoptError
+from ..io.safe_files import open_regular, open_writable, read_bounded
 from .spec import Task, command_line
 
 MANIFEST = "manifest.tsv"
@@ -38,6 +39,9 @@ COLUMNS = ("index", "run", "ranks", "options")
 LOGS = "logs"
 SITE = "site.sh"
 SPEC = "study.toml"
+RECORD_KIND = "task record"  # in messages
+#: Largest task record read: one holds about 200 bytes.
+MAX_RECORD_BYTES = 1 << 16
 #: Seconds a task waits for its record's lock (held a moment by ``collect``) before deciding
 #: that another process runs the same task.
 LOCK_WAIT = 10.0
@@ -118,7 +122,7 @@ class TaskRecord:
     def start(self) -> None:
         """Lock and write the record; HpcoptError when another process holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
+        handle = os.fdopen(open_writable(self.path, RECORD_KIND, create=True), "r+")
         locked, deadline = False, time.monotonic() + LOCK_WAIT
         while True:
             try:
@@ -155,18 +159,20 @@ class TaskRecord:
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
-    """A task record, or None when there is none or it cannot be parsed."""
+    """A task record, or None when there is none or it cannot be parsed; HpcoptError (one line)
+    for no regular file, or one larger than a record can be (never read whole)."""
     try:
-        value = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        value = json.loads(read_bounded(path, RECORD_KIND, MAX_RECORD_BYTES))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
     return value if isinstance(value, dict) else None
 
 
 def lock_held(path: Path) -> bool | None:
-    """Whether a running task holds the record's lock; None when that cannot be told."""
+    """Whether a running task holds the record's lock; None when that cannot be told;
+    HpcoptError for no regular file."""
     try:
-        handle = open(path, "rb")
+        handle = open_regular(path, RECORD_KIND)
     except OSError:
         return None
     with handle:

@@ -20,6 +20,7 @@ import torch
 from ..errors import HpcoptError
 from ..io import READ_ERRORS, described, open_for_reading
 from ..io.data_parallel_checkpoint import TMP_SUFFIX
+from ..io.safe_files import check_regular
 from ..io.writing import HDF5Writing, publish, write_failure
 
 SAFETENSORS = ".safetensors"
@@ -78,9 +79,10 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if path.suffix == SAFETENSORS:
         from safetensors.torch import load_file
 
-        if not path.is_file():  # a FIFO would block the open for ever
-            raise HpcoptError(f"{STATE_DICT_KIND} not found: {path}" if not path.exists()
-                              else f"{path} is not a file")
+        try:
+            check_regular(path, STATE_DICT_KIND)  # a FIFO would block the open for ever
+        except FileNotFoundError:
+            raise HpcoptError(f"{STATE_DICT_KIND} not found: {path}") from None
         return load_file(str(path))
     import h5py
 

@@ -15,6 +15,7 @@ from hpcopt.errors import HpcoptError
 from hpcopt.run import lock as lock_module
 from hpcopt.run.lock import FILE_NAME, RunLock
 from tests.crafted import lock_file
+from tests.faults.jobs import ROOT
 
 
 def _dead_pid() -> int:
@@ -139,3 +140,44 @@ def test_two_jobs_taking_over_one_stale_lock_never_both_win(tmp_path):
     assert len(winners) == 1, results
     assert lock_module._read(tmp_path / FILE_NAME) == winners[0].holder
     winners[0].release()
+
+
+@pytest.mark.parametrize("content", [b"", b'{"host": "h", "pi'])
+def test_an_abandoned_lock_naming_no_holder_is_taken_over(tmp_path, content):
+    """A job that created the lock but could not write its holder (a full disk) left it empty or
+    cut short: once unchanged for a few seconds, no job is about to write it, and it is stale."""
+    path = tmp_path / FILE_NAME
+    path.write_bytes(content)
+    old = time.time() - 60  # a minute unchanged
+    os.utime(path, (old, old))
+    taken = RunLock.acquire(tmp_path, "run-b")
+    assert lock_module._read(path) == taken.holder
+    taken.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+#: Takes the lock of argv[1] with no room to write (a file size limit of 0 bytes: EFBIG, as a
+#: full disk's ENOSPC), printing the error as the command line does.
+NO_ROOM = """
+import resource, signal, sys
+from pathlib import Path
+from hpcopt.errors import HpcoptError
+from hpcopt.run.lock import RunLock
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+try:
+    RunLock.acquire(Path(sys.argv[1]), "run")
+except HpcoptError as exc:
+    print(f"hpcopt: error: {exc}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def test_a_lock_whose_holder_cannot_be_written_is_one_line_and_removed(tmp_path):
+    result = subprocess.run([sys.executable, "-c", NO_ROOM, str(tmp_path)], capture_output=True, text=True,
+                            timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == result.stderr.strip().splitlines()[0], result.stderr
+    assert f"cannot write the lock file {tmp_path / FILE_NAME}: File too large (" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no empty lock left to refuse every job
+    RunLock.acquire(tmp_path, "run-b").release()
