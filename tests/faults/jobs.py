@@ -24,6 +24,8 @@ STEPS = 32
 #: Hard limit on any one job: a test that would hang fails instead.
 HARD_TIMEOUT = scaled(60)
 INJECTED = "hpcopt: debug: injecting"
+#: Where MPICH's Hydra and Open MPI tell a rank its rank.
+RANK_VARIABLES = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=")
 
 
 @dataclass
@@ -130,7 +132,8 @@ def _send(send: Send, process: subprocess.Popen, ranks: int, marks: dict[str, fl
 
 
 def _rank_pids(launcher: int) -> dict[int, int]:
-    """rank -> pid of the processes below ``launcher`` that the launcher told their rank."""
+    """rank -> pid of the processes below ``launcher`` that the launcher told their rank
+    (``PMI_RANK`` under MPICH, ``OMPI_COMM_WORLD_RANK`` under Open MPI)."""
     pids = {}
     for pid in _tree(launcher):
         try:
@@ -138,7 +141,7 @@ def _rank_pids(launcher: int) -> dict[int, int]:
         except OSError:
             continue
         for entry in environ:
-            if entry.startswith(b"PMI_RANK="):
+            if entry.startswith(RANK_VARIABLES):
                 pids[int(entry.split(b"=", 1)[1])] = pid
     return pids
 
