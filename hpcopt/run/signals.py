@@ -28,11 +28,13 @@ terminal's Ctrl-C reaches the ranks only through ``mpiexec``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from ..errors import abort_job
@@ -109,6 +111,7 @@ class JobSignals:
         self._ending: threading.Thread | None = None  # the thread that ends the job
         self._lock = threading.Lock()
         self._installed = False
+        self._forward: Callable[[int], None] | None = None  # see forward
 
     # -- installing ---------------------------------------------------------------------------
 
@@ -155,6 +158,11 @@ class JobSignals:
         0 (a run that ended before it could stop: never 0 after Ctrl-C)."""
         return exit_code(signal.SIGINT) if code == 0 and signal.SIGINT in self.received else code
 
+    def forward(self, handler: Callable[[int], None] | None) -> None:
+        """From now on each signal goes to ``handler`` (None: ends the job again); ``handled_by``."""
+        with self._lock:
+            self._forward = handler
+
     # -- the training loop (StopSignal) -------------------------------------------------------
 
     def enter_loop(self, loop: StopSignal) -> None:
@@ -192,6 +200,9 @@ class JobSignals:
         rank = launcher_rank()
         with self._lock:
             self.received.append(signum)
+            if self._forward is not None:
+                self._forward(signum)
+                return
             loop = self._loop
             if self._ending is not None or self._settled:
                 return  # the job is ending already
@@ -233,6 +244,26 @@ class JobSignals:
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         abort_job(line, exit_code(signum))
+
+
+@contextlib.contextmanager
+def handled_by(handler: Callable[[int], None]) -> Iterator[None]:
+    """Within: SIGTERM and SIGINT go to ``handler(signum)`` instead of ending the job (or raising
+    KeyboardInterrupt), for a command that stops processes of its own first (``sweep --local``).
+    Under :class:`JobSignals` it is called from its thread, else from the main thread's handler."""
+    job = JobSignals.active
+    if job is None:
+        previous = {signum: signal.signal(signum, lambda signum, _: handler(signum)) for signum in SIGNALS}
+    else:
+        job.forward(handler)
+    try:
+        yield
+    finally:
+        if job is None:
+            for signum, action in previous.items():
+                signal.signal(signum, action)
+        else:
+            job.forward(None)
 
 
 def launcher_rank() -> int:

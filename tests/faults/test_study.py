@@ -6,6 +6,7 @@ stopped task resumed by running it again, and left alone once finished."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import shutil
@@ -15,10 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hpcopt.io.trace import read_trace
 from hpcopt.study import layout
 from hpcopt.study.collect import Found, Row, collect, state
-from tests.faults.jobs import ROOT, _kill_tree
+from tests.faults.jobs import ROOT, _kill_tree, _tree
 from tests.timeouts import scaled
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -184,3 +187,53 @@ def test_collect_tells_running_stopped_failed_and_not_started_and_a_stopped_task
     assert start_task(study, 0).wait(timeout=scaled(60)) == 0
     assert "has finished; nothing to do" in layout.log_path(study, 0).read_text()
     assert (study / "runs" / "s-n2-s0" / "trace.h5").stat().st_mtime_ns == before
+
+
+def alive(pids: set[int]) -> list[str]:
+    """The processes of ``pids`` still running (not zombies), described."""
+    left = []
+    for pid in pids:
+        try:
+            stat = (Path("/proc") / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            left.append(stat)
+    return left
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_sweep_local_stops_launching_and_leaves_nothing_running(signum, tmp_path):
+    """Ctrl-C (or SIGTERM) to ``sweep --local -j 2`` while two tasks train: the two stop at a
+    checkpoint and record 128 + signum, the other two never start, sweep exits 128 + signum, and
+    no process it started (tasks, mpiexec, ranks) is left (it once exited at once, started a
+    task after the signal and left five processes running)."""
+    (tmp_path / "slow.toml").write_text(SLOW)
+    sweep = subprocess.Popen([sys.executable, "-m", "hpcopt", "sweep", "slow.toml", "--out", "study",
+                              "--local", "-j", "2"], cwd=tmp_path, env=environment(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    study, started = tmp_path / "study", set[int]()
+    try:
+        deadline = time.monotonic() + scaled(60)
+        while not all((study / "runs" / f"s-n2-s{i}" / "checkpoints" / "step-000000040.h5").exists()
+                      for i in (0, 1)):
+            assert sweep.poll() is None and time.monotonic() < deadline, sweep.stdout.read()
+            started |= set(_tree(sweep.pid))
+            time.sleep(0.02)
+        started |= set(_tree(sweep.pid))
+        os.kill(sweep.pid, signum)  # a terminal's Ctrl-C reaches sweep's group only
+        output, _ = sweep.communicate(timeout=scaled(60))
+    finally:
+        _kill_tree(sweep.pid)
+    left = alive(started - {sweep.pid})
+    for stat in left:  # not to leave them running where the test fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(stat.split()[0]), signal.SIGKILL)
+    assert len(started) > 6 and left == [], output
+    assert sweep.returncode == 128 + signum, output
+    assert f"stopped the study; 2 of 4 task(s) not started (exit code {128 + signum})" in output
+    assert "task 2 started" not in output and not layout.log_path(study, 2).exists(), output
+    for index in (0, 1):
+        record = layout.read_record(layout.record_path(study, index)) or {}
+        assert record.get("exit_code") == 128 + signum, layout.log_path(study, index).read_text()
+        assert (study / "runs" / f"s-n2-s{index}" / "checkpoints").is_dir()
