@@ -102,8 +102,10 @@ class JobSignals:
 
     active: ClassVar[JobSignals | None] = None
 
-    def __init__(self, grace: float = GRACE_SECONDS, stagger: float = STAGGER_SECONDS) -> None:
+    def __init__(self, grace: float = GRACE_SECONDS, stagger: float = STAGGER_SECONDS,
+                 early: list[int] | None = None) -> None:
         self.grace, self.stagger = grace, stagger
+        self.early = early if early is not None else []  # noted before it was installed, still growing
         self.received: list[int] = []
         self._loop: StopSignal | None = None
         self._settled = False
@@ -124,13 +126,15 @@ class JobSignals:
             return self
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
-        self._handlers = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
         # the C-level handler writes each signal's number here at once, for the thread below
         self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._handlers = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
         self._thread = threading.Thread(target=self._listen, name="hpcopt-signals", daemon=True)
         self._thread.start()
         self._installed = True
         JobSignals.active = self
+        for signum in tuple(self.early):  # one that came after set_wakeup_fd arrives twice: harmless
+            self._receive(signum)
         return self
 
     def __exit__(self, *_: Any) -> None:

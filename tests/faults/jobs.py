@@ -49,7 +49,8 @@ class Job:
 class Send:
     """A signal for a running job: ``signum`` to the launcher (``rank`` None) or to one rank's
     process, ``after`` seconds after ``when``: "start" (every rank's hpcopt handles signals:
-    its handlers are installed, ``hpcopt.run.signals``), "header" (the run header appeared:
+    its handlers are installed, ``hpcopt.run.signals``), "exec" (every rank's process runs
+    Python, which may not have reached hpcopt yet), "header" (the run header appeared:
     training starts) or "fault" (a debug fault announced itself)."""
 
     signum: int
@@ -122,6 +123,8 @@ def _send(send: Send, process: subprocess.Popen, ranks: int, marks: dict[str, fl
         pids = _rank_pids(process.pid)
         if send.when == "start":
             due = len(pids) == ranks and all(map(_handles_sigterm, pids.values()))
+        elif send.when == "exec":
+            due = len(pids) == ranks
         else:
             due = send.when in marks
         if due:

@@ -14,7 +14,7 @@ import pytest
 from hpcopt.io import pipeline_checkpoint as pipe_ckpt
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.run.signals import GRACE_SECONDS
-from tests.faults.jobs import Job, Send, assert_same_run, run_job
+from tests.faults.jobs import INJECTED, Job, Send, assert_same_run, run_job
 
 JOB = ["train", "--dataset", "digits", "--hidden", "16", "--progress", "true",
        "--keep-checkpoints", "1000", "--steps", "10000000"]  # ended by the signal, never by steps
@@ -139,3 +139,37 @@ def test_a_signal_at_a_random_moment_ends_the_job_with_one_line(seed, tmp_path):
     stop = assert_signal_ended_the_job(job, signum)
     if stop is not None:
         assert read_checkpoint(out).tick == int(stop.group(3))
+
+
+#: Put on the ranks' module path (as ``sitecustomize``, imported by Python's start-up, before
+#: ``-m hpcopt``): rank ``RANK`` sends itself ``SIGNUM`` just as it starts importing ``MODULE``.
+SIGNAL_AT_IMPORT = """
+import os, signal, sys
+
+class SignalAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r} and os.environ.get("PMI_RANK") == "{rank}":
+            sys.meta_path.remove(self)
+            sys.stderr.write("{marker} {signum} at the import of " + name + "\\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), {signum})
+        return None
+
+sys.meta_path.insert(0, SignalAtImport())
+"""
+
+
+@pytest.mark.parametrize("module", ["hpcopt.run.signals", "numpy", "mpi4py.MPI"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_in_a_ranks_first_moments_ends_the_job_with_one_line(module, signum, tmp_path):
+    """From hpcopt's first line on, before its imports (numpy, mpi4py with MPI_Init): once,
+    SIGTERM there killed the rank (exit 15, no line) and SIGINT gave KeyboardInterrupt
+    tracebacks (exit 1)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_AT_IMPORT.format(
+        module=module, rank=1, signum=int(signum), marker=INJECTED))
+    job = run_job([*JOB, "--out", str(tmp_path / "run")], path=(hook,))
+    assert INJECTED in job.stderr, job.describe()
+    assert assert_signal_ended_the_job(job, signum) is None
+    assert "on rank 1: outside the training loop" in job.hpcopt_lines()[0]
