@@ -57,6 +57,15 @@ class Send:
     after: float = 0.0
     rank: int | None = None
     when: str = "header"
+    again_at: str = ""  # sent once more, to the same process, when a line starts with this
+
+
+def _deliver(send: Send, process: subprocess.Popen, pids: dict[int, int]) -> None:
+    if send.rank is None:
+        process.send_signal(send.signum)  # the launcher forwards it to every rank
+    else:
+        with contextlib.suppress(ProcessLookupError):  # the rank has just ended by itself
+            os.kill(pids[send.rank], send.signum)
 
 
 def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
@@ -77,10 +86,14 @@ def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
     out: list[str] = []
     err: list[str] = []
     marks: dict[str, float] = {}
+    pids: dict[int, int] = {}
 
     def pump(stream, sink: list[str]) -> None:
         for line in stream:
             sink.append(line)
+            if send and send.again_at and line.startswith(send.again_at) and "again" not in marks:
+                marks["again"] = time.monotonic()
+                _deliver(send, process, pids)
             if INJECTED in line:
                 marks.setdefault("fault", time.monotonic())
             if line.startswith("run directory"):
@@ -92,13 +105,9 @@ def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
         reader.start()
     try:
         if send is not None:
-            pids = _send(send, process, ranks, marks, start + timeout, err)
+            pids.update(_send(send, process, ranks, marks, start + timeout, err))
             marks["fault"] = time.monotonic()
-            if send.rank is None:
-                process.send_signal(send.signum)  # the launcher forwards it to every rank
-            else:
-                with contextlib.suppress(ProcessLookupError):  # the rank has just ended by itself
-                    os.kill(pids[send.rank], send.signum)
+            _deliver(send, process, pids)
         process.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the job did not end within {timeout} s: {' '.join(command)}\n"

@@ -173,3 +173,14 @@ def test_a_signal_in_a_ranks_first_moments_ends_the_job_with_one_line(module, si
     assert INJECTED in job.stderr, job.describe()
     assert assert_signal_ended_the_job(job, signum) is None
     assert "on rank 1: outside the training loop" in job.hpcopt_lines()[0]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_second_ctrl_c_as_the_job_ends_keeps_exit_130(rank, tmp_path):
+    """A launcher that forwards every Ctrl-C (srun; ``kill -INT`` of a rank): the second comes
+    as the ranks end, after the stop's line. Python's shutdown gives SIGINT its default action
+    back, so it once ended the rank by SIGINT (exit 2 or 255 from mpiexec); MPICH's own
+    ``mpiexec`` answers a second Ctrl-C to itself by killing every rank (255)."""
+    job = run_job([*JOB, "--checkpoint-every", "4", "--trace-every", "4", "--out", str(tmp_path / "run")],
+                  send=Send(signal.SIGINT, 0.5, rank, again_at="hpcopt: SIGINT: stopped"))
+    assert_stopped_at_a_checkpoint(job, signal.SIGINT, 4, tmp_path / "run")
