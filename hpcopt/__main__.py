@@ -15,8 +15,9 @@ import signal
 
 #: The signals that came before hpcopt.run.signals took over.
 EARLY: list[int] = []
-for _signum in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(_signum, lambda signum, _: EARLY.append(signum))
+if __name__ == "__main__":
+    for _signum in (signal.SIGTERM, signal.SIGINT):  # run.signals.SIGNALS, not imported yet
+        signal.signal(_signum, lambda signum, _: EARLY.append(signum))
 
 import sys  # noqa: E402
 

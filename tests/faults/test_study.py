@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -202,17 +203,28 @@ def alive(pids: set[int]) -> list[str]:
     return left
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_to_sweep_local_stops_launching_and_leaves_nothing_running(signum, tmp_path):
-    """Ctrl-C (or SIGTERM) to ``sweep --local -j 2`` while two tasks train: the two stop at a
-    checkpoint and record 128 + signum, the other two never start, sweep exits 128 + signum, and
-    no process it started (tasks, mpiexec, ranks) is left (it once exited at once, started a
-    task after the signal and left five processes running)."""
-    (tmp_path / "slow.toml").write_text(SLOW)
+@dataclass
+class Interrupted:
+    """``sweep --local -j 2`` of SLOW, signalled while its first two tasks trained."""
+
+    returncode: int
+    output: str
+    seconds: float  # from the signal to sweep's exit
+    left: list[str]  # the processes it started that were still running after it exited
+    started: int  # how many processes it started (tasks, mpiexec, proxies, ranks)
+    study: Path
+
+
+def interrupt_local_sweep(work: Path, signum: int) -> Interrupted:
+    """Run ``sweep --local -j 2`` of SLOW in ``work``, in a session of its own, send it
+    ``signum`` (as a terminal's Ctrl-C reaches its group only) once tasks 0 and 1 have written
+    their first checkpoint, and wait for it; every process it started that outlives it is
+    listed and killed."""
+    (work / "slow.toml").write_text(SLOW)
     sweep = subprocess.Popen([sys.executable, "-m", "hpcopt", "sweep", "slow.toml", "--out", "study",
-                              "--local", "-j", "2"], cwd=tmp_path, env=environment(), text=True,
+                              "--local", "-j", "2"], cwd=work, env=environment(), text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    study, started = tmp_path / "study", set[int]()
+    study, started = work / "study", set[int]()
     try:
         deadline = time.monotonic() + scaled(60)
         while not all((study / "runs" / f"s-n2-s{i}" / "checkpoints" / "step-000000040.h5").exists()
@@ -221,19 +233,31 @@ def test_a_signal_to_sweep_local_stops_launching_and_leaves_nothing_running(sign
             started |= set(_tree(sweep.pid))
             time.sleep(0.02)
         started |= set(_tree(sweep.pid))
-        os.kill(sweep.pid, signum)  # a terminal's Ctrl-C reaches sweep's group only
+        os.kill(sweep.pid, signum)
+        sent = time.monotonic()
         output, _ = sweep.communicate(timeout=scaled(60))
+        seconds = time.monotonic() - sent
     finally:
         _kill_tree(sweep.pid)
     left = alive(started - {sweep.pid})
-    for stat in left:  # not to leave them running where the test fails
+    for stat in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(stat.split()[0]), signal.SIGKILL)
-    assert len(started) > 6 and left == [], output
-    assert sweep.returncode == 128 + signum, output
-    assert f"stopped the study; 2 of 4 task(s) not started (exit code {128 + signum})" in output
-    assert "task 2 started" not in output and not layout.log_path(study, 2).exists(), output
+    return Interrupted(sweep.returncode, output, seconds, left, len(started), study)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_sweep_local_stops_launching_and_leaves_nothing_running(signum, tmp_path):
+    """Ctrl-C (or SIGTERM) to ``sweep --local -j 2`` while two tasks train: the two stop at a
+    checkpoint and record 128 + signum, the other two never start, sweep exits 128 + signum, and
+    no process it started (tasks, mpiexec, ranks) is left (it once exited at once, started a
+    task after the signal and left five processes running)."""
+    run = interrupt_local_sweep(tmp_path, signum)
+    assert run.started > 6 and run.left == [], run.output
+    assert run.returncode == 128 + signum, run.output
+    assert f"stopped the study; 2 of 4 task(s) not started (exit code {128 + signum})" in run.output
+    assert "task 2 started" not in run.output and not layout.log_path(run.study, 2).exists(), run.output
     for index in (0, 1):
-        record = layout.read_record(layout.record_path(study, index)) or {}
-        assert record.get("exit_code") == 128 + signum, layout.log_path(study, index).read_text()
-        assert (study / "runs" / f"s-n2-s{index}" / "checkpoints").is_dir()
+        record = layout.read_record(layout.record_path(run.study, index)) or {}
+        assert record.get("exit_code") == 128 + signum, layout.log_path(run.study, index).read_text()
+        assert (run.study / "runs" / f"s-n2-s{index}" / "checkpoints").is_dir()
