@@ -254,10 +254,14 @@ class JobSignals:
 def handled_by(handler: Callable[[int], None]) -> Iterator[None]:
     """Within: SIGTERM and SIGINT go to ``handler(signum)`` instead of ending the job (or raising
     KeyboardInterrupt), for a command that stops processes of its own first (``sweep --local``).
-    Under :class:`JobSignals` it is called from its thread, else from the main thread's handler."""
+    It is called from another thread than the main one (which may hold the handler's locks):
+    :class:`JobSignals`'s, or one started by the main thread's handler."""
     job = JobSignals.active
     if job is None:
-        previous = {signum: signal.signal(signum, lambda signum, _: handler(signum)) for signum in SIGNALS}
+        def start(signum: int, _: Any) -> None:
+            threading.Thread(target=handler, args=(signum,), name="hpcopt-signal", daemon=True).start()
+
+        previous = {signum: signal.signal(signum, start) for signum in SIGNALS}
     else:
         job.forward(handler)
     try:
