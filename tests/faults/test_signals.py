@@ -142,13 +142,15 @@ def test_a_signal_at_a_random_moment_ends_the_job_with_one_line(seed, tmp_path):
 
 
 #: Put on the ranks' module path (as ``sitecustomize``, imported by Python's start-up, before
-#: ``-m hpcopt``): rank ``RANK`` sends itself ``SIGNUM`` just as it starts importing ``MODULE``.
+#: ``-m hpcopt``): rank ``RANK`` (MPICH's PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK) sends itself
+#: ``SIGNUM`` just as it starts importing ``MODULE``.
 SIGNAL_AT_IMPORT = """
 import os, signal, sys
 
 class SignalAtImport:
     def find_spec(self, name, path=None, target=None):
-        if name == {module!r} and os.environ.get("PMI_RANK") == "{rank}":
+        rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+        if name == {module!r} and rank == "{rank}":
             sys.meta_path.remove(self)
             sys.stderr.write("{marker} {signum} at the import of " + name + "\\n")
             sys.stderr.flush()
