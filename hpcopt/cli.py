@@ -251,9 +251,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(exc, SystemExit):
                 raise
             rank = _rank()
+            failed = _mpi_failure(exc)
+            if failed:
+                abort_job(f"hpcopt: MPI failed on rank {rank}: {failed}; ending the job\n", 1)
+                return 1
             text = "".join(traceback.format_exception(exc))
             abort_job("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()), 1)
             return 1
+
+
+def _mpi_failure(exc: BaseException) -> str:
+    """For an error MPI returned (mpi4py's MPI.Exception), what failed where, in one line: most
+    often another rank died (``kill -9``, its node lost) and this rank's next call found it gone
+    before the launcher ended this rank too, and MPI's error stack would print dozens of lines.
+    "" for any other exception."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not isinstance(exc, mpi.Exception):
+        return ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" in {frames[-1].name} at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return f"{first} (error class {exc.Get_error_class()}){where}; another rank has most likely died"
 
 
 def _world_size() -> int:

@@ -69,6 +69,11 @@ def _refuse_changed(section: Any, key: str, value: str, only: dict[str, tuple[st
             raise HpcoptError(f"{name} applies only to --{key} {' or '.join(allowed)}, not {value}")
 
 
+#: Unicode categories a text option may not hold: control characters, surrogates (undecodable
+#: bytes from argv), line and paragraph separators.
+REFUSED_CATEGORIES = ("Cc", "Cs", "Zl", "Zp")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     dataset: str = option("mnist5k", "mnist5k | digits | shakespeare | ptb (shipped) | mnist_idx | "
@@ -362,14 +367,16 @@ class Config:
                               "(--model resnet, plain_cnn with --batch-norm true, or torch:...)")
 
     def _check_text(self) -> None:
-        """Every text option is plain text: a control character (a newline in ``--out``) would
-        break error lines and the run's header, an undecodable byte could not be stored."""
+        """Every text option is plain text: a control character or a line separator (a newline
+        in ``--out``, U+2028) would break error lines, the run's header and a study's manifest,
+        an undecodable byte could not be stored."""
         for section in fields(self):
             for f in fields(getattr(self, section.name)):
                 value = getattr(getattr(self, section.name), f.name)
-                if isinstance(value, str) and any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
-                    raise HpcoptError(f"{f.name} must be text without control characters or "
-                                      f"undecodable bytes, got {value!r}")
+                if isinstance(value, str) and any(unicodedata.category(c) in REFUSED_CATEGORIES
+                                                  for c in value):
+                    raise HpcoptError(f"{f.name} must be text without control characters, line "
+                                      f"separators or undecodable bytes, got {value!r}")
 
     def _check_pipeline(self) -> None:
         """Pipeline runs: an MLP (or none, for l1_chain) on an image data set; their options

@@ -4,7 +4,6 @@ Open MPI's ``mpirun``), in one place: docs/failures.md, "Launchers"."""
 from __future__ import annotations
 
 import re
-import signal
 
 import pytest
 
@@ -26,10 +25,6 @@ _RULE = re.compile(r"^-{20,}$")
 _PMIX_ERROR = re.compile(r"^\[[^\]]*:\d+\] PMIX ERROR")
 
 
-def stop_signal_for_the_launcher(signum: int) -> int:
-    """What a test sends ``mpiexec`` to stop a job: ``signum``, but SIGUSR1 under Open MPI (its
-    mpirun kills the ranks for SIGTERM and SIGINT)."""
-    return signal.SIGUSR1 if OPEN_MPI else signum
 
 
 def rank_lines(stderr: str) -> list[str]:

@@ -2,7 +2,7 @@
 docs/results/reliability.md's "Signals, kills and crafted files". Launches real ``mpiexec`` jobs
 (PR-SGD, MLP 64-16-10 on digits) from the repository root::
 
-    python benchmarks/faults/trust_times.py [--ranks 2 4] [--kills 7] [--parts signals ctrl-c kill ...]
+    python benchmarks/faults/trust_times.py [--ranks 2 4] [--kills 7] [--parts signals ctrl-c start ...]
 
 For each case: the exit code, the seconds from the event (the signal sent, the fault's
 announcement, or the launch for a crafted file) to the end of the job, and what was lost:
@@ -11,10 +11,18 @@ announcement, or the launch for a crafted file) to the end of the job, and what 
   ``--checkpoint-every`` in {0, 1, 2, 4, 8, 16} and ``--trace-every`` in {1, 2, 4, 8, 16}, and
   SIGTERM to the launcher 0.5 s into training: the tick the run stopped at, how many trace rows
   after the signal (the promise: at most 2), and whether the newest checkpoint is that tick;
-- Ctrl-C: SIGINT to the launcher, to one rank, in a checkpoint's write, and with no trace row
-  within reach (the promise: exit 130 within 5 s, never 0);
+- Ctrl-C: SIGINT to the launcher, to one rank, in a checkpoint's write, with no trace row
+  within reach, and a second one to a rank as the job ends (the promise: exit 130 within 5 s,
+  never 0);
+- start-up: SIGTERM and SIGINT to one rank as it starts importing hpcopt's signal handling,
+  numpy and mpi4py (MPI_Init), and SIGTERM at fixed delays after its exec, while Python itself
+  starts (the promise: 143 or 130 and one line from hpcopt's first line on);
+- sweep: SIGINT and SIGTERM to ``sweep --local -j 2`` while two of four tasks train (the
+  promise: no task starts after it, exit 130 or 143, no process left), a sweep value with a
+  line separator (U+2028) and a [job] value beyond any machine (exit 2, one line);
 - kill -9 of a random rank at a random moment: the steps to redo from the newest checkpoint,
-  and whether its resume ends bitwise where the uninterrupted run ends;
+  and whether its resume ends bitwise where the uninterrupted run ends; and an MPI call failing
+  as it fails on a rank whose peer has died (one line, not MPI's error stack);
 - crafted files (tests/crafted.py): a checkpoint naming a module, one pointing at another run,
   links, FIFOs, virtual and external datasets, filters, declared sizes far beyond the file:
   exit 2 in seconds, no module they name imported, and no file of another run touched;
@@ -50,6 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint  # noqa: E402
 from tests import crafted  # noqa: E402
 from tests.faults.jobs import INJECTED, ROOT, SMALL, Send, assert_same_run, run_job  # noqa: E402
+from tests.faults.test_failures import MPI_FAILURE  # noqa: E402
+from tests.faults.test_signals import SIGNAL_AT_IMPORT  # noqa: E402
+from tests.faults.test_study import interrupt_local_sweep  # noqa: E402
 
 CHECKPOINT_EVERY = (0, 1, 2, 4, 8, 16)
 TRACE_EVERY = (1, 2, 4, 8, 16)
@@ -109,6 +120,8 @@ def ctrl_c_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
         ("SIGINT to mpiexec, no trace row within reach", ["--checkpoint-every", "0", "--trace-every",
                                                           "100000000"], Send(signal.SIGINT, after=0.5),
          100_000),
+        ("SIGINT to rank 0 in training, again after its stop's line", ["--checkpoint-every", "4"],
+         Send(signal.SIGINT, after=0.5, rank=0, again_at="hpcopt: SIGINT: stopped"), 100_000),
     ]
     rows = []
     for i, (name, flags, send, steps) in enumerate(cases):
@@ -117,6 +130,58 @@ def ctrl_c_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
         tick = newest_tick(out)
         rows.append((name, str(ranks), str(job.returncode), seconds(job),
                      f"newest checkpoint {tick}; {len(job.hpcopt_lines())} hpcopt line(s)"))
+    return rows
+
+
+def outcome_lines(job) -> str:
+    return (f"{len(job.hpcopt_lines())} hpcopt line(s); traceback: "
+            f"{'yes' if 'Traceback' in job.stdout + job.stderr else 'no'}")
+
+
+def start_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
+    rows = []
+    rank = ranks - 1
+    for module in ("hpcopt.run.signals", "numpy", "mpi4py.MPI"):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            name = signal.Signals(signum).name
+            hook = work / f"hook-{ranks}-{module}-{name}"
+            hook.mkdir()
+            (hook / "sitecustomize.py").write_text(SIGNAL_AT_IMPORT.format(
+                module=module, rank=rank, signum=int(signum), marker=INJECTED))
+            job = run_job(small(work / f"start-{ranks}-{module}-{name}", steps=100_000), ranks=ranks,
+                          path=(hook,))
+            rows.append((f"{name} to rank {rank} as it starts importing {module}", str(ranks),
+                         str(job.returncode), seconds(job), outcome_lines(job)))
+    for after in (0.0, 0.05, 0.1, 0.2):
+        job = run_job(small(work / f"exec-{ranks}-{after}", steps=100_000), ranks=ranks,
+                      send=Send(signal.SIGTERM, after=after, rank=rank, when="exec"))
+        rows.append((f"SIGTERM to rank {rank} {after:.2f} s after its exec", str(ranks),
+                     str(job.returncode), seconds(job), outcome_lines(job)))
+    return rows
+
+
+def sweep_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
+    """``sweep --local`` signalled (its tasks run on 2 ranks whatever ``ranks``), and sweep
+    files it refuses."""
+    rows = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        name = signal.Signals(signum).name
+        (work / f"sweep-{ranks}-{name}").mkdir()
+        run = interrupt_local_sweep(work / f"sweep-{ranks}-{name}", signum)
+        started = sum(f"task {i} started" in run.output for i in range(4))
+        rows.append((f"{name} to sweep --local -j 2 while 2 of 4 tasks train", "2", str(run.returncode),
+                     f"{run.seconds:.2f}", f"{started} task(s) started; {len(run.left)} of {run.started} "
+                     "process(es) left running"))
+    refused = {"a sweep value with U+2028": '[sweep]\npath = ["a\u2028b", "c"]\n',
+               "[job] ranks_per_node = 1000000000": "[job]\nranks_per_node = 1000000000\n"}
+    for name, text in refused.items():
+        spec = work / f"refused-{ranks}-{len(rows)}.toml"
+        spec.write_text(text)
+        done = subprocess.run([sys.executable, "-m", "hpcopt", "sweep", str(spec), "--out",
+                               str(work / "refused")], capture_output=True, text=True)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        rows.append((name, "-", str(done.returncode), "-", f"{len(lines)} stderr line(s); study written: "
+                     f"{'yes' if (work / 'refused').exists() else 'no'}"))
     return rows
 
 
@@ -141,6 +206,10 @@ def kill_cases(ranks: int, kills: int, work: Path, rng: random.Random) -> list[t
         rows.append((f"kill -9 of rank {rank} {after:.2f} s after start", str(ranks),
                      str(killed.returncode), seconds(killed),
                      f"newest checkpoint {tick}; {same}"))
+    failed = run_job([], ranks=ranks, python_code=MPI_FAILURE.format(
+        args=[*SMALL, "--steps", str(STEPS)], out=str(work / f"mpi-failure-{ranks}")))
+    rows.append(("an MPI call failing on rank 1 in step 20, as after a peer's kill -9", str(ranks),
+                 str(failed.returncode), seconds(failed), outcome_lines(failed)))
     return rows
 
 
@@ -366,8 +435,8 @@ def _plant(checkpoint: Path, run: Path) -> Path:
     return run
 
 
-PARTS = {"signals": signal_cases, "ctrl-c": ctrl_c_cases, "files": file_cases, "hostile": hostile_cases,
-         "disk": disk_cases, "planted": planted_cases}
+PARTS = {"signals": signal_cases, "ctrl-c": ctrl_c_cases, "start": start_cases, "sweep": sweep_cases,
+         "files": file_cases, "hostile": hostile_cases, "disk": disk_cases, "planted": planted_cases}
 
 
 def main() -> None:

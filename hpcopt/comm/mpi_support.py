@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 from collections.abc import Mapping
 
 LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
@@ -29,6 +30,14 @@ def mpi_library() -> str:
     text = MPI.Get_library_version().replace("\0", "").strip()
     first = text.splitlines()[0] if text else "unknown MPI library"
     return "".join(ch for ch in first if ch.isprintable()).strip()
+
+
+def launcher_stop_signal(signum: int) -> int:
+    """The signal to send this MPI's launcher (``mpiexec``) so that its ranks stop as ``signum``
+    (SIGTERM, SIGINT) asks: ``signum`` itself, but SIGUSR1 (a SIGTERM to hpcopt) for Open MPI's
+    ``mpirun``, which kills the ranks half a second after it forwards SIGTERM or SIGINT
+    (docs/failures.md, "Launchers")."""
+    return signal.SIGUSR1 if mpi_library().startswith("Open MPI") else signum
 
 
 def cuda_aware_mpi() -> tuple[bool | None, str]:

@@ -33,11 +33,13 @@ that SIGTERM adds no line of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from ..errors import abort_job
@@ -112,8 +114,10 @@ class JobSignals:
 
     active: ClassVar[JobSignals | None] = None
 
-    def __init__(self, grace: float = GRACE_SECONDS, stagger: float = STAGGER_SECONDS) -> None:
+    def __init__(self, grace: float = GRACE_SECONDS, stagger: float = STAGGER_SECONDS,
+                 early: list[int] | None = None) -> None:
         self.grace, self.stagger = grace, stagger
+        self.early = early if early is not None else []  # noted before it was installed, still growing
         self.received: list[int] = []
         self._loop: StopSignal | None = None
         self._settled = False
@@ -122,6 +126,7 @@ class JobSignals:
         self._lock = threading.Lock()
         self._installed = False
         self._continued = -PRRTE_KILL_SECONDS  # time.monotonic() of the last SIGCONT
+        self._forward: Callable[[int], None] | None = None  # see forward
 
     # -- installing ---------------------------------------------------------------------------
 
@@ -134,14 +139,16 @@ class JobSignals:
             return self
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
-        self._handlers = {signum: signal.signal(signum, self._handle)
-                          for signum in (*SIGNALS, signal.SIGCONT)}
         # the C-level handler writes each signal's number here at once, for the thread below
         self._wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._handlers = {signum: signal.signal(signum, self._handle)
+                          for signum in (*SIGNALS, signal.SIGCONT)}
         self._thread = threading.Thread(target=self._listen, name="hpcopt-signals", daemon=True)
         self._thread.start()
         self._installed = True
         JobSignals.active = self
+        for signum in tuple(self.early):  # one that came after set_wakeup_fd arrives twice: harmless
+            self._receive(signum)
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -168,6 +175,11 @@ class JobSignals:
         """The job's exit code: ``code``, but 130 for a job that received SIGINT and would exit
         0 (a run that ended before it could stop: never 0 after Ctrl-C)."""
         return exit_code(signal.SIGINT) if code == 0 and signal.SIGINT in self.received else code
+
+    def forward(self, handler: Callable[[int], None] | None) -> None:
+        """From now on each signal goes to ``handler`` (None: ends the job again); ``handled_by``."""
+        with self._lock:
+            self._forward = handler
 
     # -- the training loop (StopSignal) -------------------------------------------------------
 
@@ -208,6 +220,9 @@ class JobSignals:
         rank = launcher_rank()
         with self._lock:
             self.received.append(signum)
+            if self._forward is not None:
+                self._forward(signum)
+                return
             loop = self._loop
             if self._ending is not None or self._settled:
                 return  # the job is ending already
@@ -258,6 +273,30 @@ class JobSignals:
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         abort_job(line, exit_code(signum))
+
+
+@contextlib.contextmanager
+def handled_by(handler: Callable[[int], None]) -> Iterator[None]:
+    """Within: SIGTERM and SIGINT go to ``handler(signum)`` instead of ending the job (or raising
+    KeyboardInterrupt), for a command that stops processes of its own first (``sweep --local``).
+    It is called from another thread than the main one (which may hold the handler's locks):
+    :class:`JobSignals`'s, or one started by the main thread's handler."""
+    job = JobSignals.active
+    if job is None:
+        def start(signum: int, _: Any) -> None:
+            threading.Thread(target=handler, args=(signum,), name="hpcopt-signal", daemon=True).start()
+
+        previous = {signum: signal.signal(signum, start) for signum in SIGNALS}
+    else:
+        job.forward(handler)
+    try:
+        yield
+    finally:
+        if job is None:
+            for signum, action in previous.items():
+                signal.signal(signum, action)
+        else:
+            job.forward(None)
 
 
 def launcher_rank() -> int:

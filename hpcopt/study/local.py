@@ -4,18 +4,29 @@ Each task runs exactly as its array task would (``python -m hpcopt.study.task IN
 R``, in the study directory, output to ``logs/task-INDEX.log``), so the run directories,
 records and resume are the same as on a cluster: running the same study again resumes the
 tasks that stopped and leaves the finished ones alone.
+
+Each task runs in a session (a process group) of its own, so that a terminal's Ctrl-C reaches this
+process only. SIGINT or SIGTERM stops the study: no task starts after it, the running tasks get the
+signal (the first of each kind; SIGUSR1 under Open MPI, whose ``mpirun`` kills the ranks for the
+other two), stop at a checkpoint and record it, and once they have ended this process exits 130
+or 143 (128 + the signal, the higher where both came).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from ..comm.mpi_support import launcher_stop_signal
+from ..run.signals import exit_code, handled_by, signal_name
 from .layout import Entry, log_path
 
 POLL_SECONDS = 0.2
@@ -29,45 +40,97 @@ class _Running:
     started: float
 
 
+class _Stop:
+    """The signals that stop the study, and the process groups of the running tasks they reach:
+    launching and forwarding hold one lock, so no task starts after a signal or misses one."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.groups: set[int] = set()
+        self._lock = threading.Lock()
+
+    def receive(self, signum: int) -> None:
+        with self._lock:
+            if signum in self.received:
+                return  # forwarded once: a second Ctrl-C would end mpiexec before its ranks
+            self.received.append(signum)
+            forwarded = launcher_stop_signal(signum)  # SIGUSR1 for Open MPI's mpirun
+            for group in self.groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, forwarded)
+
+    def launch(self, start: Callable[[], _Running]) -> _Running | None:
+        """``start()``'s task, its group reached by the signals from now on; None once stopped."""
+        with self._lock:
+            if self.received:
+                return None
+            task = start()
+            self.groups.add(task.process.pid)
+            return task
+
+    def ended(self, process: subprocess.Popen) -> None:
+        with self._lock:
+            self.groups.discard(process.pid)
+
+
 def run_local(study: Path, entries: Sequence[Entry], jobs: int) -> int:
     """Run ``entries`` of ``study``, ``jobs`` at a time, with a line as each starts and ends;
-    0 when every task exited 0, else 1 (the failed tasks are listed)."""
-    from ..child import child_environment
-
-    env = child_environment()
-    pending, running, failed = list(entries), list[_Running](), list[str]()
-    total, done, start = len(pending), 0, time.monotonic()
-    try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                entry = pending.pop(0)
-                log_path(study, entry.index).parent.mkdir(parents=True, exist_ok=True)
-                log = open(log_path(study, entry.index), "wb")
-                command = [sys.executable, "-m", "hpcopt.study.task", str(entry.index),
-                           "mpiexec", "-n", str(entry.ranks)]
-                process = subprocess.Popen(command, cwd=study, env=env, stdout=log,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-                running.append(_Running(entry, process, log, time.monotonic()))
-                print(f"task {entry.index} started: {entry.run} on {entry.ranks} rank(s)", flush=True)
-            time.sleep(POLL_SECONDS)
-            for task in [t for t in running if t.process.poll() is not None]:
-                running.remove(task)
-                task.log.close()
-                done += 1
-                code = task.process.returncode
-                if code != 0:
-                    failed.append(f"task {task.entry.index} (exit {code}, "
-                                  f"{log_path(study, task.entry.index).relative_to(study)})")
-                print(f"task {task.entry.index} ended (exit {code}) after "
-                      f"{time.monotonic() - task.started:.1f} s; {done}/{total} done, "
-                      f"{time.monotonic() - start:.0f} s so far", flush=True)
-    except KeyboardInterrupt:  # the tasks got the SIGINT too: let them record how they ended
-        for task in running:
-            task.process.wait()
-            task.log.close()
-        raise
+    0 when every task exited 0, else 1 (the failed tasks are listed); 130 or 143 when a signal
+    stopped the study (see the module's docstring)."""
+    stop = _Stop()
+    with handled_by(stop.receive):
+        failed, not_started, start = _run(study, list(entries), jobs, stop)
+    total = len(entries)
+    if stop.received:
+        signum = max(stop.received)
+        print(f"hpcopt: {signal_name(signum)}: stopped the study; {not_started} of {total} task(s) "
+              f"not started (exit code {exit_code(signum)})", flush=True)
+        return exit_code(signum)
     if failed:
         print(f"{len(failed)} of {total} task(s) did not exit 0: {'; '.join(failed)}", flush=True)
         return 1
     print(f"all {total} task(s) exited 0 in {time.monotonic() - start:.0f} s", flush=True)
     return 0
+
+
+def _start(study: Path, entry: Entry, env: dict[str, str]) -> _Running:
+    """Task ``entry`` in a session (so a process group) of its own, its output to its log."""
+    log_path(study, entry.index).parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path(study, entry.index), "wb")
+    command = [sys.executable, "-m", "hpcopt.study.task", str(entry.index), "mpiexec", "-n", str(entry.ranks)]
+    process = subprocess.Popen(command, cwd=study, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    return _Running(entry, process, log, time.monotonic())
+
+
+def _run(study: Path, pending: list[Entry], jobs: int, stop: _Stop) -> tuple[list[str], int, float]:
+    """Run the tasks until every one has ended, or a signal stopped the launching and the running
+    ones have ended; the failed tasks, the number not started and the start time."""
+    from ..child import child_environment
+
+    env = child_environment()
+    running, failed = list[_Running](), list[str]()
+    total, done, start = len(pending), 0, time.monotonic()
+    while (pending and not stop.received) or running:
+        while pending and len(running) < jobs:
+            started = stop.launch(lambda: _start(study, pending[0], env))
+            if started is None:
+                break
+            pending.pop(0)
+            running.append(started)
+            print(f"task {started.entry.index} started: {started.entry.run} on {started.entry.ranks} "
+                  "rank(s)", flush=True)
+        time.sleep(POLL_SECONDS)
+        for task in [t for t in running if t.process.poll() is not None]:
+            running.remove(task)
+            stop.ended(task.process)
+            task.log.close()
+            done += 1
+            code = task.process.returncode
+            if code != 0:
+                failed.append(f"task {task.entry.index} (exit {code}, "
+                              f"{log_path(study, task.entry.index).relative_to(study)})")
+            print(f"task {task.entry.index} ended (exit {code}) after "
+                  f"{time.monotonic() - task.started:.1f} s; {done}/{total} done, "
+                  f"{time.monotonic() - start:.0f} s so far", flush=True)
+    return failed, len(pending), start

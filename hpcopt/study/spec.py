@@ -31,6 +31,11 @@ SCHEDULERS = ("slurm", "pbs")
 JOB_DEFAULTS: dict[str, Any] = {"scheduler": "slurm", "name": "hpcopt", "time": "01:00:00",
                                 "ranks_per_node": 1, "cpus_per_rank": 1, "gpus_per_node": 0,
                                 "throttle": 0}
+#: The [job] integers' ranges (beyond any machine: a typo, not a request to pass to the scheduler).
+JOB_RANGES = {"ranks_per_node": (1, 4096), "cpus_per_rank": (1, 4096), "gpus_per_node": (0, 64),
+              "throttle": (0, 1_000_000)}
+#: The most ranks and nodes a task may ask for (more nodes than the largest machines have).
+MAX_RANKS, MAX_NODES = 10_000_000, 200_000
 #: Options the study sets itself: each task's run directory.
 RESERVED = ("out", "resume")
 ABBREVIATIONS = {"ranks": "n", "interval": "I", "seed": "s"}
@@ -95,8 +100,12 @@ def load_study(path: str | Path) -> Study:
             if not isinstance(values, list) or not values:
                 raise HpcoptError(f"[sweep] {key} must be a non-empty list")
         ranks = grid.get("ranks", [1])
-        if any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in ranks):
-            raise HpcoptError(f"[sweep] ranks must be positive integers, got {ranks}")
+        if any(not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= MAX_RANKS for r in ranks):
+            raise HpcoptError(f"[sweep] ranks must be integers from 1 to {MAX_RANKS}, got {ranks}")
+        nodes = -(-max(ranks) // job["ranks_per_node"])
+        if nodes > MAX_NODES:
+            raise HpcoptError(f"[sweep] ranks {max(ranks)} at ranks_per_node {job['ranks_per_node']} "
+                              f"would ask for {nodes} nodes (at most {MAX_NODES})")
     return Study(job, train, grids, text)
 
 
@@ -108,9 +117,9 @@ def _job(table: dict[str, Any]) -> dict[str, Any]:
         job[key] = value
     if job["scheduler"] not in SCHEDULERS:
         raise HpcoptError(f"scheduler must be one of {SCHEDULERS}, got {job['scheduler']!r}")
-    for key, least in (("ranks_per_node", 1), ("cpus_per_rank", 1), ("gpus_per_node", 0), ("throttle", 0)):
-        if not isinstance(job[key], int) or isinstance(job[key], bool) or job[key] < least:
-            raise HpcoptError(f"[job] {key} must be an integer >= {least}")
+    for key, (least, most) in JOB_RANGES.items():
+        if not isinstance(job[key], int) or isinstance(job[key], bool) or not least <= job[key] <= most:
+            raise HpcoptError(f"[job] {key} must be an integer from {least} to {most}")
     if job["gpus_per_node"] and job["gpus_per_node"] != job["ranks_per_node"]:
         raise HpcoptError("with GPUs, ranks_per_node must equal gpus_per_node (one rank per GPU)")
     for key in ("name", "time"):
@@ -138,6 +147,17 @@ def _combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid.get(k, [1]) for k in keys))]
 
 
+def _differing_keys(combos: list[dict[str, Any]]) -> set[str]:
+    """The keys whose value (as a flag; absent: "None") is not the same in every combination:
+    one pass over the combinations, not one per combination."""
+    keys = {key for combo in combos for key in combo}
+    seen: dict[str, set[str]] = {key: set() for key in keys}
+    for combo in combos:
+        for key in keys:
+            seen[key].add(flag_value(combo.get(key)))
+    return {key for key, values in seen.items() if len(values) > 1}
+
+
 def tasks(study: Study) -> list[Task]:
     """One task per combination of each grid's lists, ``ranks`` outermost (so the tasks of one
     rank count are contiguous: one array each), each resolved as ``hpcopt train`` would. A run
@@ -146,7 +166,7 @@ def tasks(study: Study) -> list[Task]:
 
     combos = sorted(((grid, c) for grid in study.sweep for c in _combinations(grid)),
                     key=lambda pair: pair[1]["ranks"])
-    between = {k for _, c in combos for k in c if len({flag_value(d.get(k)) for _, d in combos}) > 1}
+    between = _differing_keys([c for _, c in combos])
     found: list[Task] = []
     names: dict[str, int] = {}
     for grid, chosen in combos:

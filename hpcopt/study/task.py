@@ -9,8 +9,9 @@ LAUNCHER (``srun ...`` or ``mpiexec -n R``), with this Python:
 - ``hpcopt train OPTIONS --out RUN`` otherwise.
 
 While the run goes, the task's record (``logs/task-INDEX.json``) is locked; at the end it
-gets the exit status, which is also this process's. SIGTERM and SIGINT reach the ranks from the
-scheduler or the terminal; this process only waits for them and records how the run ended.
+gets the exit status, which is also this process's. SIGTERM, SIGINT and SIGUSR1 reach the ranks
+from the scheduler, the terminal or ``sweep --local``; this process only waits for them and
+records how the run ended.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import HpcoptError
+from ..run.signals import SIGNALS
 from .layout import Entry, TaskRecord, read_manifest
 
 
@@ -90,7 +92,7 @@ def _carry_on(study: Path, entry: Entry, launcher: Sequence[str]) -> int:
         print(f"task {entry.index}: {entry.run} has finished; nothing to do", flush=True)
         return 0
     print(f"task {entry.index}: {' '.join(argv)}", flush=True)
-    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, lambda *_: None) for s in SIGNALS}
     try:  # caught, not ignored: the launcher starts with the default handlers
         code = _wait(subprocess.Popen(argv, cwd=study, stdin=subprocess.DEVNULL))
     finally:

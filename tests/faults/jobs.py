@@ -48,13 +48,23 @@ class Job:
 class Send:
     """A signal for a running job: ``signum`` to the launcher (``rank`` None) or to one rank's
     process, ``after`` seconds after ``when``: "start" (every rank's hpcopt handles signals:
-    its handlers are installed, ``hpcopt.run.signals``), "header" (the run header appeared:
+    its handlers are installed, ``hpcopt.run.signals``), "exec" (every rank's process runs
+    Python, which may not have reached hpcopt yet), "header" (the run header appeared:
     training starts) or "fault" (a debug fault announced itself)."""
 
     signum: int
     after: float = 0.0
     rank: int | None = None
     when: str = "header"
+    again_at: str = ""  # sent once more, to the same process, when a line starts with this
+
+
+def _deliver(send: Send, process: subprocess.Popen, pids: dict[int, int]) -> None:
+    if send.rank is None:
+        process.send_signal(send.signum)  # the launcher forwards it to every rank
+    else:
+        with contextlib.suppress(ProcessLookupError):  # the rank has just ended by itself
+            os.kill(pids[send.rank], send.signum)
 
 
 def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
@@ -76,10 +86,14 @@ def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
     out: list[str] = []
     err: list[str] = []
     marks: dict[str, float] = {}
+    pids: dict[int, int] = {}
 
     def pump(stream, sink: list[str]) -> None:
         for line in stream:
             sink.append(line)
+            if send and send.again_at and line.startswith(send.again_at) and "again" not in marks:
+                marks["again"] = time.monotonic()
+                _deliver(send, process, pids)
             if INJECTED in line:
                 marks.setdefault("fault", time.monotonic())
             if line.startswith("run directory"):
@@ -91,13 +105,9 @@ def run_job(args: list[str], ranks: int = 2, python_code: str | None = None,
         reader.start()
     try:
         if send is not None:
-            pids = _send(send, process, ranks, marks, start + timeout, err)
+            pids.update(_send(send, process, ranks, marks, start + timeout, err))
             marks["fault"] = time.monotonic()
-            if send.rank is None:
-                process.send_signal(send.signum)  # the launcher forwards it to every rank
-            else:
-                with contextlib.suppress(ProcessLookupError):  # the rank has just ended by itself
-                    os.kill(pids[send.rank], send.signum)
+            _deliver(send, process, pids)
         process.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the job did not end within {timeout} s: {' '.join(command)}\n"
@@ -122,6 +132,8 @@ def _send(send: Send, process: subprocess.Popen, ranks: int, marks: dict[str, fl
         pids = _rank_pids(process.pid)
         if send.when == "start":
             due = len(pids) == ranks and all(map(_handles_sigterm, pids.values()))
+        elif send.when == "exec":
+            due = len(pids) == ranks
         else:
             due = send.when in marks
         if due:
@@ -132,7 +144,8 @@ def _send(send: Send, process: subprocess.Popen, ranks: int, marks: dict[str, fl
 
 
 def _rank_pids(launcher: int) -> dict[int, int]:
-    """rank -> pid of the processes below ``launcher`` that the launcher told their rank."""
+    """rank -> pid of the processes below ``launcher`` that the launcher told their rank
+    (``PMI_RANK`` under MPICH, ``OMPI_COMM_WORLD_RANK`` under Open MPI)."""
     pids = {}
     for pid in _tree(launcher):
         try:

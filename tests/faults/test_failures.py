@@ -10,9 +10,9 @@ import signal
 import numpy as np
 import pytest
 
+from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint
 from tests.faults.jobs import SMALL, STEPS, Send, assert_fault_ended_the_job, assert_same_run, run_job
-from tests.launcher import stop_signal_for_the_launcher
 from tests.unit.test_cli import assert_one_line_error
 
 #: fault -> (flags, exit code (None: any non-zero), what stderr says, seconds from the fault to
@@ -66,7 +66,7 @@ def test_nan_with_skip_drops_the_step_and_finishes(tmp_path):
 def test_sigterm_to_the_launcher_checkpoints_and_resumes_bitwise(tmp_path):
     """SIGTERM, or under Open MPI SIGUSR1 (its mpirun kills the ranks for SIGTERM)."""
     out, reference = tmp_path / "run", tmp_path / "reference"
-    signum = stop_signal_for_the_launcher(signal.SIGTERM)
+    signum = launcher_stop_signal(signal.SIGTERM)
     job = run_job(["train", *SMALL, "--steps", "100000", "--out", str(out), "--progress", "true"],
                   send=Send(signum, 0.5))
     assert job.returncode == 143, job.describe()  # stopped (128 + SIGTERM), not finished
@@ -117,3 +117,31 @@ def test_a_checkpoint_that_crashes_hdf5_ends_the_job_with_one_line(tmp_path):
         assert_one_line_error(job, bad.name, "damaged checkpoint")
     else:
         assert_one_line_error(job, bad.name, "the process that checked it crashed reading it (SIG")
+
+
+#: Rank 1's step 20 fails as an MPI call fails on a rank whose peer has died (kill -9, a lost
+#: node) when MPI notices before the launcher ends the rank: an error stack of dozens of lines.
+MPI_FAILURE = """
+import sys
+from mpi4py import MPI
+import hpcopt.run.faults as faults
+
+def fail(self, rank, step, grad):
+    if (rank, step) == (self.rank, self.step):
+        raise MPI.Exception(MPI.ERR_OTHER)
+    return False
+
+faults.FaultPlan.before_gradient = fail
+from hpcopt.cli import main
+sys.exit(main(["train", *{args!r}, "--debug-fail-at", "1:20", "--out", {out!r}]))
+"""
+
+
+def test_an_mpi_call_failing_after_a_peer_died_is_one_line(tmp_path):
+    """Once a 35-line traceback with MPI's error stack (2 of 21 kill -9s)."""
+    job = run_job([], python_code=MPI_FAILURE.format(args=[*SMALL, "--steps", str(STEPS)],
+                                                     out=str(tmp_path / "run")))
+    assert job.returncode == 1 and "Traceback" not in job.stderr, job.describe()
+    [line] = job.hpcopt_lines()
+    assert line.startswith("hpcopt: MPI failed on rank 1: ") and "error class 15" in line, job.describe()
+    assert line.endswith("another rank has most likely died; ending the job"), job.describe()

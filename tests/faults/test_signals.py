@@ -12,11 +12,12 @@ import signal
 
 import pytest
 
+from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io import pipeline_checkpoint as pipe_ckpt
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.run.signals import GRACE_SECONDS, exit_code
-from tests.faults.jobs import Job, Send, assert_same_run, run_job
-from tests.launcher import FORWARDS_TERM_AND_INT, stop_signal_for_the_launcher
+from tests.faults.jobs import INJECTED, Job, Send, assert_same_run, run_job
+from tests.launcher import FORWARDS_TERM_AND_INT
 
 JOB = ["train", "--dataset", "digits", "--hidden", "16", "--progress", "true",
        "--keep-checkpoints", "1000", "--steps", "10000000"]  # ended by the signal, never by steps
@@ -127,7 +128,7 @@ def test_a_signal_during_set_up_ends_the_job_at_once(signum, rank, tmp_path):
                          ids=["SIGTERM to mpiexec", "SIGINT to stage 1"])
 def test_a_pipeline_stops_at_a_checkpoint(signum, rank, tmp_path):
     out = tmp_path / "run"
-    signum = stop_signal_for_the_launcher(signum) if rank is None else signum
+    signum = launcher_stop_signal(signum) if rank is None else signum
     job = run_job([*PIPELINE, "--checkpoint-every", "2", "--trace-every", "2", "--out", str(out)],
                   send=Send(signum, 0.5, rank))
     stop = assert_signal_ended_the_job(job, signum)
@@ -142,7 +143,7 @@ def test_a_signal_at_a_random_moment_ends_the_job_with_one_line(seed, tmp_path):
     ranks = (2, 4)[seed % 2]
     signum = (signal.SIGINT, signal.SIGTERM)[seed // 2]
     rank = rng.choice([None, rng.randrange(ranks)])
-    signum = stop_signal_for_the_launcher(signum) if rank is None else signum
+    signum = launcher_stop_signal(signum) if rank is None else signum
     send = Send(signum, rng.uniform(0.0, 3.0), rank, "start")
     flags = ["--checkpoint-every", str(rng.choice([0, 1, 4, 8])),
              "--trace-every", str(rng.choice([1, 4, 8]))]
@@ -151,3 +152,50 @@ def test_a_signal_at_a_random_moment_ends_the_job_with_one_line(seed, tmp_path):
     stop = assert_signal_ended_the_job(job, signum)
     if stop is not None:
         assert read_checkpoint(out).tick == int(stop.group(3))
+
+
+#: Put on the ranks' module path (as ``sitecustomize``, imported by Python's start-up, before
+#: ``-m hpcopt``): rank ``RANK`` (MPICH's PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK) sends itself
+#: ``SIGNUM`` just as it starts importing ``MODULE``.
+SIGNAL_AT_IMPORT = """
+import os, signal, sys
+
+class SignalAtImport:
+    def find_spec(self, name, path=None, target=None):
+        rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+        if name == {module!r} and rank == "{rank}":
+            sys.meta_path.remove(self)
+            sys.stderr.write("{marker} {signum} at the import of " + name + "\\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), {signum})
+        return None
+
+sys.meta_path.insert(0, SignalAtImport())
+"""
+
+
+@pytest.mark.parametrize("module", ["hpcopt.run.signals", "numpy", "mpi4py.MPI"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_in_a_ranks_first_moments_ends_the_job_with_one_line(module, signum, tmp_path):
+    """From hpcopt's first line on, before its imports (numpy, mpi4py with MPI_Init): once,
+    SIGTERM there killed the rank (exit 15, no line) and SIGINT gave KeyboardInterrupt
+    tracebacks (exit 1)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_AT_IMPORT.format(
+        module=module, rank=1, signum=int(signum), marker=INJECTED))
+    job = run_job([*JOB, "--out", str(tmp_path / "run")], path=(hook,))
+    assert INJECTED in job.stderr, job.describe()
+    assert assert_signal_ended_the_job(job, signum) is None
+    assert "on rank 1: outside the training loop" in job.hpcopt_lines()[0]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_second_ctrl_c_as_the_job_ends_keeps_exit_130(rank, tmp_path):
+    """A launcher that forwards every Ctrl-C (srun; ``kill -INT`` of a rank): the second comes
+    as the ranks end, after the stop's line. Python's shutdown gives SIGINT its default action
+    back, so it once ended the rank by SIGINT (exit 2 or 255 from mpiexec); MPICH's own
+    ``mpiexec`` answers a second Ctrl-C to itself by killing every rank (255)."""
+    job = run_job([*JOB, "--checkpoint-every", "4", "--trace-every", "4", "--out", str(tmp_path / "run")],
+                  send=Send(signal.SIGINT, 0.5, rank, again_at="hpcopt: SIGINT: stopped"))
+    assert_stopped_at_a_checkpoint(job, signal.SIGINT, 4, tmp_path / "run")

@@ -6,6 +6,7 @@ stopped task resumed by running it again, and left alone once finished."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import shutil
@@ -13,12 +14,16 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io.trace import read_trace
 from hpcopt.study import layout
 from hpcopt.study.collect import Found, Row, collect, state
-from tests.faults.jobs import ROOT, _kill_tree
+from tests.faults.jobs import ROOT, _kill_tree, _tree
 from tests.timeouts import scaled
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -146,7 +151,8 @@ def test_collect_tells_running_stopped_failed_and_not_started_and_a_stopped_task
     task = start_task(study, 0)
     running = wait_until_training(study, 0, task)
     assert running.state == "running" and running.note.startswith("on ")
-    os.killpg(task.pid, signal.SIGTERM)  # what the scheduler does at the time limit
+    # what the scheduler does at the time limit (told to send SIGUSR1 under Open MPI)
+    os.killpg(task.pid, launcher_stop_signal(signal.SIGTERM))
     assert task.wait(timeout=scaled(60)) == 143, layout.log_path(study, 0).read_text()
 
     assert start_task(study, 1).wait(timeout=scaled(60)) == 1
@@ -184,3 +190,76 @@ def test_collect_tells_running_stopped_failed_and_not_started_and_a_stopped_task
     assert start_task(study, 0).wait(timeout=scaled(60)) == 0
     assert "has finished; nothing to do" in layout.log_path(study, 0).read_text()
     assert (study / "runs" / "s-n2-s0" / "trace.h5").stat().st_mtime_ns == before
+
+
+def alive(pids: set[int]) -> list[str]:
+    """The processes of ``pids`` still running (not zombies), described."""
+    left = []
+    for pid in pids:
+        try:
+            stat = (Path("/proc") / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            left.append(stat)
+    return left
+
+
+@dataclass
+class Interrupted:
+    """``sweep --local -j 2`` of SLOW, signalled while its first two tasks trained."""
+
+    returncode: int
+    output: str
+    seconds: float  # from the signal to sweep's exit
+    left: list[str]  # the processes it started that were still running after it exited
+    started: int  # how many processes it started (tasks, mpiexec, proxies, ranks)
+    study: Path
+
+
+def interrupt_local_sweep(work: Path, signum: int) -> Interrupted:
+    """Run ``sweep --local -j 2`` of SLOW in ``work``, in a session of its own, send it
+    ``signum`` (as a terminal's Ctrl-C reaches its group only) once tasks 0 and 1 have written
+    their first checkpoint, and wait for it; every process it started that outlives it is
+    listed and killed."""
+    (work / "slow.toml").write_text(SLOW)
+    sweep = subprocess.Popen([sys.executable, "-m", "hpcopt", "sweep", "slow.toml", "--out", "study",
+                              "--local", "-j", "2"], cwd=work, env=environment(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    study, started = work / "study", set[int]()
+    try:
+        deadline = time.monotonic() + scaled(60)
+        while not all((study / "runs" / f"s-n2-s{i}" / "checkpoints" / "step-000000040.h5").exists()
+                      for i in (0, 1)):
+            assert sweep.poll() is None and time.monotonic() < deadline, sweep.stdout.read()
+            started |= set(_tree(sweep.pid))
+            time.sleep(0.02)
+        started |= set(_tree(sweep.pid))
+        os.kill(sweep.pid, signum)
+        sent = time.monotonic()
+        output, _ = sweep.communicate(timeout=scaled(60))
+        seconds = time.monotonic() - sent
+    finally:
+        _kill_tree(sweep.pid)
+    left = alive(started - {sweep.pid})
+    for stat in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(stat.split()[0]), signal.SIGKILL)
+    return Interrupted(sweep.returncode, output, seconds, left, len(started), study)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_sweep_local_stops_launching_and_leaves_nothing_running(signum, tmp_path):
+    """Ctrl-C (or SIGTERM) to ``sweep --local -j 2`` while two tasks train: the two stop at a
+    checkpoint and record 128 + signum, the other two never start, sweep exits 128 + signum, and
+    no process it started (tasks, mpiexec, ranks) is left (it once exited at once, started a
+    task after the signal and left five processes running)."""
+    run = interrupt_local_sweep(tmp_path, signum)
+    assert run.started > 6 and run.left == [], run.output
+    assert run.returncode == 128 + signum, run.output
+    assert f"stopped the study; 2 of 4 task(s) not started (exit code {128 + signum})" in run.output
+    assert "task 2 started" not in run.output and not layout.log_path(run.study, 2).exists(), run.output
+    for index in (0, 1):
+        record = layout.read_record(layout.record_path(run.study, index)) or {}
+        assert record.get("exit_code") == 128 + signum, layout.log_path(run.study, index).read_text()
+        assert (run.study / "runs" / f"s-n2-s{index}" / "checkpoints").is_dir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typing
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hpcopt.config import (
@@ -46,8 +46,10 @@ def test_any_text_option_round_trips_through_the_stored_config_or_is_refused(key
 
 @SETTINGS
 @given(key=st.sampled_from(TEXT_KEYS), before=st.text(max_size=8), after=st.text(max_size=8),
-       bad=st.characters(categories=["Cc", "Cs"]))
-def test_control_characters_and_undecodable_bytes_are_refused_in_one_line(key, before, after, bad):
+       bad=st.characters(categories=["Cc", "Cs", "Zl", "Zp"]))
+@example(key="out", before="runs/a", after="b", bad="\u2028")  # a line separator, not a control
+@example(key="out", before="runs/a", after="b", bad="\u2029")
+def test_control_characters_separators_and_bad_bytes_are_refused_in_one_line(key, before, after, bad):
     try:
         build_config(None, {key: before + bad + after})
     except HpcoptError as exc:

@@ -4,13 +4,15 @@ only whole jobs can show, is tests/faults/test_signals.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 
 import pytest
 
-from hpcopt.run.signals import JobSignals, StopSignal, exit_code, launcher_rank
+from hpcopt.run.signals import JobSignals, StopSignal, exit_code, handled_by, launcher_rank
 
 
 def wait_for(condition, seconds: float = 30.0) -> None:
@@ -73,6 +75,25 @@ def test_the_python_api_keeps_sigterm_a_flag_and_ctrl_c_a_keyboard_interrupt():
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("job", [True, False], ids=["under JobSignals", "alone"])
+def test_handled_by_hands_each_signal_to_its_handler_from_another_thread(job):
+    """sweep --local's hand-over: no ending of the job, no KeyboardInterrupt, and the handler
+    never runs in the main thread (which holds its lock while it starts a task)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    got: list[tuple[int, bool]] = []
+
+    def handler(signum: int) -> None:
+        got.append((signum, threading.current_thread() is threading.main_thread()))
+
+    with JobSignals(grace=600) if job else contextlib.nullcontext():
+        with handled_by(handler):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            wait_for(lambda: len(got) == 2)
+        assert sorted(got) == [(signal.SIGINT, False), (signal.SIGTERM, False)]
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_the_rank_comes_from_the_launcher_before_mpi_starts(monkeypatch):

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpcopt.cli import make_parser
 from hpcopt.errors import HpcoptError
 from hpcopt.study import layout, sweep
-from hpcopt.study.spec import load_study, tasks
+from hpcopt.study.spec import JOB_DEFAULTS, Study, load_study, tasks
 from tests.unit.test_cli import assert_one_line_error
 
 BASIC = """
@@ -90,11 +93,16 @@ def test_a_single_task_is_an_array_of_one(tmp_path, scheduler, expected):
 @pytest.mark.parametrize("text,message", [
     ("[job]\nscheduler = 'lsf'\n[sweep]\nranks = [1]\n", "scheduler"),
     ("[job]\nqueue = 'x'\n", "unknown [job] key"),
-    ("[job]\nthrottle = -1\n", "throttle must be an integer >= 0"),
+    ("[job]\nthrottle = -1\n", "throttle must be an integer from 0 to 1000000"),
+    ("[job]\nranks_per_node = 1000000000\n", "ranks_per_node must be an integer from 1 to 4096"),
+    ("[job]\ncpus_per_rank = 5000\n", "cpus_per_rank must be an integer from 1 to 4096"),
+    ("[job]\ngpus_per_node = 65\nranks_per_node = 65\n", "gpus_per_node must be an integer from 0 to 64"),
+    ("[sweep]\nranks = [1000000000]\n", "ranks must be integers from 1 to 10000000"),
+    ("[sweep]\nranks = [1000000]\n", "ranks_per_node 1 would ask for 1000000 nodes"),
     ("[job]\nname = 'a b'\n", "[job] name must be a word"),
     ("[train]\nlearning_rate = 0.1\n", "not an hpcopt train option"),
     ("[sweep]\ninterval = 4\n", "non-empty list"),
-    ("[sweep]\nranks = [0]\n", "positive"),
+    ("[sweep]\nranks = [0]\n", "integers from 1"),
     ("[jobs]\n", "unknown table"),
     ("[train]\nout = 'x'\n", "set by the sweep"),
     ("[job]\nranks_per_node = 4\ngpus_per_node = 2\n", "one rank per GPU"),
@@ -241,3 +249,21 @@ def test_a_requeued_torch_task_names_its_model_again_on_resume(tmp_path):
                                                       "torch:tests.torch_models:bn_cnn"]
     builtin = layout.Entry(0, Path("runs/t0"), 2, ("--model", "mlp"))
     assert command(tmp_path, builtin, [])[-2:] == ["resume", "runs/t0"]
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(value=st.text(max_size=12), other=st.sampled_from(["", "data", "a\u2028b"]))
+def test_any_sweep_value_is_refused_in_one_line_or_read_back_from_the_manifest(value, other):
+    """A text value (here ``path``) with a line separator of any kind (U+2028, U+0085, ...) once
+    passed ``sweep`` and then broke every task's manifest line."""
+    study = Study(dict(JOB_DEFAULTS), {"dataset": "digits"}, [{"path": [value, other]}], "")
+    try:
+        found = tasks(study)
+    except HpcoptError as exc:
+        assert len(str(exc).splitlines()) == 1
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / layout.MANIFEST).write_text(layout.manifest_text(found))
+        entries = layout.read_manifest(Path(directory))
+    assert [(e.index, e.run, e.ranks, e.args) for e in entries] == [(t.index, t.run, t.ranks, t.args)
+                                                                     for t in found]
