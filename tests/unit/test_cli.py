@@ -251,3 +251,26 @@ def test_every_option_explains_itself_in_help(capsys):
         assert f"--{name.replace('_', '-')} VALUE {help_text} [{section}" in text, name
         assert f"--{name.replace('_', '-')} VALUE {help_text} [{section}; default:" in text or (
             section == "algorithm" and f"{help_text} [algorithm: " in text), name
+
+
+def test_an_lstm_takes_its_own_hidden_default_shown_in_help(capsys):
+    """--model lstm without --hidden runs (one layer of 200), not the mlp's 512,256 it refuses;
+    a set size is kept, and the mlp's default is the same."""
+    from hpcopt.cli import make_parser
+    from hpcopt.config import build_config
+
+    assert build_config(None, {"dataset": "shakespeare", "model": "lstm"}).model.hidden == (200,)
+    assert build_config(None, {"dataset": "shakespeare", "model": "lstm", "hidden": "64,64"}).model.hidden \
+        == (64, 64)
+    assert build_config(None, {}).model.hidden == (512, 256)
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["train", "--help"])
+    assert "[model; default: 512,256; 200 for lstm]" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_wrong_path_is_reported_before_model_option_errors(tmp_path):
+    """A --path naming no directory is the error a user sees, not a model option's."""
+    args = cli.parse(["train", "--dataset", "wikitext2", "--path", str(tmp_path / "none"),
+                      "--model", "lstm", "--hidden", "64,32"])
+    with pytest.raises(HpcoptError, match=r"--path .*none: no such directory"):
+        cli.run_config(args)
