@@ -78,7 +78,8 @@ class DataConfig:
                                      "cifar10 | wikitext2 (read from path)")
     path: str = option("",
                        "mnist_idx, cifar10, wikitext2 (ptb: optional): the directory holding the "
-                       "data set's files")
+                       "data set's files (mnist_idx: train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                       "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte; docs/formats.md)")
     partition: str = option("iid",
                             "how samples are dealt to ranks: iid | block | dirichlet (alpha) | "
                             "similarity (similarity)")

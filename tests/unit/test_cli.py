@@ -274,3 +274,23 @@ def test_a_wrong_path_is_reported_before_model_option_errors(tmp_path):
                       "--model", "lstm", "--hidden", "64,32"])
     with pytest.raises(HpcoptError, match=r"--path .*none: no such directory"):
         cli.run_config(args)
+
+
+def test_path_help_names_the_mnist_idx_files(capsys):
+    """``train --help`` says which files --dataset mnist_idx reads from --path (the loader's names)."""
+    from hpcopt.cli import make_parser
+    from hpcopt.data.datasets import _MNIST_FILES
+
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ", ".join(_MNIST_FILES) in text.replace("- ", "-")
+
+
+def test_the_header_names_the_wire_and_the_partition(tmp_path):
+    """A run with --wire and a partition other than iid says so in its first line."""
+    result = launch(["train", "--dataset", "digits", "--hidden", "8", "--steps", "2", "--wire", "bfloat16",
+                     "--partition", "block", "--out", str(tmp_path / "r")], ranks=1)
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0]
+    assert "(1438 train / 359 test, partition block)" in header and ", wire bfloat16," in header, header
