@@ -114,7 +114,8 @@ def _classification_workload(config: Config, comm: Comm, backend: Backend) -> Wo
     def evaluate(params: Array, scratch: Array, c: Comm, buffers: Array | None = None) -> Evaluation:
         return problem.evaluate(params, scratch, test_x, test_y, c, chunk=chunk, buffers=buffers)
 
-    description = (f"{config.data.dataset} ({n_train} train / {n_test} test), "
+    partition = "" if config.data.partition == "iid" else f", partition {config.data.partition}"
+    description = (f"{config.data.dataset} ({n_train} train / {n_test} test{partition}), "
                    f"{_describe_model(config, features.shape[1:], dataset.num_classes)}"
                    f"{', augmented' if augment else ''}, batch {batch}/rank")
     return Workload(model.layout, problem, _initial(config, model, backend), evaluate, per_epoch,

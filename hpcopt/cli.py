@@ -10,11 +10,13 @@ import sys
 import traceback
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .algorithms.base import MergedOption, registry
 from .config import (
     ALGORITHM_OPTIONS,
+    MODEL_DEFAULTS,
     SECTIONS,
     Config,
     build_config,
@@ -81,7 +83,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             where = _algorithm_flag_where(ALGORITHM_OPTIONS[name])
         else:
             default = CLI_DEFAULTS.get(name, getattr(SECTIONS[section](), name))
-            where = f"{section}; default: {_shown(default)}"
+            where = f"{section}; default: {_shown(default)}" + "".join(
+                f"; {_shown(value)} for {model}" for model, value in MODEL_DEFAULTS.get(name, {}).items())
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE",
                             help=f"{f.metadata.get('help', '')} [{where}]".replace("%", "%%"))
 
@@ -165,6 +168,7 @@ def run_config(args: argparse.Namespace) -> Config | None:
         run_table = (file_values or {}).get("run")
         in_file = set(run_table) if isinstance(run_table, dict) else set()
         defaults = {k: v for k, v in CLI_DEFAULTS.items() if k not in in_file}
+        _check_data_path(overrides.get("path", (file_values or {}).get("data", {}).get("path")))
         return build_config(file_values, {**defaults, **overrides})
     from .io.pipeline_checkpoint import stored_config  # a data-parallel or a pipeline checkpoint
 
@@ -178,6 +182,13 @@ def run_config(args: argparse.Namespace) -> Config | None:
     config = build_config(stored.to_dict(), given)
     check_resume(stored, config)
     return config
+
+
+def _check_data_path(path: Any) -> None:
+    """A ``path`` that names no directory is refused first: the data set cannot be read whatever
+    the other options say, so it is the error to see."""
+    if isinstance(path, str) and path and not Path(path).is_dir():
+        raise HpcoptError(f"--path {path}: no such directory (the data set's files are read from it)")
 
 
 def _given_out(args: argparse.Namespace) -> str:

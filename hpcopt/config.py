@@ -44,6 +44,9 @@ PIPELINE_ALGORITHMS = algorithm_names(PIPELINE)
 #: ``[model]`` keys of one kind of model -> the models they apply to.
 MODEL_KEYS = {"hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
               "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)}
+#: ``[model]`` keys whose default differs by model: key -> {model: its default}; the field's
+#: default is the other models' (a value that model refuses, so filling it changes no valid run)
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {"hidden": {"lstm": (200,)}}
 #: ``[data]`` keys of one partition -> the partition they apply to.
 PARTITION_KEYS = {"alpha": "dirichlet", "similarity": "similarity"}
 
@@ -80,7 +83,8 @@ class DataConfig:
                                      "cifar10 | wikitext2 (read from path)")
     path: str = option("",
                        "mnist_idx, cifar10, wikitext2 (ptb: optional): the directory holding the "
-                       "data set's files")
+                       "data set's files (mnist_idx: train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                       "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte; docs/formats.md)")
     partition: str = option("iid",
                             "how samples are dealt to ranks: iid | block | dirichlet (alpha) | "
                             "similarity (similarity)")
@@ -139,7 +143,7 @@ class ModelConfig:
                                "torch.nn.Module, from an importable function: called with no argument "
                                "on an image data set, with the vocabulary size on a text corpus; "
                                "docs/torch.md)")
-    hidden: tuple[int, ...] = option((512, 256), "lstm: one equal size per layer")
+    hidden: tuple[int, ...] = option((512, 256), "mlp: hidden layer sizes; lstm: one equal size per layer")
     activation: str = option("relu", "mlp: relu | tanh")
     embed: int = option(0, "lstm: embedding size; 0 = the hidden size")
     tie: bool = option(False, "lstm: decoder weight = embedding weight")
@@ -152,6 +156,9 @@ class ModelConfig:
                                      "balanced")
 
     def __post_init__(self) -> None:
+        for key, defaults in MODEL_DEFAULTS.items():
+            if self.model in defaults and getattr(self, key) == type(self).__dataclass_fields__[key].default:
+                object.__setattr__(self, key, defaults[self.model])
         if any(b < 1 for b in self.stages) or list(self.stages) != sorted(set(self.stages)):
             raise HpcoptError(f"stages must be increasing layer indices >= 1, got {self.stages}")
         if self.torch:

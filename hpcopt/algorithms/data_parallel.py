@@ -304,9 +304,10 @@ class OuterOptions(Rounds):
 
     outer_optimizer: str = option("average", f"what a round does with the ranks' mean: "
                                              f"{' | '.join(OUTER_OPTIMIZERS)} (hpcopt.algorithms.outer)")
-    outer_lr: float = option(1.0, "the outer optimizer's learning rate (sgd, nesterov, slowmo)")
+    outer_lr: float = option(1.0, "the outer optimizer's learning rate (sgd, nesterov: 1 = DiLoCo's 0.7 "
+                                  "where outer_momentum is 0, slowmo)")
     outer_momentum: float = option(0.0, "the outer optimizer's momentum (sgd: heavy ball, "
-                                        "nesterov: > 0, slowmo: its beta)")
+                                        "nesterov: 0 = DiLoCo's 0.9, slowmo: its beta)")
 
     @cached_property
     def outer(self) -> OuterOptimizer:

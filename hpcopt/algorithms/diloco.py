@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from .base import option
 from .local_sgd import LocalSGD
+from .outer import DILOCO_LR, DILOCO_MOMENTUM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,5 +36,5 @@ class DiLoCo(LocalSGD):
     weight_decay: float = option(0.01, "weight decay wd")
     inner_optimizer: str = option("adamw", "the local step")
     outer_optimizer: str = option("nesterov", "what a round does with the ranks' mean")
-    outer_lr: float = option(0.7, "the outer optimizer's learning rate")
-    outer_momentum: float = option(0.9, "the outer optimizer's momentum")
+    outer_lr: float = option(DILOCO_LR, "the outer optimizer's learning rate")
+    outer_momentum: float = option(DILOCO_MOMENTUM, "the outer optimizer's momentum")

@@ -10,14 +10,16 @@ from the new anchor::
     nesterov  b <- mu b + Delta;           x_0 <- x_0 - lr (Delta + mu b)
     slowmo    u <- mu u + Delta / eta;     x_0 <- x_0 - lr eta u
 
-lr = ``outer_lr``, mu = ``outer_momentum``. ``sgd`` with mu = 0 and lr = 1 is ``average`` up to
-rounding; with mu > 0 it is heavy-ball momentum on the pseudo-gradient (FedAvgM: Hsu, Qi,
-Brown, "Measuring the Effects of Non-Identical Data Distribution for Federated Visual
-Classification", 2019). ``nesterov`` is DiLoCo's outer step (Douillard et al., "DiLoCo:
-Distributed Low-Communication Training of Language Models", arXiv 2311.08105, 2023: lr 0.7,
-mu 0.9), PyTorch's ``SGD(nesterov=True)`` on Delta. ``slowmo`` is SlowMo's slow momentum
-(Wang, Tantia, Ballas, Rabbat, ICLR 2020, Algorithm 1: beta = mu, alpha = lr) with eta the
-base step size at the round's last nominal step; ``--algorithm slowmo`` is this step.
+lr = ``outer_lr``, mu = ``outer_momentum``. ``nesterov`` with mu left at 0 takes DiLoCo's mu
+0.9, and its lr 0.7 where lr is left at 1 (``DILOCO_MOMENTUM``, ``DILOCO_LR``). ``sgd`` with mu
+= 0 and lr = 1 is ``average`` up to rounding; with mu > 0 it is heavy-ball momentum on the
+pseudo-gradient (FedAvgM: Hsu, Qi, Brown, "Measuring the Effects of Non-Identical Data
+Distribution for Federated Visual Classification", 2019). ``nesterov`` is DiLoCo's outer step
+(Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models", arXiv
+2311.08105, 2023: lr 0.7, mu 0.9), PyTorch's ``SGD(nesterov=True)`` on Delta. ``slowmo`` is
+SlowMo's slow momentum (Wang, Tantia, Ballas, Rabbat, ICLR 2020, Algorithm 1: beta = mu, alpha =
+lr) with eta the base step size at the round's last nominal step; ``--algorithm slowmo`` is this
+step.
 
 The anchor and the buffer b (u) are the same on every rank (every rank applies the same
 update to the same average), so the outer step adds no communication; they are ``shared``
@@ -36,6 +38,8 @@ from ..errors import HpcoptError
 Array = Any
 
 OUTER_OPTIMIZERS = ("average", "sgd", "nesterov", "slowmo")
+#: DiLoCo's outer step (Douillard et al., 2023): ``nesterov``'s lr and mu where a run leaves them
+DILOCO_LR, DILOCO_MOMENTUM = 0.7, 0.9
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,8 @@ class OuterOptimizer:
 
 
 def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, str]) -> OuterOptimizer:
-    """The outer optimizer of these option values, or a HpcoptError naming the options
-    (``names``: those of kind, lr and momentum)."""
+    """The outer optimizer of these option values (``nesterov`` with momentum 0: DiLoCo's, module
+    docstring), or a HpcoptError naming the options (``names``: those of kind, lr and momentum)."""
     kind_name, lr_name, momentum_name = names
     if kind not in OUTER_OPTIMIZERS:
         raise HpcoptError(f"unknown {kind_name} {kind!r} (choose from {', '.join(OUTER_OPTIMIZERS)})")
@@ -112,5 +116,5 @@ def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, st
         raise HpcoptError(f"{changed} applies only to {kind_name} "
                           f"{', '.join(OUTER_OPTIMIZERS[1:])}, not average")
     if kind == "nesterov" and momentum == 0:
-        raise HpcoptError(f"{kind_name} nesterov needs {momentum_name} > 0")
+        momentum, lr = DILOCO_MOMENTUM, DILOCO_LR if lr == 1 else lr
     return OuterOptimizer(kind, lr, momentum)

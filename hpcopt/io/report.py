@@ -206,6 +206,11 @@ def line_style(run: int) -> dict[str, str]:
             "linestyle": LINE_STYLES[run // len(COLOURS) % len(LINE_STYLES)]}
 
 
+def one_point(x: Any) -> dict[str, Any]:
+    """A marker for a line of one row (a short run traced once), which a line alone leaves unseen."""
+    return {"marker": "o", "markersize": 4} if len(x) == 1 else {}
+
+
 def log_labels(axis: Any) -> None:
     """Tick labels of a log ``axis`` that do not collide: the decades, and the ticks between
     them only where the axis spans about one decade or less (a subset of them up to one
@@ -246,7 +251,7 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
         for run, (trace, label) in enumerate(zip(traces, labels)):
             x = axis.rows(trace)
             style = line_style(run)
-            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4, **style)
+            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4, **one_point(x), **style)
             evaluated = np.isfinite(trace.columns[column])
             ex = list(x[evaluated])
             ey = list(trace.columns[column][evaluated])

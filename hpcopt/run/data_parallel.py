@@ -244,6 +244,8 @@ class DataParallelSession:
         settings = self.algorithm.describe()
         if self.workload.buffers is not None:
             settings += f", buffer_policy {self.algorithm.buffer_policy}"
+        if cfg.algorithm.wire:
+            settings += f", wire {cfg.algorithm.wire}"
         return (f"hpcopt train: {cfg.algorithm.algorithm} on {self.workload.description} "
                 f"({self.parameters():,} parameters, {cfg.run.dtype}), {self.comm.size} rank(s), "
                 f"{settings}, {parts.total_steps} steps, {threads.describe()}")

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dirs", nargs="+", metavar="DIR",
                         help="study directories, run directories, or directories of run directories")
     parser.add_argument("--out", help="where study.csv and study.md go (default: the study "
-                        "directory, when DIR is one)")
+                        "directory, when DIR is one; else study.md's table is printed)")
 
 
 def is_run(path: Path) -> bool:
@@ -323,8 +323,9 @@ def collect(paths: Sequence[str | Path], out: str | Path) -> list[Path]:
 def run(args: argparse.Namespace) -> int:
     out = args.out
     if out is None:
-        if len(args.dirs) != 1 or not is_study(Path(args.dirs[0])):
-            raise HpcoptError("collect needs --out DIR unless it is given one study directory")
+        if len(args.dirs) != 1 or not is_study(Path(args.dirs[0])):  # runs, no study: the table here
+            print(markdown(columns(gather([Path(p) for p in args.dirs]), Path.cwd())), end="", flush=True)
+            return 0
         out = args.dirs[0]
     for path in collect(args.dirs, out):
         print(f"wrote {path}", flush=True)

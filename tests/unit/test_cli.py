@@ -251,3 +251,46 @@ def test_every_option_explains_itself_in_help(capsys):
         assert f"--{name.replace('_', '-')} VALUE {help_text} [{section}" in text, name
         assert f"--{name.replace('_', '-')} VALUE {help_text} [{section}; default:" in text or (
             section == "algorithm" and f"{help_text} [algorithm: " in text), name
+
+
+def test_an_lstm_takes_its_own_hidden_default_shown_in_help(capsys):
+    """--model lstm without --hidden runs (one layer of 200), not the mlp's 512,256 it refuses;
+    a set size is kept, and the mlp's default is the same."""
+    from hpcopt.cli import make_parser
+    from hpcopt.config import build_config
+
+    assert build_config(None, {"dataset": "shakespeare", "model": "lstm"}).model.hidden == (200,)
+    assert build_config(None, {"dataset": "shakespeare", "model": "lstm", "hidden": "64,64"}).model.hidden \
+        == (64, 64)
+    assert build_config(None, {}).model.hidden == (512, 256)
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["train", "--help"])
+    assert "[model; default: 512,256; 200 for lstm]" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_wrong_path_is_reported_before_model_option_errors(tmp_path):
+    """A --path naming no directory is the error a user sees, not a model option's."""
+    args = cli.parse(["train", "--dataset", "wikitext2", "--path", str(tmp_path / "none"),
+                      "--model", "lstm", "--hidden", "64,32"])
+    with pytest.raises(HpcoptError, match=r"--path .*none: no such directory"):
+        cli.run_config(args)
+
+
+def test_path_help_names_the_mnist_idx_files(capsys):
+    """``train --help`` says which files --dataset mnist_idx reads from --path (the loader's names)."""
+    from hpcopt.cli import make_parser
+    from hpcopt.data.datasets import _MNIST_FILES
+
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ", ".join(_MNIST_FILES) in text.replace("- ", "-")
+
+
+def test_the_header_names_the_wire_and_the_partition(tmp_path):
+    """A run with --wire and a partition other than iid says so in its first line."""
+    result = launch(["train", "--dataset", "digits", "--hidden", "8", "--steps", "2", "--wire", "bfloat16",
+                     "--partition", "block", "--out", str(tmp_path / "r")], ranks=1)
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0]
+    assert "(1438 train / 359 test, partition block)" in header and ", wire bfloat16," in header, header

@@ -4,6 +4,7 @@ records and their locks; damaged traces become notes; 100 runs in seconds."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import shutil
@@ -190,8 +191,18 @@ def test_the_ticker_is_silent_at_first_then_at_most_every_few_seconds():
                                               "collect: at 7.1 (7.1 s)"]
 
 
+def test_collect_of_runs_without_out_prints_their_table(runs, tmp_path, monkeypatch, capsys):
+    """``collect RUN_DIR...`` (no study, no --out) prints study.md's table and writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    assert collect.run(argparse.Namespace(dirs=[str(runs["I2"]), str(runs["I4"])], out=None)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["# hpcopt study", "", "2 runs: 2 finished."]
+    assert lines[4].startswith("| run | state | interval |")
+    assert [line.split(" | ")[2] for line in lines[6:]] == ["2", "4"]
+    assert not list(tmp_path.iterdir())
+
+
 def test_collect_command_line_errors_are_one_line(runs, tmp_path):
-    assert_one_line_error(launch(["collect", str(runs["I2"])], ranks=1), "collect needs --out DIR")
     assert_one_line_error(launch(["collect", str(tmp_path), "--out", str(tmp_path / "o")], ranks=1),
                           "is not a study, a run directory or a directory of runs")
 

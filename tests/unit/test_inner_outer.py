@@ -9,6 +9,7 @@ import pytest
 
 from hpcopt.algorithms.inner import adamw_step
 from hpcopt.algorithms.outer import OuterOptimizer
+from hpcopt.build import build_algorithm
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 
@@ -93,12 +94,23 @@ def test_diloco_is_a_preset_of_prsgd():
         {k: v for k, v in prsgd.__dict__.items() if k != "algorithm"}
 
 
+@pytest.mark.parametrize("options, lr, momentum", [
+    ({}, 0.7, 0.9),                                   # DiLoCo's outer step
+    ({"outer_lr": "0.5"}, 0.5, 0.9),
+    ({"outer_momentum": "0.5"}, 1.0, 0.5),            # as before: a set momentum keeps lr 1
+    ({"outer_lr": "0.3", "outer_momentum": "0.8"}, 0.3, 0.8),
+])
+def test_nesterov_takes_dilocos_outer_step_where_its_options_are_left(options, lr, momentum):
+    algorithm = build_algorithm(build_config(None, {"outer_optimizer": "nesterov", **options}), 2, 16)
+    assert algorithm.outer == OuterOptimizer("nesterov", lr, momentum)
+    assert algorithm.describe_optimizers().endswith(f"outer nesterov (lr {lr:g}, mu {momentum:g})")
+
+
 @pytest.mark.parametrize("options, message", [
     ({"outer_optimizer": "adam"}, "unknown outer_optimizer 'adam' "
                                   r"\(choose from average, sgd, nesterov, slowmo\)"),
     ({"outer_lr": 0.7}, "outer_lr applies only to outer_optimizer sgd, nesterov, slowmo, not average"),
     ({"outer_momentum": 0.9}, "outer_momentum applies only to outer_optimizer sgd, nesterov"),
-    ({"outer_optimizer": "nesterov"}, "outer_optimizer nesterov needs outer_momentum > 0"),
     ({"outer_optimizer": "sgd", "outer_lr": 0}, "outer_lr must be > 0, got 0.0"),
     ({"outer_optimizer": "sgd", "outer_lr": "inf"}, "outer_lr must be > 0, got inf"),
     ({"outer_optimizer": "sgd", "outer_momentum": 1}, r"outer_momentum must be in \[0, 1\)"),

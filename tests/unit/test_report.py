@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import pytest
 
@@ -265,3 +266,29 @@ def test_one_child_process_checks_every_trace_of_a_report(two_runs, monkeypatch)
     traces = load_traces([*two_runs, two_runs[0].parent])
     assert [t.path for t in traces] == [*two_runs, two_runs[0]]
     assert calls == [["--traces", *map(str, two_runs), str(two_runs[0])]]
+
+
+def test_runs_traced_once_are_drawn_and_no_report_warns(tmp_path):
+    """README's example (two 8-step runs: one trace row each) draws a marker per run in the loss
+    panel, where a line of one point showed nothing; and matplotlib warns of nothing for 2-12 runs."""
+    from hpcopt import train
+    from hpcopt.comm import Comm
+
+    paths = []
+    for interval in (4, 2):
+        out = tmp_path / f"I{interval}"
+        comm = Comm()
+        train(build_config(None, {"dataset": "digits", "hidden": "8", "steps": "8", "interval": str(interval),
+                                  "progress": "false", "out": str(out)}), comm, verbose=False)
+        comm.free()
+        paths.append(out / "trace.h5")
+    traces = load_traces(paths)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for count in (2, 7, 12):
+            many = (traces * 6)[:count]
+            for name, fig in figures(many, run_labels(many)).items():
+                fig.savefig(tmp_path / f"{count}-{name}.png")
+    loss = figures(traces, run_labels(traces))["steps"].axes[0]
+    assert [len(line.get_xdata()) for line in loss.get_lines()] == [1, 1]
+    assert all(line.get_marker() == "o" for line in loss.get_lines())
