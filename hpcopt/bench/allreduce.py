@@ -35,8 +35,6 @@ from ..comm.costmodel import NetworkProfile, fit_allreduce
 from ..comm.mpi_support import mpi_library
 from ..errors import HpcoptError
 from .common import (
-    KB,
-    MB,
     Parser,
     fmt_bytes,
     parse_bytes,
@@ -136,15 +134,15 @@ def table(results: list[dict[str, Any]], ranks: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="hpcopt bench allreduce", description=__doc__.splitlines()[0])
-    p.add_argument("--min-bytes", type=parse_bytes, default=4 * KB)
-    p.add_argument("--max-bytes", type=parse_bytes, default=16 * MB)
-    p.add_argument("--factor", type=int, default=4)
-    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--min-bytes", type=parse_bytes, default="4K", help="smallest message (4096, 64K, 16M)")
+    p.add_argument("--max-bytes", type=parse_bytes, default="16M", help="largest message")
+    p.add_argument("--factor", type=int, default=4, help="each size is this many times the last")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="element type")
     p.add_argument("--averaging", default="auto",
                    help=f"comma list of Comm modes ({', '.join(AVERAGING_MODES)})")
     p.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per size and case")
-    p.add_argument("--min-reps", type=int, default=5)
-    p.add_argument("--max-reps", type=int, default=200)
+    p.add_argument("--min-reps", type=int, default=5, help="timed calls per size and case, at least")
+    p.add_argument("--max-reps", type=int, default=200, help="timed calls per size and case, at most")
     p.add_argument("--json", type=Path, help="also write the medians here (rank 0)")
     args = p.parse_args(argv)
     modes = [m for m in args.averaging.split(",") if m]

@@ -18,8 +18,22 @@ from ..errors import HpcoptError
 KB, MB = 1 << 10, 1 << 20
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that ends each option's text with its default, where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text and action.option_strings and action.default not in (None, argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse that raises HpcoptError (one line, exit code 2) instead of printing usage."""
+    """argparse that raises HpcoptError (one line, exit code 2) instead of printing usage, and
+    whose help shows every option's default."""
+
+    def __init__(self, **kwargs: typing.Any) -> None:
+        super().__init__(formatter_class=_DefaultsShown, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         raise HpcoptError(f"{self.prog}: {message}")

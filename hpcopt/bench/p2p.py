@@ -25,7 +25,7 @@ from mpi4py import MPI
 from ..comm.costmodel import NetworkProfile
 from ..comm.mpi_support import mpi_library
 from ..errors import HpcoptError
-from .common import MB, Parser, fmt_bytes, parse_bytes, sizes_between, write_json
+from .common import Parser, fmt_bytes, parse_bytes, sizes_between, write_json
 
 TAG, ACK = 11, 12
 
@@ -89,9 +89,9 @@ def measure(mpi: MPI.Comm, sizes: list[int], reps: int, window: int) -> list[dic
 
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="hpcopt bench p2p", description=__doc__.splitlines()[0])
-    p.add_argument("--min-bytes", type=parse_bytes, default=1)
-    p.add_argument("--max-bytes", type=parse_bytes, default=4 * MB)
-    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--min-bytes", type=parse_bytes, default="1", help="smallest message (1, 64K, 4M)")
+    p.add_argument("--max-bytes", type=parse_bytes, default="4M", help="largest message")
+    p.add_argument("--factor", type=int, default=4, help="each size is this many times the last")
     p.add_argument("--reps", type=int, default=200, help="ping-pongs per size up to 64 KB (a quarter above)")
     p.add_argument("--window", type=int, default=16, help="messages in flight in the bandwidth test")
     p.add_argument("--json", type=Path, help="also write the results here (rank 0)")

@@ -133,12 +133,15 @@ def _say(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="hpcopt bench scaling", description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--algorithms", nargs="+", default=["prsgd"], choices=sorted(ALGORITHM_OPTIONS))
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--interval", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4],
+                        help="rank counts to launch (mpiexec -n R each)")
+    parser.add_argument("--algorithms", nargs="+", default=["prsgd"], choices=sorted(ALGORITHM_OPTIONS),
+                        help="algorithms to time")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per rank count (the median is shown)")
+    parser.add_argument("--steps", type=int, default=600, help="steps per run")
+    parser.add_argument("--interval", type=int, default=8, help="I: local steps between averages")
+    parser.add_argument("--batch", type=int, default=32,
+                        help="batch per rank in weak scaling (strong: this times the most ranks, split)")
     parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = parser.parse_args(argv)
     if min(args.ranks) < 1 or args.repeats < 1 or args.steps < 1 or args.batch < 1:

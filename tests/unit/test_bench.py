@@ -51,3 +51,20 @@ def test_bench_option_errors_are_one_line(tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a size" in done.stderr
     done = hpcopt("bench", "pingpong", cwd=tmp_path)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["allreduce", "p2p", "scaling"])
+def test_every_bench_option_says_what_it_does_and_its_default(command, capsys):
+    """Each option of ``bench COMMAND --help`` has a description, and its default where it has one."""
+    from hpcopt.bench import allreduce, p2p, scaling
+
+    with pytest.raises(SystemExit):
+        {"allreduce": allreduce, "p2p": p2p, "scaling": scaling}[command].main(["--help"])
+    text = capsys.readouterr().out
+    options = [line.split()[0] for line in text.splitlines() if line.startswith("  --")]
+    assert options, text
+    for option in options:
+        block = text.split(f"  {option}", 1)[1].split("\n  --", 1)[0]
+        assert len(block.split()) > 2, (option, block)  # more than the metavar: a description
+    assert "(default: 4M)" in text or "(default: 16M)" in text or "(default: 600)" in text, text
+    assert "(default: None)" not in text
