@@ -201,9 +201,10 @@ FIGURE_SIZE = (11, 7.5)
 
 
 def line_style(run: int) -> dict[str, str]:
-    """Colour and line style of the ``run``-th run: unique for the first 40 runs."""
+    """Colour and line style of the ``run``-th run: both change from one run to the next (curves
+    that lie on top of each other stay apart), and the pair is unique for the first 40 runs."""
     return {"color": COLOURS[run % len(COLOURS)],
-            "linestyle": LINE_STYLES[run // len(COLOURS) % len(LINE_STYLES)]}
+            "linestyle": LINE_STYLES[(run + run // len(COLOURS)) % len(LINE_STYLES)]}
 
 
 def one_point(x: Any) -> dict[str, Any]:

@@ -292,3 +292,13 @@ def test_runs_traced_once_are_drawn_and_no_report_warns(tmp_path):
     loss = figures(traces, run_labels(traces))["steps"].axes[0]
     assert [len(line.get_xdata()) for line in loss.get_lines()] == [1, 1]
     assert all(line.get_marker() == "o" for line in loss.get_lines())
+
+
+def test_neighbouring_runs_differ_in_colour_and_line_style():
+    """Runs whose curves coincide (on one rank, runs that differ only in the interval) stay
+    apart: each run's line style differs from the one before, and 40 runs have 40 pairs."""
+    from hpcopt.io.report import line_style
+
+    styles = [line_style(run) for run in range(40)]
+    assert all(a["linestyle"] != b["linestyle"] for a, b in zip(styles, styles[1:]))
+    assert len({(s["color"], s["linestyle"]) for s in styles}) == 40
