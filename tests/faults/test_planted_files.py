@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from tests.faults.jobs import SMALL, Send, run_job
 from tests.timeouts import scaled
@@ -34,7 +35,7 @@ def test_a_fifo_among_a_live_runs_checkpoints_never_blocks_it_and_sigterm_stops_
     fifo = out / "checkpoints" / "step-000000001.h5"
     os.mkfifo(fifo)
     job = run_job(["resume", str(out), "--steps", LONG, "--progress", "true"],
-                  send=Send(signal.SIGTERM, after=1.0), timeout=scaled(60))
+                  send=Send(launcher_stop_signal(signal.SIGTERM), after=1.0), timeout=scaled(60))
     assert job.returncode == 143, job.describe()
     assert job.after_fault is not None and job.after_fault < PROMPT, job.describe()
     assert read_checkpoint(out).tick > 8 and fifo.exists()
