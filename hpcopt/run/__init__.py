@@ -46,10 +46,10 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     config = config or Config()
     comm = comm or Comm()
     pipeline = config.algorithm.algorithm in PIPELINE_ALGORITHMS
-    if pipeline and ranks_changed:
+    if pipeline and ranks_changed:  # every rank has the same config: all raise it
         raise HpcoptError(f"--ranks-changed: a pipeline run's stages are its ranks "
                           f"(--algorithm {config.algorithm.algorithm}): resume it on as many ranks "
-                          "as wrote its checkpoint")
+                          "as wrote its checkpoint", everywhere=True)
     if pipeline and (workload is None or isinstance(workload, StagedProblem)):
         from .pipeline import train_pipeline
 
