@@ -109,7 +109,8 @@ def rescale_policies(state: Any) -> dict[str, str]:
             continue
         policy = f.metadata.get(RESCALE)
         if not isinstance(policy, str) or policy not in RESCALE_POLICIES:
-            raise TypeError(f"{type(state).__name__}.{f.name} is per rank but declares no rescale "
+            owner = state if isinstance(state, type) else type(state)
+            raise TypeError(f"{owner.__name__}.{f.name} is per rank but declares no rescale "
                             f"policy (pass one of {', '.join(RESCALE_POLICIES)} to its constructor)")
         policies[f.name] = policy
     return policies
