@@ -40,7 +40,8 @@ class _Parser(argparse.ArgumentParser):
 CLI_DEFAULTS = {"out": "runs/{time}"}
 #: ``resume --help``: where a resumed run writes and what it imports (docs/formats.md).
 RESUME_RULES = (
-    "Continue a run from a checkpoint, on as many ranks as wrote it. Flags may change only where "
+    "Continue a run from a checkpoint, on as many ranks as wrote it (a data-parallel one on another "
+    "number with --ranks-changed). Flags may change only where "
     "files go, how often, what is printed, evaluation, and the number of steps. The run continues "
     "in the directory that holds the checkpoint's checkpoints/ folder, or in --out DIR (needed for "
     "a checkpoint anywhere else; the out stored in a checkpoint is never used). A run directory "
@@ -113,6 +114,10 @@ def make_parser() -> argparse.ArgumentParser:
     resume.add_argument("checkpoint", metavar="CKPT",
                         help="a checkpoint file, or a run directory (its newest checkpoint)")
     resume.add_argument("--config", help="TOML file (same rules as flags)")
+    resume.add_argument("--ranks-changed", action="store_true",
+                        help="carry a data-parallel checkpoint over to this job's number of ranks: "
+                             "the averaged model exactly, per-rank state by each field's policy, "
+                             "the data partitioned anew (docs/failures.md)")
     _add_config_flags(resume)
     _add_debug_flags(resume)
     report = sub.add_parser("report", help="plots and a table comparing run traces "
@@ -237,7 +242,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     from .run import train
     from .run.signals import exit_code
 
-    summary, _ = train(config, comm, resume=args.resume, faults=args.faults)
+    summary, _ = train(config, comm, resume=args.resume, faults=args.faults,
+                       ranks_changed=getattr(args, "ranks_changed", False))
     # stopped (143 for SIGTERM, 130 for SIGINT): the run is not finished, so job chains must not
     # take it for done
     return exit_code(signal.Signals[summary.stop_signal]) if summary.stopped else 0

@@ -29,7 +29,7 @@ from .momentum import (
 )
 from .outer import OUTER_OPTIMIZERS, OuterOptimizer, check_outer
 from .schedules import SCHEDULES, Schedule
-from .state import counter, model, scratch, shared, vector
+from .state import AVERAGE, REFUSE, RESET, SAME, counter, model, scratch, shared, vector
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -46,18 +46,18 @@ class DataParallelState:
 
     x: Array = model()
     grad: Array = scratch()
-    momentum: Array | None = vector()  # None without momentum
-    step: int = counter()            # local steps taken on this rank
-    rounds: int = counter()          # averaging rounds completed
-    steps_in_round: int = counter()  # local steps since the last averaging
-    buffers: Array | None = vector()  # batch-norm running statistics (None: the model has none)
-    exp_avg: Array | None = vector()     # AdamW's first moment m (None: inner sgd)
-    exp_avg_sq: Array | None = vector()  # AdamW's second moment v (None: inner sgd)
+    momentum: Array | None = vector(AVERAGE)  # None without momentum
+    step: int = counter(SAME)            # local steps taken on this rank
+    rounds: int = counter(SAME)          # averaging rounds completed
+    steps_in_round: int = counter(SAME)  # local steps since the last averaging
+    buffers: Array | None = vector(AVERAGE)  # batch-norm running statistics (None: the model has none)
+    exp_avg: Array | None = vector(AVERAGE)     # AdamW's first moment m (None: inner sgd)
+    exp_avg_sq: Array | None = vector(AVERAGE)  # AdamW's second moment v (None: inner sgd)
     anchor: Array | None = shared()        # the round's start x_0 (None: outer average)
     outer_buffer: Array | None = shared()  # the outer optimizer's momentum (None: it has none)
-    in_flight: Array | None = vector()  # streaming: what this rank sent of each fragment (None: none)
+    in_flight: Array | None = vector(REFUSE)  # streaming: what this rank sent of each fragment (None: none)
     reductions: Any = scratch()         # streaming: the reductions in flight (streaming.InFlight)
-    wire_error: Array | None = vector()    # the wire's error feedback e_i (None: uncompressed)
+    wire_error: Array | None = vector(RESET)    # the wire's error feedback e_i (None: uncompressed)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,7 +50,7 @@ from .base import context, option
 from .buffers import sync_buffers
 from .data_parallel import DataParallelState, OuterOptions, ScheduledSGD
 from .local_sgd import AVERAGE_LABEL
-from .state import counter, flag, scalar
+from .state import AVERAGE, RESET, counter, flag, scalar
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -69,9 +69,9 @@ class LocalClipState(DataParallelState):
     they are 0-d device arrays, read (int(), bool(), float()) only when a trace row,
     checkpoint or summary needs them: the clipping rule costs no transfer a step."""
 
-    clipped: Any = flag()             # whether the last step was clipped on this rank
-    clip_count: Any = counter()       # steps clipped on this rank so far
-    grad_norm: Any = scalar(math.nan)  # the norm the last step's rule used
+    clipped: Any = flag(RESET)             # whether the last step was clipped on this rank
+    clip_count: Any = counter(AVERAGE)       # steps clipped on this rank so far
+    grad_norm: Any = scalar(RESET, math.nan)  # the norm the last step's rule used
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import HpcoptError
 from ..rng import stream
 from .base import PIPELINE, check_momentum, context, option, positive_finite
-from .state import counter, scalar, scratch, vector
+from .state import REFUSE, SAME, counter, scalar, scratch, vector
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -81,18 +81,18 @@ class PipelineState:
     """What a stage carries between iterations (the checkpoint saves the declared fields, per
     stage: ``hpcopt.algorithms.state``)."""
 
-    x: Array = vector()             # x_t, this stage's trainable block
+    x: Array = vector(REFUSE)             # x_t, this stage's trainable block
     y: Array = scratch()            # the point where the gradient is taken
     grad: Array = scratch()         # g_t
-    prev: Array | None = vector()   # nesterov: x_{t-1}
-    z: Array | None = vector()      # accelerated: z_t
-    anchor: Array | None = vector()  # accelerated: theta_0
-    grad_sum: Array | None = vector()  # accelerated: G_t
+    prev: Array | None = vector(REFUSE)   # nesterov: x_{t-1}
+    z: Array | None = vector(REFUSE)      # accelerated: z_t
+    anchor: Array | None = vector(REFUSE)  # accelerated: theta_0
+    grad_sum: Array | None = vector(REFUSE)  # accelerated: G_t
     noise_host: np.ndarray | None = scratch()  # PPRS: where noise is drawn (CPU: d, GPU: K d pinned)
     noise: Array | None = scratch()  # PPRS on GPU: gamma_t X_k for k < K on the device (K x d)
     box: Box | None = scratch()
-    step: int = counter()
-    alpha: float = scalar(1.0)
+    step: int = counter(SAME)
+    alpha: float = scalar(SAME, 1.0)
 
 
 def _held(value: T | None, name: str) -> T:

@@ -8,13 +8,20 @@ write and read exactly the declared fields, so a new algorithm resumes bit for b
     class MyState:
         x: Array = model()          # the parameters: per rank only while the ranks' models differ
         grad: Array = scratch()     # recomputed every step: not saved
-        velocity: Array = vector()  # one row per rank (None: this run has none)
+        velocity: Array = vector(AVERAGE)  # one row per rank (None: this run has none)
         anchor: Array = shared()    # the same on every rank: rank 0's copy
-        step: int = counter()       # per-rank integers, floats and flags
-        norm: float = scalar(math.nan)
+        step: int = counter(SAME)   # per-rank integers, floats and flags
+        norm: float = scalar(RESET, math.nan)
 
 Counters, scalars and flags may be 0-d device arrays on the GPU (read with ``int``, ``float``,
 ``bool`` only when a checkpoint is written).
+
+Every per-rank field (``vector``, ``counter``, ``scalar``, ``flag``) declares its rescale policy:
+what it becomes when a run resumes on another number of ranks (``resume --ranks-changed``,
+``hpcopt.io.rescale``): ``SAME`` (equal on every rank at a checkpoint: every new rank takes it),
+``AVERAGE`` (the mean over the old ranks), ``RESET`` (the value a new run starts with) or ``REFUSE``
+(meaningless on another count: such a resume is refused). The model and ``shared`` fields are
+the same on every rank once averaged, so they carry over as they are.
 """
 
 from __future__ import annotations
@@ -30,6 +37,11 @@ MODEL, VECTOR, SHARED, COUNTER, SCALAR, FLAG, SCRATCH = (
     "model", "vector", "shared", "counter", "scalar", "flag", "scratch")
 #: Kinds held as one number per rank, and the Python type each is restored as.
 NUMBER_TYPES: dict[str, type] = {COUNTER: int, SCALAR: float, FLAG: bool}
+#: The kinds held once per rank, each with a rescale policy.
+PER_RANK = (VECTOR, COUNTER, SCALAR, FLAG)
+RESCALE = "hpcopt_rescale"
+SAME, AVERAGE, RESET, REFUSE = "same", "average", "reset", "refuse"
+RESCALE_POLICIES = (SAME, AVERAGE, RESET, REFUSE)
 
 
 def model() -> Any:
@@ -37,9 +49,10 @@ def model() -> Any:
     return field(default=None, metadata={KIND: MODEL})
 
 
-def vector() -> Any:
-    """A per-rank array (any length, the same on every rank), saved as one row per rank."""
-    return field(default=None, metadata={KIND: VECTOR})
+def vector(rescale: str) -> Any:
+    """A per-rank array (any length, the same on every rank), saved as one row per rank;
+    ``rescale``: its policy on another number of ranks (``RESCALE_POLICIES``)."""
+    return field(default=None, metadata={KIND: VECTOR, RESCALE: _policy(rescale)})
 
 
 def shared() -> Any:
@@ -47,19 +60,25 @@ def shared() -> Any:
     return field(default=None, metadata={KIND: SHARED})
 
 
-def counter(default: int = 0) -> Any:
-    """A per-rank integer (restored as ``int``)."""
-    return field(default=default, metadata={KIND: COUNTER})
+def counter(rescale: str, default: int = 0) -> Any:
+    """A per-rank integer (restored as ``int``; an average is rounded)."""
+    return field(default=default, metadata={KIND: COUNTER, RESCALE: _policy(rescale)})
 
 
-def scalar(default: float = 0.0) -> Any:
+def scalar(rescale: str, default: float = 0.0) -> Any:
     """A per-rank float (restored as ``float``)."""
-    return field(default=default, metadata={KIND: SCALAR})
+    return field(default=default, metadata={KIND: SCALAR, RESCALE: _policy(rescale)})
 
 
-def flag(default: bool = False) -> Any:
+def flag(rescale: str, default: bool = False) -> Any:
     """A per-rank boolean (restored as ``bool``)."""
-    return field(default=default, metadata={KIND: FLAG})
+    return field(default=default, metadata={KIND: FLAG, RESCALE: _policy(rescale)})
+
+
+def _policy(rescale: str) -> str:
+    if rescale not in RESCALE_POLICIES:
+        raise TypeError(f"unknown rescale policy {rescale!r} (choose from {', '.join(RESCALE_POLICIES)})")
+    return rescale
 
 
 def scratch(default: Any = None) -> Any:
@@ -78,6 +97,23 @@ def fields_of(state: Any, *kinds: str) -> tuple[str, ...]:
         if kind in kinds:
             found.append(f.name)
     return tuple(found)
+
+
+def rescale_policies(state: Any) -> dict[str, str]:
+    """Per-rank field name -> its rescale policy, for ``state`` (an instance or a class);
+    TypeError for a per-rank field without one (declared without these constructors)."""
+    per_rank = set(fields_of(state, *PER_RANK))
+    policies: dict[str, str] = {}
+    for f in dataclasses.fields(state):
+        if f.name not in per_rank:
+            continue
+        policy = f.metadata.get(RESCALE)
+        if not isinstance(policy, str) or policy not in RESCALE_POLICIES:
+            owner = state if isinstance(state, type) else type(state)
+            raise TypeError(f"{owner.__name__}.{f.name} is per rank but declares no rescale "
+                            f"policy (pass one of {', '.join(RESCALE_POLICIES)} to its constructor)")
+        policies[f.name] = policy
+    return policies
 
 
 def present(state: Any, *kinds: str) -> tuple[str, ...]:

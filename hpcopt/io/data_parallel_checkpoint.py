@@ -354,7 +354,8 @@ def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: 
     size = int_attr(attrs, "world_size", path, minimum=1)
     if world_size is not None and world_size != size:
         raise HpcoptError(f"{path} was written by a run on {size} rank(s); this run has {world_size}: "
-                          f"resume it on {size} (mpiexec -n {size} ...)")
+                          f"resume it on {size} (mpiexec -n {size} ...), or pass --ranks-changed to "
+                          f"carry it over to {world_size}")
     wall = attrs.get("wall_seconds")
     if not isinstance(wall, (float, np.floating)) or not np.isfinite(wall) or wall < 0:
         raise HpcoptError(f"{path}: attribute 'wall_seconds' is missing or not a number >= 0")

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def train(config: Config | None = None, comm: Comm | None = None, verbose: bool = True,
           resume: str | Path | None = None, faults: FaultPlan | None = None,
-          workload: Workload | StagedProblem | None = None) -> tuple[Any, Any]:
+          workload: Workload | StagedProblem | None = None,
+          ranks_changed: bool = False) -> tuple[Any, Any]:
     """Train with ``config`` (default: ``Config()``, PR-SGD on MNIST-5k); the summary and this
     rank's final algorithm state.
 
@@ -25,6 +26,8 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     and [model] sections describe. ``resume``: a checkpoint to continue from bit for bit.
     Files go to ``config.run.out`` (empty, the default here: none; the command line defaults
     to ``runs/{time}``). ``faults``: a debug fault to inject (hpcopt.run.faults).
+    ``ranks_changed``: ``resume`` may be a data-parallel checkpoint of another number of ranks
+    (hpcopt.io.rescale); a pipeline run's stages are its ranks, so it refuses.
 
     Data-parallel algorithms (PR-SGD, CELGC, the naive clipping baseline, SlowMo or any other
     registered one) return (``data_parallel.Summary``, the state); pipeline algorithms (PPRS,
@@ -43,6 +46,10 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     config = config or Config()
     comm = comm or Comm()
     pipeline = config.algorithm.algorithm in PIPELINE_ALGORITHMS
+    if pipeline and ranks_changed:  # every rank has the same config: all raise it
+        raise HpcoptError(f"--ranks-changed: a pipeline run's stages are its ranks "
+                          f"(--algorithm {config.algorithm.algorithm}): resume it on as many ranks "
+                          "as wrote its checkpoint", everywhere=True)
     if pipeline and (workload is None or isinstance(workload, StagedProblem)):
         from .pipeline import train_pipeline
 
@@ -50,7 +57,7 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     if not pipeline and (workload is None or isinstance(workload, Workload)):
         from .data_parallel import train_data_parallel
 
-        return train_data_parallel(config, comm, verbose, resume, faults, workload)
+        return train_data_parallel(config, comm, verbose, resume, faults, workload, ranks_changed)
     wanted = "a StagedProblem" if pipeline else "an hpcopt.Workload"
     raise HpcoptError(f"--algorithm {config.algorithm.algorithm} trains {wanted}, "
                       f"not a {type(workload).__name__}")

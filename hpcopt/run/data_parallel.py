@@ -45,6 +45,7 @@ from ..config import Config, check_resume
 from ..errors import HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
+from ..io.rescale import rescaled
 from ..workload import ModelEvaluation, Workload
 from .faults import FaultPlan
 from .nonfinite import StepGuard
@@ -153,14 +154,19 @@ def _evaluation_fields(evaluation: ModelEvaluation | None, lm: bool) -> dict[str
 
 class DataParallelSessionBuilder:
     """The runner's builder of a data-parallel run: ``workload`` (None: the config's) trained by
-    the configured algorithm, with ``faults`` (hpcopt.run.faults) injected for tests."""
+    the configured algorithm, with ``faults`` (hpcopt.run.faults) injected for tests; with
+    ``ranks_changed`` a checkpoint of another number of ranks is carried over (hpcopt.io.rescale:
+    every rank then reads every rank's part of it)."""
 
     noun = "step"
 
-    def __init__(self, workload: Workload | None = None, faults: FaultPlan | None = None) -> None:
-        self.workload, self.faults = workload, faults
+    def __init__(self, workload: Workload | None = None, faults: FaultPlan | None = None,
+                 ranks_changed: bool = False) -> None:
+        self.workload, self.faults, self.ranks_changed = workload, faults, ranks_changed
 
     def read_checkpoint(self, path: str | Path, comm: Comm) -> ckpt_io.Checkpoint:
+        if self.ranks_changed:
+            return ckpt_io.read_checkpoint(path, verify=False)
         return ckpt_io.read_checkpoint(path, comm.rank, comm.size, verify=False)
 
     def build(self, config: Config, comm: Comm, ckpt: Any) -> DataParallelSession:
@@ -221,6 +227,11 @@ class DataParallelSession:
             raise HpcoptError(f"{path} is at step {ckpt.tick} of {self.ticks.total}: the run is "
                               "complete (pass --steps N with N larger to train further)")
         carried = self.workload.carried
+        if ckpt.world_size != self.comm.size:
+            ckpt, line = rescaled(ckpt, self.comm.size, self.comm.rank, self.state,
+                                  self.workload.problem.sampler.state(), self.comm.backend.to_host)
+            if self.comm.rank == 0:
+                print(line, flush=True)
         self.window.restore(ckpt_io.restore(ckpt, self.comm.rank, self.state,
                                             self.workload.problem.sampler, self.comm.backend,
                                             carried[1] if carried else None))
@@ -399,10 +410,12 @@ def _describe(layout: Any) -> str:
 
 def train_data_parallel(config: Config, comm: Comm, verbose: bool = True,
                         resume: str | Path | None = None, faults: FaultPlan | None = None,
-                        workload: Workload | None = None) -> tuple[Summary, State]:
+                        workload: Workload | None = None,
+                        ranks_changed: bool = False) -> tuple[Summary, State]:
     """``hpcopt.train`` for the data-parallel algorithms (see there)."""
     comm.averaging = config.run.averaging
     if config.run.network_delay:  # sleep what the modelled network would take, after every call
         comm.stats.delay = network_delay(get_profile(config.run.network), comm.size)
-    summary, session = run(DataParallelSessionBuilder(workload, faults), config, comm, verbose, resume)
+    builder = DataParallelSessionBuilder(workload, faults, ranks_changed)
+    summary, session = run(builder, config, comm, verbose, resume)
     return summary, session.state
