@@ -155,8 +155,11 @@ class EmulatedCluster:
         self.down()
 
     def up(self) -> None:
-        """Make the switch, the launch host and the nodes, and shape every link."""
+        """Make the switch, the launch host and the nodes, and shape every link. SIGTERM, SIGINT
+        and SIGHUP wait until it is done (or has failed and removed what it made): one that came
+        between ``ip netns add`` and its record would leave that namespace behind."""
         atexit.register(self.down)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED_SIGNALS)
         try:
             self._add(self.switch)
             _ip("-n", self.switch, "link", "add", "switch", "type", "bridge")
@@ -170,6 +173,8 @@ class EmulatedCluster:
         except BaseException:
             self.down()
             raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def down(self) -> None:
         """Kill what runs in the cluster's namespaces and delete them (idempotent)."""
@@ -362,6 +367,10 @@ def remove_clusters(stale_only: bool) -> list[str]:
     return removed
 
 
+#: The signals that end the command line's cluster (``main``), held while one is being made.
+DEFERRED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
 def _raise_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -398,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"emulated cluster: {reason}", file=sys.stderr)
         return 2
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in DEFERRED_SIGNALS:
         signal.signal(signum, _raise_exit)  # the with block's exit removes the cluster
     with EmulatedCluster(args.nodes, args.ppn, args.rate) as cluster:
         done = cluster.mpiexec(job, args.netmod, args.timeout)
