@@ -77,11 +77,13 @@ class CallCounter(Protocol):
 
 @dataclass(frozen=True)
 class NetworkProfile:
-    """Latency ``alpha`` (s) and inverse bandwidth ``beta`` (s/byte) of one link."""
+    """Latency ``alpha`` (s) and inverse bandwidth ``beta`` (s/byte) of one link; ``memory``:
+    what in-node calls cost under a ``NodeLayout`` (None: ``MEMORY``)."""
 
     name: str
     alpha: float
     beta: float
+    memory: NetworkProfile | None = None
 
     def __post_init__(self) -> None:
         if not (self.alpha >= 0 and self.beta >= 0 and math.isfinite(self.alpha + self.beta)):
@@ -143,15 +145,18 @@ class NodeLayout:
                 + op_seconds(op, calls, nbytes * (local if gathers else 1), spanned, network, algorithm))
 
 
-def node_layout_of(nodes: Sequence[int]) -> NodeLayout | None:
+def node_layout_of(nodes: Sequence[int], memory: NetworkProfile | None = None) -> NodeLayout | None:
     """The layout of a run whose rank r is on node ``nodes[r]`` (``comm.core.node_indices``),
-    None on one node; nodes of unequal sizes count as nodes of the largest."""
+    its in-node calls priced on ``memory`` (None: ``MEMORY``); None on one node. Nodes of
+    unequal sizes count as nodes of the largest."""
     counts = [nodes.count(node) for node in set(nodes)]
-    return NodeLayout(len(counts), max(counts)) if len(counts) > 1 else None
+    return NodeLayout(len(counts), max(counts), memory or MEMORY) if len(counts) > 1 else None
 
 
 def get_profile(spec: str) -> NetworkProfile:
-    """A named profile, or user values ``alpha=2e-6,bandwidth=5e9`` (or ``beta=...``)."""
+    """A named profile, or user values ``alpha=2e-6,bandwidth=5e9`` (or ``beta=...``), and
+    optionally the in-node profile the same way, ``memory_alpha=..,memory_bandwidth=..`` (or
+    ``memory_beta=...``; without them in-node calls cost ``MEMORY``)."""
     if spec in PROFILES:
         return PROFILES[spec]
     if "=" not in spec:
@@ -164,17 +169,30 @@ def get_profile(spec: str) -> NetworkProfile:
             values[key.strip()] = float(value)
         except ValueError:
             raise HpcoptError(f"network profile value {item!r} is not a number") from None
-    unknown = set(values) - {"alpha", "beta", "bandwidth"}
-    if unknown or "alpha" not in values or ("beta" in values) == ("bandwidth" in values):
-        raise HpcoptError("a custom network profile needs alpha and exactly one of beta, bandwidth")
-    beta = values["beta"] if "beta" in values else 1 / values["bandwidth"]
-    return NetworkProfile("custom", values["alpha"], beta)
+    keys = {"alpha", "beta", "bandwidth"}
+    if set(values) - keys - {f"memory_{key}" for key in keys}:
+        raise HpcoptError(f"a custom network profile takes {', '.join(sorted(keys))} and the same with "
+                          f"memory_, not {spec!r}")
+    memory = None
+    if any(key.startswith("memory_") for key in values):
+        memory = NetworkProfile("custom-memory", *_alpha_beta(values, "memory_"))
+    return NetworkProfile("custom", *_alpha_beta(values, ""), memory)
+
+
+def _alpha_beta(values: Mapping[str, float], prefix: str) -> tuple[float, float]:
+    """alpha and beta from ``values``' PREFIXalpha and exactly one of PREFIXbeta, PREFIXbandwidth."""
+    alpha, beta, bandwidth = (f"{prefix}{key}" for key in ("alpha", "beta", "bandwidth"))
+    if alpha not in values or (beta in values) == (bandwidth in values):
+        raise HpcoptError(f"a custom network profile needs {alpha} and exactly one of {beta}, {bandwidth}")
+    return values[alpha], values[beta] if beta in values else 1 / values[bandwidth]
 
 
 def profile_attrs(profile: NetworkProfile, algorithm: str = "auto",
                   layout: NodeLayout | None = None) -> dict[str, float | str]:
     """The trace attributes that name the profile a run was modelled on (and its nodes)."""
-    nodes = {} if layout is None else {"network_nodes": layout.nodes, "network_per_node": layout.per_node}
+    nodes = {} if layout is None else {"network_nodes": layout.nodes, "network_per_node": layout.per_node,
+                                       "network_memory_alpha": layout.memory.alpha,
+                                       "network_memory_beta": layout.memory.beta}
     return {"network": profile.name, "network_alpha": profile.alpha, "network_beta": profile.beta,
             "network_allreduce": algorithm, **nodes}
 

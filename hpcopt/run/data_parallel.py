@@ -208,7 +208,7 @@ class DataParallelSession:
         self.scratch = self.parts.backend.xp.empty_like(self.state.x)
         agree_ticks(self.ticks.total, self.parts.local_steps, comm)
         # with --network on several nodes, the cost model prices in-node calls at memory speed
-        self.layout = node_layout_of(node_indices(comm.mpi)) if self.network else None
+        self.layout = node_layout_of(node_indices(comm.mpi), self.network.memory) if self.network else None
 
     def restore(self, ckpt: ckpt_io.Checkpoint) -> None:
         """Check that ``ckpt`` fits this run, then load this rank's part."""
