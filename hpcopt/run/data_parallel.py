@@ -233,8 +233,7 @@ class DataParallelSession:
     def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
         extra = self.algorithm.trace_columns() + \
             (("eval_perplexity",) if self.workload.language_model else ())
-        network = profile_attrs(self.network, layout=self.layout) if self.network else {}
-        return extra, {"comm_progress": self.comm_progress, **network}
+        return extra, profile_attrs(self.network, layout=self.layout) if self.network else {}
 
     def parameters(self) -> int:
         return self.workload.layout.size
