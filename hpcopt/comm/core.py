@@ -10,6 +10,7 @@ to find. A trailing ``_`` means the buffer is updated in place.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -521,6 +522,15 @@ def node_layout(mpi_comm: MPI.Comm) -> tuple[int, int]:
         return local.Get_rank(), local.Get_size()
     finally:
         local.Free()
+
+
+def progress_mode() -> str:
+    """How MPI moves a non-blocking collective on between this rank's MPI calls: "thread" with
+    MPICH's asynchronous progress (``MPIR_CVAR_ASYNC_PROGRESS=1`` under MPI_THREAD_MULTIPLE),
+    else "calls" (only inside MPI calls: a reduction posted and waited for with none between
+    moves in its wait)."""
+    on = os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "").strip().lower() in ("1", "true", "yes", "on")
+    return "thread" if on and MPI.Query_thread() >= MPI.THREAD_MULTIPLE else "calls"
 
 
 def node_indices(mpi_comm: MPI.Comm) -> tuple[int, ...]:

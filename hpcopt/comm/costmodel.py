@@ -15,16 +15,19 @@ bytes a rank sends in all ``(p-1) alpha + n beta``; a send
 other collective as an allreduce of its bytes. p is the world's size, or, for a label used on
 a group's communicator (two-level averaging: "group_average"), the group's (``CommStats.ranks``).
 A non-blocking allreduce (``iallreduce``: streaming fragments, hpcopt/algorithms/streaming.py)
-is hidden behind the computation it overlapped: a label's modelled seconds are ``max(0, M - H)``,
-M its calls' modelled seconds and H the measured seconds between their posts and their waits
-(their seconds in flight, ``in_flight``, less the seconds the rank was held in them), summed
-over the label's calls.
+is hidden behind the computation it overlapped only as far as MPI moves it on meanwhile: a
+label's modelled seconds are ``M - min(H, f M)``, M its calls' modelled seconds, H the measured
+seconds between their posts and their waits (their seconds in flight, ``in_flight``, less the
+seconds the rank was held in them), summed over the label's calls, and f the fraction measured
+hidden for the run's progress mode (``HIDDEN``; ``comm.core.progress_mode``): MPICH progresses
+a non-blocking collective only inside MPI calls unless its progress thread runs.
 
 Nodes (``NodeLayout``): a run whose ranks sit on several nodes is priced where its bytes went.
 A call on a communicator within one node (``Comm.in_node``: the counters' in-node calls and
-bytes) costs its formula on ``MEMORY`` (shared memory: the ``shm`` profile) over its ranks; a
+bytes) costs its formula on the layout's memory profile (``MEMORY``, the ``shm`` profile, unless
+the network profile names one: ``memory_alpha``, ``memory_beta``) over its ranks; a
 call on a communicator spanning m nodes with k of its ranks on each (m = min(nodes, p), k =
-p / m) costs two levels, as MPI libraries run them: the formula over k ranks on ``MEMORY``,
+p / m) costs two levels, as MPI libraries run them: the formula over k ranks on that memory,
 plus the formula over the m nodes on the network profile, where an allgather or gather moves
 the k ranks' bytes of a node together (k n a node); a send costs ``alpha + n beta`` on the
 network. Without a layout (a run on one node, and every run before the split was counted)
@@ -77,11 +80,13 @@ class CallCounter(Protocol):
 
 @dataclass(frozen=True)
 class NetworkProfile:
-    """Latency ``alpha`` (s) and inverse bandwidth ``beta`` (s/byte) of one link."""
+    """Latency ``alpha`` (s) and inverse bandwidth ``beta`` (s/byte) of one link; ``memory``:
+    what in-node calls cost under a ``NodeLayout`` (None: ``MEMORY``)."""
 
     name: str
     alpha: float
     beta: float
+    memory: NetworkProfile | None = None
 
     def __post_init__(self) -> None:
         if not (self.alpha >= 0 and self.beta >= 0 and math.isfinite(self.alpha + self.beta)):
@@ -143,15 +148,18 @@ class NodeLayout:
                 + op_seconds(op, calls, nbytes * (local if gathers else 1), spanned, network, algorithm))
 
 
-def node_layout_of(nodes: Sequence[int]) -> NodeLayout | None:
+def node_layout_of(nodes: Sequence[int], memory: NetworkProfile | None = None) -> NodeLayout | None:
     """The layout of a run whose rank r is on node ``nodes[r]`` (``comm.core.node_indices``),
-    None on one node; nodes of unequal sizes count as nodes of the largest."""
+    its in-node calls priced on ``memory`` (None: ``MEMORY``); None on one node. Nodes of
+    unequal sizes count as nodes of the largest."""
     counts = [nodes.count(node) for node in set(nodes)]
-    return NodeLayout(len(counts), max(counts)) if len(counts) > 1 else None
+    return NodeLayout(len(counts), max(counts), memory or MEMORY) if len(counts) > 1 else None
 
 
 def get_profile(spec: str) -> NetworkProfile:
-    """A named profile, or user values ``alpha=2e-6,bandwidth=5e9`` (or ``beta=...``)."""
+    """A named profile, or user values ``alpha=2e-6,bandwidth=5e9`` (or ``beta=...``), and
+    optionally the in-node profile the same way, ``memory_alpha=..,memory_bandwidth=..`` (or
+    ``memory_beta=...``; without them in-node calls cost ``MEMORY``)."""
     if spec in PROFILES:
         return PROFILES[spec]
     if "=" not in spec:
@@ -164,17 +172,30 @@ def get_profile(spec: str) -> NetworkProfile:
             values[key.strip()] = float(value)
         except ValueError:
             raise HpcoptError(f"network profile value {item!r} is not a number") from None
-    unknown = set(values) - {"alpha", "beta", "bandwidth"}
-    if unknown or "alpha" not in values or ("beta" in values) == ("bandwidth" in values):
-        raise HpcoptError("a custom network profile needs alpha and exactly one of beta, bandwidth")
-    beta = values["beta"] if "beta" in values else 1 / values["bandwidth"]
-    return NetworkProfile("custom", values["alpha"], beta)
+    keys = {"alpha", "beta", "bandwidth"}
+    if set(values) - keys - {f"memory_{key}" for key in keys}:
+        raise HpcoptError(f"a custom network profile takes {', '.join(sorted(keys))} and the same with "
+                          f"memory_, not {spec!r}")
+    memory = None
+    if any(key.startswith("memory_") for key in values):
+        memory = NetworkProfile("custom-memory", *_alpha_beta(values, "memory_"))
+    return NetworkProfile("custom", *_alpha_beta(values, ""), memory)
+
+
+def _alpha_beta(values: Mapping[str, float], prefix: str) -> tuple[float, float]:
+    """alpha and beta from ``values``' PREFIXalpha and exactly one of PREFIXbeta, PREFIXbandwidth."""
+    alpha, beta, bandwidth = (f"{prefix}{key}" for key in ("alpha", "beta", "bandwidth"))
+    if alpha not in values or (beta in values) == (bandwidth in values):
+        raise HpcoptError(f"a custom network profile needs {alpha} and exactly one of {beta}, {bandwidth}")
+    return values[alpha], values[beta] if beta in values else 1 / values[bandwidth]
 
 
 def profile_attrs(profile: NetworkProfile, algorithm: str = "auto",
                   layout: NodeLayout | None = None) -> dict[str, float | str]:
     """The trace attributes that name the profile a run was modelled on (and its nodes)."""
-    nodes = {} if layout is None else {"network_nodes": layout.nodes, "network_per_node": layout.per_node}
+    nodes = {} if layout is None else {"network_nodes": layout.nodes, "network_per_node": layout.per_node,
+                                       "network_memory_alpha": layout.memory.alpha,
+                                       "network_memory_beta": layout.memory.beta}
     return {"network": profile.name, "network_alpha": profile.alpha, "network_beta": profile.beta,
             "network_allreduce": algorithm, **nodes}
 
@@ -263,24 +284,34 @@ def placed_seconds(op: str, calls: int, nbytes: float, in_node_calls: int, in_no
 
 def comm_modelled(counters: Mapping[tuple[str, str], CallCounter], ranks: int, profile: NetworkProfile,
                   algorithm: str = "auto", label_ranks: Mapping[str, int] | None = None,
-                  layout: NodeLayout | None = None) -> dict[str, float]:
+                  layout: NodeLayout | None = None, hidden: float = 1.0) -> dict[str, float]:
     """label -> modelled seconds, from ``CommStats.counters`` ((op, label) -> calls, bytes,
-    seconds): a non-blocking allreduce's less the computation it overlapped (module docstring);
+    seconds): a non-blocking allreduce's less the computation it overlapped, at most ``hidden``
+    of its modelled seconds (``HIDDEN``: the fraction measured hidden; module docstring);
     a label of ``label_ranks`` (``CommStats.ranks``: a group's average) spans its own ranks,
     every other one ``ranks``; with ``layout`` priced where the bytes went (``placed_seconds``).
     Summed in sorted (op, label) order, so that a resumed run's counters, restored in another
     order, give the same bits."""
     spans = label_ranks or {}
     out: dict[str, float] = {}
+    priced: dict[tuple[str, str], float] = {}
     for (op, label), counter in sorted(counters.items()):
-        seconds = placed_seconds(op, counter.calls, counter.bytes, counter.in_node_calls,
-                                 counter.in_node_bytes, spans.get(label, ranks), profile, algorithm, layout)
+        seconds = priced[op, label] = placed_seconds(op, counter.calls, counter.bytes, counter.in_node_calls,
+                                                     counter.in_node_bytes, spans.get(label, ranks), profile,
+                                                     algorithm, layout)
         out[label] = out.get(label, 0.0) + seconds
     for (op, label), counter in counters.items():
         held = counters.get(("iallreduce", label))
         if op == IN_FLIGHT and held is not None:
-            out[label] = max(0.0, out[label] - (counter.seconds - held.seconds))
+            out[label] -= min(counter.seconds - held.seconds, hidden * priced["iallreduce", label])
     return out
+
+
+#: The fraction of a non-blocking allreduce's seconds the computation between its post and its
+#: wait hid, per ``progress_mode``: measured on emulated links (benchmarks/cluster/costmodel_links.py
+#: --streaming, docs/results/costmodel.md): progressed only inside MPI calls nothing (-0.04 and
+#: -0.06: the transfer waits for the wait), with MPICH's progress thread 0.20.
+HIDDEN = {"calls": 0.0, "thread": 0.2}
 
 
 def main_ops(counters: Mapping[tuple[str, str], CallCounter]) -> dict[str, str]:

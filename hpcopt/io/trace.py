@@ -225,11 +225,12 @@ class Window:
         return [p.row for p in posted]
 
 
-def comm_totals(comm: Comm, network: Any = None, layout: Any = None) -> dict[str, tuple]:
+def comm_totals(comm: Comm, network: Any = None, layout: Any = None, hidden: float = 1.0) -> dict[str, tuple]:
     """label -> (calls, bytes, seconds, in-node calls, in-node bytes) of this rank, summed over
     operations (not the seconds in flight of non-blocking reductions, ``IN_FLIGHT``: they
     overlap computation); with a ``costmodel.NetworkProfile`` also the modelled seconds on it
-    (on the nodes of ``layout``, a ``costmodel.NodeLayout``, when given), as a sixth value
+    (on the nodes of ``layout``, a ``costmodel.NodeLayout``, when given; non-blocking reductions
+    hidden at most the fraction ``hidden``), as a sixth value
     (``TOTALS``)."""
     totals: dict[str, list] = {}
     for (op, label), counter in comm.stats.counters.items():
@@ -243,7 +244,7 @@ def comm_totals(comm: Comm, network: Any = None, layout: Any = None) -> dict[str
         from ..comm.costmodel import comm_modelled
 
         modelled = comm_modelled(comm.stats.counters, comm.size, network, label_ranks=comm.stats.ranks,
-                                 layout=layout)
+                                 layout=layout, hidden=hidden)
         for label, seconds in modelled.items():
             totals[label].append(seconds)
     return {label: tuple(entry) for label, entry in totals.items()}

@@ -30,8 +30,9 @@ from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
 from ..build import RunParts, build_run
 from ..comm import Comm
-from ..comm.core import node_indices
+from ..comm.core import node_indices, progress_mode
 from ..comm.costmodel import (
+    HIDDEN,
     SETUP_LABELS,
     NodeLayout,
     comm_modelled,
@@ -191,6 +192,7 @@ class DataParallelSession:
                            run.eval_every, run.checkpoint_every)
         self.network = get_profile(run.network) if run.network else None
         self.layout: NodeLayout | None = None  # from start()
+        self.comm_progress = progress_mode()  # how much of a non-blocking reduction can be hidden
         self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
         self.oracle = self.window.traced(self.guard.wrap(workload.problem.oracle,
                                                          lambda: self.state.step))
@@ -214,7 +216,7 @@ class DataParallelSession:
         self.scratch = self.parts.backend.xp.empty_like(self.state.x)
         agree_ticks(self.ticks.total, self.parts.local_steps, comm)
         # with --network on several nodes, the cost model prices in-node calls at memory speed
-        self.layout = node_layout_of(node_indices(comm.mpi)) if self.network else None
+        self.layout = node_layout_of(node_indices(comm.mpi), self.network.memory) if self.network else None
 
     def restore(self, ckpt: ckpt_io.Checkpoint) -> None:
         """Check that ``ckpt`` fits this run, then load this rank's part."""
@@ -300,7 +302,8 @@ class DataParallelSession:
                   "lr": self.algorithm.lr_at(max(state.step - 1, 0)),
                   **_evaluation_fields(evaluation, self.workload.language_model),
                   **self.algorithm.trace_row(state)}
-        row = trace_io.Row(tick, fields, trace_io.comm_totals(self.comm, self.network, self.layout))
+        totals = trace_io.comm_totals(self.comm, self.network, self.layout, HIDDEN[self.comm_progress])
+        row = trace_io.Row(tick, fields, totals)
         self.window.post(self.comm, stop, row)
         self.guard.window_skips = 0
         return self._publish(finished)
@@ -366,7 +369,8 @@ class DataParallelSession:
         comm, state, algorithm, files = self.comm, self.state, self.algorithm, self._files()
         totals = comm.stats.totals()
         by_label = (comm_modelled(comm.stats.counters, comm.size, self.network,
-                                  label_ranks=comm.stats.ranks, layout=self.layout) if self.network else {})
+                                  label_ranks=comm.stats.ranks, layout=self.layout,
+                                  hidden=HIDDEN[self.comm_progress]) if self.network else {})
         modelled = sum(seconds for label, seconds in by_label.items() if label not in SETUP_LABELS)
         ops = main_ops(comm.stats.counters)  # a round's calls: those of the op that moved its bytes
         per_round = {label: by_label[label] / comm.stats.totals(label, ops[label]).calls

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..comm import Comm, agreed
+from ..comm.core import progress_mode
 from ..config import Config, to_toml
 from ..errors import HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
@@ -147,11 +148,13 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
                network: dict[str, Any] | None = None) -> trace_io.TraceWriter | None:
     """Rank 0, in the run directory ``claim`` made: when tracing, the trace, opened with
     ``extra_columns`` (and modelled communication columns when ``network`` describes a
-    profile). None on the other ranks."""
+    profile), its attributes naming MPI's progress mode (``comm_progress``). None on the other
+    ranks."""
     if comm.rank != 0 or out is None or not config.run.trace:
         return None
     path = out / trace_io.FILE_NAME
-    attrs = {**versions(), "run_id": run_id, "world_size": comm.size, **(network or {}),
+    attrs = {**versions(), "run_id": run_id, "world_size": comm.size, "comm_progress": progress_mode(),
+             **(network or {}),
              "algorithm": config.algorithm.algorithm, "config": to_toml(config),
              "parameters": parameters,
              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -163,6 +163,31 @@ def test_on_nodes_in_node_calls_cost_memory_speed_and_the_others_two_levels():
         "group_average": pytest.approx(5 * eth10.allreduce(D, 2), rel=1e-12)}
 
 
+def test_a_fitted_in_node_profile_prices_the_in_node_calls_and_a_run_on_one_node_as_before():
+    spec = "alpha=4e-3,beta=8.5e-8,memory_alpha=1e-4,memory_bandwidth=4e8"
+    fitted = get_profile(spec)
+    assert fitted.memory is not None
+    assert (fitted.memory.alpha, fitted.memory.beta) == (1e-4, pytest.approx(1 / 4e8))
+    assert get_profile("alpha=4e-3,beta=8.5e-8").memory is None
+    layout = node_layout_of((0, 0, 1, 1), fitted.memory)
+    assert layout == NodeLayout(2, 2, fitted.memory)
+    modelled = comm_modelled(counters(), 4, fitted, label_ranks={"group_average": 2}, layout=layout)
+    # the emulated links' two-level and int8 rounds: their in-node part on the fitted memory
+    assert modelled["group_average"] == pytest.approx(5 * fitted.memory.allreduce(D, 2), rel=1e-12)
+    assert modelled["average"] == pytest.approx(
+        3 * (fitted.memory.allreduce(D, 2) + fitted.allreduce(D, 2)), rel=1e-12)
+    attrs = profile_attrs(fitted, layout=layout)
+    assert (attrs["network_memory_alpha"], attrs["network_memory_beta"]) == (1e-4, pytest.approx(1 / 4e8))
+    assert node_layout_of((0, 0, 1, 1)) == NodeLayout(2, 2, MEMORY)
+    # one node: no layout, every call on the network profile as before
+    network_only = get_profile(spec.split(",memory")[0])
+    assert comm_modelled(counters(), 4, fitted) == comm_modelled(counters(), 4, network_only)
+    for bad in ("alpha=1,beta=1,memory_alpha=1", "alpha=1,beta=1,memory_beta=1",
+                "alpha=1,beta=1,memory_gamma=1", "alpha=1,beta=1,memory_alpha=1,memory_beta=1,memory_bandwidth=1"):
+        with pytest.raises(HpcoptError, match="memory_|takes"):
+            get_profile(bad)
+
+
 def test_a_trace_is_modelled_on_nodes_as_the_run_was():
     eth10, layout = get_profile("eth10"), NodeLayout(2, 2)
     trace = {label: {name: np.array([getattr(c, name)])
@@ -176,3 +201,23 @@ def test_a_trace_is_modelled_on_nodes_as_the_run_was():
         del fields["in_node_calls"], fields["in_node_bytes"]
     old = trace_modelled(trace, ops, 4, eth10, label_ranks={"group_average": 2}, layout=layout)
     assert old[0] > rows[0]
+
+
+def test_a_non_blocking_reduction_is_hidden_only_by_the_fraction_measured_hidden(monkeypatch):
+    from hpcopt.comm import IN_FLIGHT, OpCounter
+    from hpcopt.comm.core import progress_mode
+    from hpcopt.comm.costmodel import HIDDEN
+
+    eth1, between = get_profile("eth1"), 0.005  # seconds of computation between posts and waits
+    counters = {("iallreduce", "fragments"): OpCounter(4, 4 * 10**6, 0.3),
+                (IN_FLIGHT, "fragments"): OpCounter(0, 0, 0.3 + between)}
+    whole = 4 * eth1.allreduce(10**6, 2)  # 32 ms
+    assert comm_modelled(counters, 2, eth1, hidden=0.0)["fragments"] == whole  # moved only in the wait
+    assert comm_modelled(counters, 2, eth1, hidden=0.2)["fragments"] == pytest.approx(whole - between)
+    assert comm_modelled(counters, 2, eth1, hidden=0.001)["fragments"] == pytest.approx(0.999 * whole)
+    # the default: all of the time between hides, as before the measurement
+    assert comm_modelled(counters, 2, eth1)["fragments"] == pytest.approx(whole - between, rel=1e-12)
+    monkeypatch.delenv("MPIR_CVAR_ASYNC_PROGRESS", raising=False)
+    assert progress_mode() == "calls" and HIDDEN["calls"] == 0.0
+    monkeypatch.setenv("MPIR_CVAR_ASYNC_PROGRESS", "1")
+    assert progress_mode() == "thread" and 0 < HIDDEN["thread"] < 1
