@@ -81,11 +81,11 @@ def test_the_authoring_kit_is_exported_from_hpcopt_algorithms():
     @dataclasses.dataclass
     class Kinds:
         x: object = model()
-        v: object = vector()
+        v: object = vector("average")
         s: object = shared()
-        n: int = counter()
-        f: float = scalar()
-        b: bool = flag()
+        n: int = counter("same")
+        f: float = scalar("reset")
+        b: bool = flag("refuse")
         w: object = scratch()
 
     assert [f.metadata[KIND] for f in dataclasses.fields(Kinds)] == [
