@@ -7,13 +7,14 @@ import re
 
 import pytest
 
-from hpcopt.comm.mpi_support import mpi_library
+from hpcopt.comm.mpi_support import open_mpi
 
-#: Where each launcher tells a process its rank.
+#: Where each launcher tells a process its rank (not PMIx's or Slurm's variables, which a test
+#: run inside a batch job would also find on mpiexec itself).
 RANK_VARIABLES = (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK")
 #: Open MPI's ``mpirun`` answers SIGTERM and SIGINT by killing every rank within 0.5 s, and
 #: forwards SIGUSR1 (hpcopt's SIGTERM that launchers leave alone) as it is.
-OPEN_MPI = mpi_library().startswith("Open MPI")
+OPEN_MPI = open_mpi()
 #: The mark of a test that sends SIGTERM or SIGINT to ``mpiexec`` and expects a checkpoint.
 FORWARDS_TERM_AND_INT = pytest.mark.skipif(
     OPEN_MPI, reason="Open MPI's mpirun kills the ranks 0.5 s after it forwards SIGTERM or SIGINT "

@@ -32,12 +32,18 @@ def mpi_library() -> str:
     return "".join(ch for ch in first if ch.isprintable()).strip()
 
 
+def open_mpi() -> bool:
+    """Whether the MPI library mpi4py loaded is Open MPI (whose ``mpirun`` kills the ranks it
+    forwards SIGTERM or SIGINT to: docs/failures.md, "Launchers")."""
+    return mpi_library().startswith("Open MPI")
+
+
 def launcher_stop_signal(signum: int) -> int:
     """The signal to send this MPI's launcher (``mpiexec``) so that its ranks stop as ``signum``
     (SIGTERM, SIGINT) asks: ``signum`` itself, but SIGUSR1 (a SIGTERM to hpcopt) for Open MPI's
     ``mpirun``, which kills the ranks half a second after it forwards SIGTERM or SIGINT
     (docs/failures.md, "Launchers")."""
-    return signal.SIGUSR1 if mpi_library().startswith("Open MPI") else signum
+    return signal.SIGUSR1 if open_mpi() else signum
 
 
 def cuda_aware_mpi() -> tuple[bool | None, str]:
