@@ -243,6 +243,11 @@ class Comm:
             return self.mpi.Split(0 if first else MPI.UNDEFINED, self._rank)
         return self._sub(LEADERS, split, label)
 
+    def _record(self, op: str, label: str, nbytes: int, start: float) -> None:
+        """One call of ``op`` on ``label`` begun at ``start`` (``time.perf_counter``), counted
+        in-node where this communicator lies within one node."""
+        self.stats.record(op, label, nbytes, time.perf_counter() - start, self.in_node)
+
     def _sub(self, key: int | str, split: Callable[[], MPI.Comm], label: str) -> Comm | None:
         """The sub-Comm cached under ``key``, made from the communicator ``split`` returns (None
         where it returns no communicator)."""
@@ -285,7 +290,7 @@ class Comm:
             self.backend.synchronize()
             with self._transport().inplace(buf, True, True) as target:
                 self._allreduce_sliced(target, op)
-        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("allreduce", label, buf.nbytes, start)
         return buf
 
     def _allreduce_sliced(self, buf: Any, op: MPI.Op) -> None:
@@ -311,7 +316,7 @@ class Comm:
         start = time.perf_counter()
         self.backend.synchronize()
         averager.average_(buf)
-        self.stats.record("allreduce", label, buf.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("allreduce", label, buf.nbytes, start)
         return buf
 
     def _averager_for(self, buf: Any) -> ShmAverager | None:
@@ -351,7 +356,7 @@ class Comm:
         root_rank = self.rank == root
         with self._mpi_buffer(buf, send=root_rank, receive=not root_rank) as target:
             self.mpi.Bcast(target, root=root)
-        self.stats.record("bcast", label, buf.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("bcast", label, buf.nbytes, start)
         return buf
 
     def allreduce_scalar(self, value: float, op: MPI.Op = MPI.SUM, label: str = "scalar") -> float:
@@ -364,7 +369,7 @@ class Comm:
         """Reduce a small host array of statistics in place (one call for many scalars)."""
         start = time.perf_counter()
         self.mpi.Allreduce(MPI.IN_PLACE, values, op=op)
-        self.stats.record("allreduce", label, values.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("allreduce", label, values.nbytes, start)
         return values
 
     def allgather(self, values: np.ndarray, label: str) -> np.ndarray:
@@ -372,7 +377,7 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype)
         self.mpi.Allgather(values, everyone)
-        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("allgather", label, values.nbytes, start)
         return everyone
 
     def allgatherv(self, values: np.ndarray, counts: Sequence[int], label: str) -> np.ndarray:
@@ -381,7 +386,7 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty(int(sum(counts)), dtype=values.dtype)
         self.mpi.Allgatherv(values, [everyone, list(counts)])
-        self.stats.record("allgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("allgather", label, values.nbytes, start)
         return everyone
 
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int],
@@ -392,7 +397,7 @@ class Comm:
         start = time.perf_counter()
         received = np.empty(int(sum(recv_counts)), dtype=send.dtype)
         self.mpi.Alltoallv([send, list(send_counts)], [received, list(recv_counts)])
-        self.stats.record("alltoall", label, send.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("alltoall", label, send.nbytes, start)
         return received
 
     def iallgather(self, values: np.ndarray, label: str) -> tuple[MPI.Request, np.ndarray]:
@@ -401,7 +406,7 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype)
         request = self.mpi.Iallgather(values, everyone)
-        self.stats.record("iallgather", label, values.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("iallgather", label, values.nbytes, start)
         return request, everyone
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, label: str,
@@ -428,7 +433,7 @@ class Comm:
         start = time.perf_counter()
         everyone = np.empty((self._size, values.size), dtype=values.dtype) if self._rank == root else None
         self.mpi.Gather(values, everyone, root=root)
-        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("gather", label, values.nbytes, start)
         return everyone
 
     def gatherv(self, values: np.ndarray, counts: np.ndarray | None, label: str,
@@ -445,13 +450,13 @@ class Comm:
                              root=root)
         else:
             self.mpi.Gatherv(values, None, root=root)
-        self.stats.record("gather", label, values.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("gather", label, values.nbytes, start)
         return everyone
 
     def barrier(self, label: str = "barrier") -> None:
         start = time.perf_counter()
         self.mpi.Barrier()
-        self.stats.record("barrier", label, 0, time.perf_counter() - start, self.in_node)
+        self._record("barrier", label, 0, start)
 
     def agree_errors(self, message: str | None, label: str = "preflight") -> list[tuple[int, str]]:
         """Every rank's error message (or None), gathered on every rank: (rank, message) pairs.
@@ -461,7 +466,7 @@ class Comm:
         """
         start = time.perf_counter()
         messages = self.mpi.allgather(message)
-        self.stats.record("allgather", label, 0, time.perf_counter() - start, self.in_node)
+        self._record("allgather", label, 0, start)
         return [(r, m) for r, m in enumerate(messages) if m is not None]
 
     # -- point to point --------------------------------------------------------------------
@@ -474,7 +479,7 @@ class Comm:
             request = self.mpi.Isend(buf, dest=dest, tag=tag)
         else:
             request = self._transport().isend(self.mpi, buf, dest, tag)
-        self.stats.record("send", label, buf.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("send", label, buf.nbytes, start)
         return request
 
     def irecv_(self, buf: Any, source: int, tag: int, label: str = "p2p") -> MPI.Request:
@@ -486,7 +491,7 @@ class Comm:
         else:
             self.backend.synchronize()
             request = self._transport().irecv(self.mpi, buf, source, tag)
-        self.stats.record("recv", label, buf.nbytes, time.perf_counter() - start, self.in_node)
+        self._record("recv", label, buf.nbytes, start)
         return request
 
     def waitall(self, requests: Sequence[MPI.Request], label: str = "p2p") -> None:
@@ -496,7 +501,7 @@ class Comm:
         MPI.Request.Waitall(requests)
         if self.transport is not None:
             self.transport.complete(requests)
-        self.stats.record("wait", label, 0, time.perf_counter() - start, self.in_node)
+        self._record("wait", label, 0, start)
 
     # -- device buffers ---------------------------------------------------------------------
 
