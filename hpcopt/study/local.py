@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from ..comm.mpi_support import launcher_stop_signal
+from ..io import safe_files
 from ..run.signals import exit_code, handled_by, signal_name
 from .layout import Entry, log_path
 
@@ -95,8 +96,11 @@ def run_local(study: Path, entries: Sequence[Entry], jobs: int) -> int:
 
 def _start(study: Path, entry: Entry, env: dict[str, str]) -> _Running:
     """Task ``entry`` in a session (so a process group) of its own, its output to its log."""
-    log_path(study, entry.index).parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path(study, entry.index), "wb")
+    path = log_path(study, entry.index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = safe_files.open_writable(path, "task log", create=True)  # a planted FIFO or link: one line
+    os.ftruncate(fd, 0)
+    log = os.fdopen(fd, "wb")
     command = [sys.executable, "-m", "hpcopt.study.task", str(entry.index), "mpiexec", "-n", str(entry.ranks)]
     process = subprocess.Popen(command, cwd=study, env=env, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)

@@ -221,3 +221,13 @@ def test_outputs_written_by_rename_keep_the_modes_of_files_written_in_place(run,
     finally:
         os.umask(mask)
     assert {oct(path.stat().st_mode & 0o777) for path in written} == {oct(0o644)}
+
+
+def test_sweep_local_refuses_a_fifo_at_a_task_log_without_blocking(tmp_path):
+    """``sweep --local`` opened ``logs/task-N.log`` to write: a FIFO there blocked it for good."""
+    from hpcopt.study import local
+
+    study = make_study(tmp_path, {}, 1)
+    os.mkfifo(layout.log_path(study, 0))
+    entry = layout.read_manifest(study)[0]
+    refused_promptly(lambda: local._start(study, entry, dict(os.environ)), "is a FIFO, not a regular file")
