@@ -20,10 +20,12 @@ from typing import Any, ClassVar, Protocol, cast
 
 from .algorithms.base import PIPELINE, MergedOption, merge_options, option, option_fields, registry
 from .algorithms.base import names as algorithm_names
+from .algorithms.schedules import BY_RUN_LENGTH
 from .algorithms.streaming import streamed
 from .backend import DEVICES
 from .comm import AVERAGING_MODES
 from .errors import HpcoptError
+from .presets import apply_preset, describe_presets, preset_values
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -297,8 +299,11 @@ class RunConfig:
                                   "seconds a collective may take before the job is aborted; 0 = off "
                                   "(hpcopt.run.watchdog)")
     on_nonfinite: str = option("stop", "stop | skip: NaN/Inf in the loss or model (hpcopt.run.nonfinite)")
+    preset: str = option("", f"a named bundle of option defaults that the config file and flags "
+                             f"override (hpcopt.presets): {describe_presets()}; '' = none")
 
     def __post_init__(self) -> None:
+        preset_values(self.preset)  # HpcoptError for an unknown name
         if self.network:
             from .comm.costmodel import get_profile
 
@@ -502,7 +507,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 def build_config(file_values: dict[str, Any] | None = None,
                  overrides: dict[str, Any] | None = None) -> Config:
-    """Defaults <- TOML tables <- flag overrides (field name -> raw value), all validated."""
+    """Defaults <- the preset's values (``[run] preset``, hpcopt.presets) <- TOML tables <- flag
+    overrides (field name -> raw value), all validated."""
     index = option_index()
     chosen: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     for section, table in (file_values or {}).items():
@@ -518,6 +524,9 @@ def build_config(file_values: dict[str, Any] | None = None,
         if key not in index:
             raise HpcoptError(f"unknown option {key!r}")
         chosen[index[key][0]][key] = value
+    if "preset" in chosen["run"]:
+        chosen["run"]["preset"] = coerce("preset", chosen["run"]["preset"], str)
+        apply_preset(chosen, {key: section for key, (section, _) in index.items()})
     parts = {}
     for section, cls in SECTIONS.items():
         values = {k: coerce(k, v, _field_type(cls, k)) for k, v in chosen[section].items()}
@@ -538,7 +547,7 @@ def config_from_stored(values: dict[str, Any]) -> Config:
 
 
 #: Options a resumed run may change: where files go and how often, what is printed, evaluation,
-#: and the length of the run (not with the sqrt_nt schedule, whose step size depends on it),
+#: and the length of the run (not with the sqrt_nt and cosine schedules, whose step size depends on it),
 #: and the device (a GPU run's checkpoint resumes on CPU and vice versa: to float tolerance),
 #: and the failure handling (stall_timeout, on_nonfinite: docs/failures.md).
 RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_every", "timeline",
@@ -555,8 +564,8 @@ def check_resume(stored: Config, config: Config) -> None:
             before = old[section][key]
             if value == before:
                 continue
-            if key in ("steps", "epochs") and config.algorithm.schedule == "sqrt_nt":
-                why = " (the sqrt_nt step size depends on the number of steps)"
+            if key in ("steps", "epochs") and config.algorithm.schedule in BY_RUN_LENGTH:
+                why = f" (the {config.algorithm.schedule} step size depends on the number of steps)"
             elif key in RESUME_SAFE:
                 continue
             else:

@@ -64,7 +64,7 @@ class DataParallelState:
 class ScheduledSGD:
     """Options every data-parallel algorithm has: the step size lr_t and its schedule, the inner
     optimizer (sgd with momentum, or adamw), weight decay and the batch-norm buffer policy;
-    context: the world size and run length (sqrt_nt)."""
+    context: the world size and run length (sqrt_nt, cosine)."""
 
     parallelism: ClassVar[str] = DATA_PARALLEL
     clips: ClassVar[bool] = False
@@ -72,7 +72,10 @@ class ScheduledSGD:
 
     lr: float = option(0.1, "learning rate eta")
     schedule: str = option("constant",
-                           "learning-rate schedule: constant | step (decay at milestones) | sqrt_nt")
+                           "learning-rate schedule: constant | step (decay at milestones) | sqrt_nt | "
+                           "cosine (from lr after the warmup to 0 at the run's last step)")
+    warmup: int = option(0, "linear warmup W: local step t < W takes the schedule's lr_t times "
+                            "(t+1)/W; 0 = none")
     decay: float = option(0.1, "step schedule: factor applied at each milestone")
     milestones: tuple[int, ...] = option((), "step schedule: increasing steps at which lr is "
                                              "multiplied by decay")
@@ -123,7 +126,7 @@ class ScheduledSGD:
     @cached_property
     def lr_schedule(self) -> Schedule:
         return Schedule(self.schedule, self.lr, self.decay, self.milestones, self.workers,
-                        self.total_steps)
+                        self.total_steps, self.warmup)
 
     def lr_at(self, t: int) -> float:
         """lr_t at the (0-based) local step t."""

@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
+from ..algorithms.schedules import describe as describe_schedule
 from ..build import RunParts, build_run
 from ..comm import Comm
 from ..comm.core import node_indices, progress_mode
@@ -255,11 +256,15 @@ class DataParallelSession:
     def header(self, threads: ThreadChoice) -> str:
         cfg, parts = self.config, self.parts
         settings = self.algorithm.describe()
+        schedule = describe_schedule(cfg.algorithm.schedule, cfg.algorithm.warmup)
+        if schedule:
+            settings += f", {schedule}"
         if self.workload.buffers is not None:
             settings += f", buffer_policy {self.algorithm.buffer_policy}"
         if cfg.algorithm.wire:
             settings += f", wire {cfg.algorithm.wire}"
-        return (f"hpcopt train: {cfg.algorithm.algorithm} on {self.workload.description} "
+        preset = f" (preset {cfg.run.preset})" if cfg.run.preset else ""
+        return (f"hpcopt train: {cfg.algorithm.algorithm}{preset} on {self.workload.description} "
                 f"({self.parameters():,} parameters, {cfg.run.dtype}), {self.comm.size} rank(s), "
                 f"{settings}, {parts.total_steps} steps, {threads.describe()}")
 
