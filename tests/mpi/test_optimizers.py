@@ -63,6 +63,7 @@ PRSGD_CASES = [
     {**DILOCO, "local_steps": "heterogeneous", "interval": 3, "steps": 12},
     {"algorithm": "slowmo", "inner_optimizer": "adamw", "lr": 0.01, "weight_decay": 0.1},
     {"algorithm": "diloco", "steps": 9},  # a partial last round: the plain average ends the run
+    {"algorithm": "diloco", "schedule": "cosine", "warmup": 5},  # DiLoCo's inner schedule
 ]
 
 
