@@ -9,7 +9,9 @@ local step s of it::
     s % I == 0:   x_i <- (1/N) sum_j x_j                 (the global round, label "average")
     s % I1 == 0:  x_i <- (1/G) sum_{j in g(i)} x_j       (a group round, label "group_average")
 
-as torch's ``HierarchicalModelAverager`` with periods {I1: G, I: N}. A group with the ranks of
+as torch's ``HierarchicalModelAverager`` with periods {I1: G, I: N} and its step counter started
+at 1, not its 0 (which averages after local step k when k - 1, not k, is a multiple of a period:
+docs/algorithms.md). A group with the ranks of
 one node is a node: its average takes the shared-memory path under ``--averaging shm`` (or
 auto), as the global one does (``Comm.group``, ``Comm.node_group``). Consecutive ranks are a
 node's only under block placement: where a numeric group spans nodes, or on several nodes a

@@ -14,6 +14,10 @@ alpha = ``fragment_mix``, fragment p (offset o_p = floor(p H / P)) on every rank
         the outer step on (anchor_p, buffer_p) from xbar_p           (eta = lr_{s-1}; average: xbar_p)
         x_i,p <- (1 - alpha) x_i,p + alpha x0_p                      (x0_p the new anchor; 1: replace)
 
+Here alpha weights the global fragment; the paper's alpha, and torchft's
+``fragment_update_alpha`` (``lerp`` of the global towards the local parameters), weight the
+local one: ``fragment_mix`` = 1 - their alpha (docs/algorithms.md).
+
 Each fragment has its own slice of the outer optimizer's anchor and buffer, so the outer step
 (``hpcopt.algorithms.outer``) applies per fragment (Nesterov per fragment, as the paper). The
 constraints: 1 <= P <= H (distinct offsets), 0 <= tau < H (a fragment's reduction lands before
@@ -81,8 +85,9 @@ class FragmentOptions:
                                "fragment p synchronized every interval steps at offset p*interval/P")
     overlap: int = option(0, "streaming: inner steps tau a fragment's reduction overlaps before "
                              "its outer update (0: the same step; < interval)")
-    fragment_mix: float = option(1.0, "streaming: weight alpha of the new global fragment in the "
-                                      "local one (1: replace)")
+    fragment_mix: float = option(1.0, "streaming: weight a of the new GLOBAL fragment in the local "
+                                      "one (1: replace). NOT the Streaming DiLoCo paper's or torchft's "
+                                      "alpha, which weights the LOCAL one: a = 1 - alpha")
     parameter_sizes: tuple[int, ...] = context(())  # the model's parameters, in the flat vector
 
     @property
