@@ -14,6 +14,8 @@ decay 0.01) as defaults; ``--algorithm prsgd --outer-optimizer nesterov --outer-
 --outer-momentum 0.9 --inner-optimizer adamw --lr 0.001 --weight-decay 0.01`` computes the
 same. H is the run's choice (``interval`` keeps PR-SGD's default; the paper's is 500); AdamW's
 state stays on each rank (``keep``, as in the paper) unless the momentum policies say otherwise.
+``--preset diloco-paper`` (``hpcopt.presets``) sets the paper's lr 4e-4, weight decay 0.1,
+H = 500 and its warmup and cosine schedule (docs/algorithms.md compares the two).
 """
 
 from __future__ import annotations
