@@ -1,7 +1,8 @@
 """Presets: named bundles of option defaults (``--preset NAME``, ``[run] preset``).
 
 A preset sits between the defaults and what the user sets: defaults <- preset <- TOML file <-
-flags, so any option it sets can still be changed (``build_config``). Its name is recorded in
+flags, so any option it sets can still be changed; ``build_config`` applies it (a ``RunConfig``
+made by hand records the name and checks it, but sets nothing else). Its name is recorded in
 the run's config (``[run] preset``, in traces and checkpoints) beside every resolved value, so
 a resumed run computes the same whatever a later hpcopt's preset holds; changing it on resume
 is refused like any option that changes the computation. The algorithm a preset names is
