@@ -161,7 +161,8 @@ def read_record(out: Path) -> FaultRecord | None:
         raise HpcoptError(f"{path}: not a fault record ({exc})") from None
     kinds = {"run_id": (str,), "rank": (int,), "step": (int,), "killed_at": (int, float),
              "resumed_at": (int, float, type(None)), "resumed_from": (int, type(None))}
-    if (not isinstance(data, dict) or set(data) - set(kinds) or {"run_id", "rank", "step", "killed_at"} - set(data)
+    needed = {"run_id", "rank", "step", "killed_at"}
+    if (not isinstance(data, dict) or set(data) - set(kinds) or needed - set(data)
             or any(isinstance(v, bool) or not isinstance(v, kinds[k]) for k, v in data.items())
             or not all(math.isfinite(v) for v in data.values() if isinstance(v, float))):
         raise HpcoptError(f"{path}: not a fault record (fields {', '.join(kinds)})")
