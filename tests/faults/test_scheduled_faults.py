@@ -47,7 +47,8 @@ def test_a_fault_replays_once_resumes_to_the_fault_free_numbers_and_collect_coun
     (tmp_path / "study.toml").write_text(STUDY)
     first = sweep_local(tmp_path)
     assert first.returncode == 1 and "1 of 3 task(s) did not exit 0: task 1" in first.stdout, first.stdout
-    assert "hpcopt: --fault: killing rank 1 (SIGKILL) at its step 13" in (tmp_path / "logs/task-1.log").read_text()
+    log = (tmp_path / "logs/task-1.log").read_text()
+    assert "hpcopt: --fault: killing rank 1 (SIGKILL) at its step 13" in log
     again = sweep_local(tmp_path)  # the requeue: finished runs are left alone, the killed one resumes
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resume runs/f-n2-fault1_13" in (tmp_path / "logs/task-1.log").read_text()
@@ -73,8 +74,9 @@ def test_a_task_requeued_onto_fewer_ranks_resumes_with_ranks_changed(tmp_path):
                                          .split("[[sweep]]\nranks = [2]\nstraggler")[0])
     assert sweep_local(tmp_path).returncode == 1  # killed at step 13, checkpoint at step 8
     [entry] = layout.read_manifest(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "hpcopt.study.task", "0", "mpiexec", "-n", "1"], cwd=tmp_path,
-                          env=environment(), capture_output=True, text=True, timeout=scaled(300))
+    done = subprocess.run([sys.executable, "-m", "hpcopt.study.task", "0", "mpiexec", "-n", "1"],
+                          cwd=tmp_path, env=environment(), capture_output=True, text=True,
+                          timeout=scaled(300))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"resume {entry.run.as_posix()} --ranks-changed" in done.stdout
     assert "carrying a checkpoint of 2 rank(s) over to 1" in done.stdout
