@@ -181,11 +181,12 @@ At {RANKS} ranks, each data-parallel algorithm trains the same small model (an M
 hidden layers of 256 on `digits`, batches of 256, {args.steps} steps per rank, averaging
 interval 8, a checkpoint every {args.checkpoint_every} steps, seed 0) three times: without a
 fault, with `--fault 2:{args.fault_step}` (rank 2 is killed by SIGKILL at the start of its
-step {args.fault_step}) and with `--straggler {STRAGGLER}` (rank 1 sleeps 1/0.6 - 1 = 0.67 times each gradient's measured time:
-[fault_schedule.py](../../hpcopt/run/fault_schedule.py)). The schedules are study axes
-(`fault`, `straggler` in the sweep file), so the same fault and the same straggler replay on
-every algorithm. Rank loss: {mode}. Figures from `hpcopt collect`: `steps_lost`,
-`recovery_seconds` ([studies.md](../studies.md#study-csv-and-study-md)).
+step {args.fault_step}) and with `--straggler {STRAGGLER}` (rank 1 sleeps 1/0.6 - 1 = 0.67
+times each gradient's measured time: [fault_schedule.py](../../hpcopt/run/fault_schedule.py)).
+The schedules are study axes (`fault`, `straggler` in the sweep file), so the same fault
+and the same straggler replay on every algorithm. Rank loss: {mode}. Figures from
+`hpcopt collect`: `steps_lost`, `recovery_seconds`
+([studies.md](../studies.md#faults-and-stragglers-as-axes)).
 
 Measured on a shared 2-core machine that was loaded (load average {load[0]:.1f} before the
 study, {load[1]:.1f} after; {RANKS} ranks oversubscribe its cores): the seconds are single runs
