@@ -139,6 +139,7 @@ def figure(lines: list[dict[str, object]], path: Path) -> None:
     redo = [float(line["redo_seconds"]) for line in lines]  # type: ignore[arg-type]
     left.bar(xs, recovery, label="kill to the resumed job's first step")
     left.bar(xs, redo, bottom=recovery, label="steps redone (at the fault-free step time)")
+    left.set_ylim(0, 1.4 * max(r + d for r, d in zip(recovery, redo)))  # room for the legend
     left.set_ylabel("seconds")
     left.set_title("a lost rank (rank 2)")
     left.legend(fontsize=8)
@@ -147,6 +148,7 @@ def figure(lines: list[dict[str, object]], path: Path) -> None:
     right.axhline(1 / 0.6, color="black", linestyle="--", linewidth=1,
                   label="1/0.6: all compute at rank 1's pace")
     right.axhline(1, color="grey", linewidth=1)
+    right.set_ylim(0, 1.25 * max(*ratio, 1 / 0.6))
     right.set_ylabel("wall time / fault-free run's")
     right.set_title(f"a straggler ({STRAGGLER}: rank 1 at 0.6x)")
     right.legend(fontsize=8)
