@@ -301,6 +301,12 @@ class RunConfig:
     on_nonfinite: str = option("stop", "stop | skip: NaN/Inf in the loss or model (hpcopt.run.nonfinite)")
     preset: str = option("", f"a named bundle of option defaults that the config file and flags "
                              f"override (hpcopt.presets): {describe_presets()}; '' = none")
+    straggler: str = option("", "RANK:FACTOR[,...]: rank RANK runs at FACTOR (0 < FACTOR < 1) of its "
+                            "speed, sleeping (1/FACTOR - 1) x each gradient's measured time; '' = "
+                            "none (hpcopt.run.fault_schedule)")
+    fault: str = option("", "RANK:STEP: kill -9 of rank RANK at its local step STEP, once per run "
+                        "(resume goes on past it); needs checkpoint_every below STEP; '' = none "
+                        "(hpcopt.run.fault_schedule)")
 
     def __post_init__(self) -> None:
         preset_values(self.preset)  # HpcoptError for an unknown name
@@ -367,6 +373,9 @@ class Config:
             raise HpcoptError(f"batch norm (--model {self.model.model}) trains only with the "
                             f"data-parallel algorithms, not {self.algorithm.algorithm}")
         self._check_pipeline()
+        from .run.fault_schedule import check_schedule
+
+        check_schedule(self.run, self.algorithm.algorithm in PIPELINE_ALGORITHMS)
         if self.algorithm.wire and self.run.device != "cpu":
             raise HpcoptError("wire applies only to --device cpu (its casts and float32 sum run on the host)")
         if self.algorithm.algorithm in PIPELINE_ALGORITHMS and self.run.on_nonfinite == "skip":
@@ -552,7 +561,7 @@ def config_from_stored(values: dict[str, Any]) -> Config:
 #: and the failure handling (stall_timeout, on_nonfinite: docs/failures.md).
 RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_every", "timeline",
                "timeline_max_spans", "progress", "eval_every", "steps", "epochs", "device", "stall_timeout",
-               "on_nonfinite")
+               "on_nonfinite", "straggler", "fault")
 
 
 def check_resume(stored: Config, config: Config) -> None:

@@ -344,6 +344,17 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
             raise refuse_damaged(f, path, FORMAT, READABLE, "checkpoint", exc) from None
 
 
+def checkpoint_world_size(run: str | Path) -> int:
+    """The number of ranks that wrote the newest checkpoint of ``run`` (a run directory or a
+    checkpoint), once a child process has read the file whole (hpcopt.io.vet); HpcoptError (one
+    line) where it cannot be read."""
+    from .vet import vet_checkpoint
+
+    path = vet_checkpoint(run)
+    with opened(path) as (path, f):
+        return int_attr(f.attrs, "world_size", path, minimum=1)
+
+
 def _read(f: Any, path: Path, rank: int | None, world_size: int | None, verify: bool) -> Checkpoint:
     attrs = f.attrs
     if verify:

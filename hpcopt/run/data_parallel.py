@@ -49,6 +49,7 @@ from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io.rescale import rescaled
 from ..workload import ModelEvaluation, Workload
+from .fault_schedule import Schedule, check_ranks
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
@@ -172,6 +173,7 @@ class DataParallelSessionBuilder:
         return ckpt_io.read_checkpoint(path, comm.rank, comm.size, verify=False)
 
     def build(self, config: Config, comm: Comm, ckpt: Any) -> DataParallelSession:
+        check_ranks(config.run, comm.size, resumed=ckpt is not None)
         return DataParallelSession(config, comm, build_run(config, comm, self.workload), self.faults)
 
 
@@ -195,8 +197,9 @@ class DataParallelSession:
         self.layout: NodeLayout | None = None  # from start()
         self.comm_progress = progress_mode()  # how much of a non-blocking reduction can be hidden
         self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
-        self.oracle = self.window.traced(self.guard.wrap(workload.problem.oracle,
-                                                         lambda: self.state.step))
+        self.schedule = Schedule(run, comm.rank, parts.backend.synchronize)  # --fault, --straggler
+        self.oracle = self.window.traced(self.guard.wrap(
+            self.schedule.wrap(workload.problem.oracle, lambda: self.state.step), lambda: self.state.step))
         self.history: list[tuple[int, ModelEvaluation]] = []
         self.checkpoint = ""
         self.resumed_from = ""  # the checkpoint this run continues (for a NaN/Inf message)
@@ -275,6 +278,7 @@ class DataParallelSession:
         self.tracing = files.config.run.trace and files.out is not None
         if ckpt is not None:
             ckpt_io.restore_counters(ckpt.comm, self.comm)
+        self.schedule.begin(files.out, files.run_id, ckpt.tick if ckpt else None)
         self.window.armed = self._arm((ckpt.tick if ckpt else 0) + 1)
 
     def _arm(self, tick: int) -> bool:

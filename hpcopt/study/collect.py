@@ -18,7 +18,9 @@ The columns: the run directory, the state, the options whose values differ betwe
 evaluation, bytes communicated in all (and of them, when the traces count it, those within a
 node and those across nodes) and per label (rank 0), the peak bytes in flight (when a
 run's trace has that column: Streaming DiLoCo's fragments), wall seconds, measured and, with
-``--network``, modelled communication seconds, the newest checkpoint (to resume from), a note.
+``--network``, modelled communication seconds, (where a run lost a rank) the ranks lost, the
+steps lost and the seconds to recover (hpcopt.study.recovery), the newest checkpoint (to resume
+from), a note.
 Paths inside the output directory are written relative to it.
 """
 
@@ -39,6 +41,8 @@ from ..algorithms.streaming import PEAK_COLUMN as PEAK
 from ..errors import HpcoptError
 from ..io.safe_files import open_regular, write_replacing
 from .layout import Entry, is_study, lock_held, log_path, read_manifest, read_record, record_path
+from .recovery import COLUMNS as RECOVERY
+from .recovery import Recovery, recovery
 
 STOPPED = {128 + signal.SIGTERM: "SIGTERM", 128 + signal.SIGINT: "SIGINT"}
 #: Bytes read from the end of a task's log for the note of a failed run.
@@ -63,6 +67,7 @@ class Row:
     settings: dict[str, Any] = field(default_factory=dict)
     checkpoint: Path | None = None
     unread: str = ""  # why its trace could not be read
+    recovery: Recovery | None = None  # its lost ranks and what they cost (hpcopt.study.recovery)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,6 +190,10 @@ def gather(paths: Sequence[Path]) -> list[Row]:
             row.checkpoint = find_checkpoint(row.found.run) if row.found.run.is_dir() else None
         except HpcoptError:
             row.checkpoint = None
+        try:
+            row.recovery = recovery(row.found.run, row.found.run / FILE_NAME if row.trace else None)
+        except HpcoptError as exc:
+            row.note = "; ".join(filter(None, [row.note, str(exc)]))
     return rows
 
 
@@ -227,6 +236,7 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
                               if any(m in t.columns for t in traces))]
     labels = sorted({label for t in traces for label in t.comm})
     peak = [PEAK] if any(PEAK in t.columns for t in traces) else []
+    lost = list(RECOVERY) if any(row.recovery for row in rows) else []
     split = (["in_node_bytes", "across_nodes_bytes"]
              if any("in_node_bytes" in f for t in traces for f in t.comm.values()) else [])
     table = []
@@ -239,7 +249,7 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
                        **{f"bytes_{label}": None for label in labels},
                        **{name: None for name in peak}, "wall_seconds": None, "comm_seconds": None,
                        "modelled_comm_seconds": None,
-                       "network": None})
+                       "network": None, **{name: None for name in lost}})
         if trace is not None:
             values.update(steps=_final(trace, "step"), rounds=_final(trace, "rounds"),
                           train_loss=trace.columns["loss_mean"][-1].item() if trace.rows else None,
@@ -254,6 +264,8 @@ def columns(rows: Sequence[Row], out: Path) -> list[dict[str, Any]]:
                 values[PEAK] = int(trace.columns[PEAK].max())
             values.update({f"bytes_{label}": f["bytes"][-1].item() for label, f in trace.comm.items()
                            if trace.rows})
+        if lost:
+            values.update(row.recovery.columns() if row.recovery else {"rank_losses": 0})
         values["checkpoint"] = _shown(row.checkpoint, out) if row.checkpoint else None
         values["note"] = row.note
         table.append(values)

@@ -163,6 +163,7 @@ def tasks(study: Study) -> list[Task]:
     rank count are contiguous: one array each), each resolved as ``hpcopt train`` would. A run
     directory's name holds the values of the keys its grid sweeps or that differ between grids."""
     from ..config import build_config
+    from ..run.fault_schedule import check_ranks
 
     combos = sorted(((grid, c) for grid in study.sweep for c in _combinations(grid)),
                     key=lambda pair: pair[1]["ranks"])
@@ -177,7 +178,7 @@ def tasks(study: Study) -> list[Task]:
         if study.job["gpus_per_node"]:
             options["device"] = "gpu"
         try:
-            build_config(None, options)
+            check_ranks(build_config(None, options).run, ranks)  # --fault, --straggler name ranks
         except HpcoptError as exc:
             raise HpcoptError(f"task {name}: {exc}") from None
         if name in names:

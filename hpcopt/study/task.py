@@ -5,7 +5,9 @@ The job array runs it as task INDEX (``SLURM_ARRAY_TASK_ID``, ``PBS_ARRAY_INDEX`
 LAUNCHER (``srun ...`` or ``mpiexec -n R``), with this Python:
 
 - nothing, when the run directory holds a finished trace (a resubmitted task);
-- ``hpcopt resume RUN`` when it holds checkpoints (a requeued task continues where it stopped);
+- ``hpcopt resume RUN`` when it holds checkpoints (a requeued task continues where it stopped),
+  with ``--ranks-changed`` when LAUNCHER starts another number of ranks than wrote the newest
+  checkpoint (a task requeued onto fewer or more nodes);
 - ``hpcopt train OPTIONS --out RUN`` otherwise.
 
 While the run goes, the task's record (``logs/task-INDEX.json``) is locked; at the end it
@@ -16,6 +18,7 @@ records how the run ended.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -52,7 +55,37 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
         return None
     if not has_checkpoints(run):
         return train
-    return [*hpcopt, "resume", entry.run.as_posix(), *_named_model(entry.args)]
+    changed = ["--ranks-changed"] if _ranks_changed(run, launcher) else []
+    return [*hpcopt, "resume", entry.run.as_posix(), *changed, *_named_model(entry.args)]
+
+
+def launched_ranks(launcher: Sequence[str]) -> int | None:
+    """The number of ranks ``launcher`` starts: its ``-n``/``-np`` (``mpiexec -n 4``, ``srun -n 2``,
+    ``-n=4``), else Slurm's ``SLURM_NTASKS`` for ``srun`` (the array's ``--ntasks``, or a
+    resubmission's); None when it cannot be told."""
+    for i, word in enumerate(launcher):
+        flag, equals, value = word.partition("=")
+        if flag in ("-n", "-np", "--np", "--ntasks"):
+            value = value if equals else (launcher[i + 1] if i + 1 < len(launcher) else "")
+            return int(value) if value.isdigit() else None
+    if launcher and Path(launcher[0]).name == "srun":
+        ntasks = os.environ.get("SLURM_NTASKS", "")
+        return int(ntasks) if ntasks.isdigit() else None
+    return None
+
+
+def _ranks_changed(run: Path, launcher: Sequence[str]) -> bool:
+    """Whether the newest checkpoint of ``run`` was written by another number of ranks than
+    ``launcher`` starts (a task requeued onto fewer or more nodes): its resume then needs
+    ``--ranks-changed``. The checkpoint is read in a child first (hpcopt.io.vet); one that cannot
+    be read is left to ``hpcopt resume`` to report."""
+    from ..io.data_parallel_checkpoint import checkpoint_world_size
+
+    ranks = launched_ranks(launcher)
+    try:
+        return ranks is not None and checkpoint_world_size(run) != ranks
+    except HpcoptError:
+        return False
 
 
 def _named_model(args: Sequence[str]) -> list[str]:
