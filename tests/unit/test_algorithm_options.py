@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from hpcopt.algorithms.base import merge_options, option, registry
+from hpcopt.algorithms.base import merge_options, option
+from hpcopt.algorithms.registration import registry
 from hpcopt.cli import make_parser
 from hpcopt.config import ALGORITHM_OPTIONS, algorithm_section, build_config
 from hpcopt.errors import HpcoptError
