@@ -7,17 +7,18 @@ import importlib
 import os
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
 from hpcopt.algorithms import ENTRY_POINT_GROUP, LocalSGD, option, register, registration, registry
 from hpcopt.cli import make_parser
-from hpcopt.config import algorithm_options, build_config, config_from_stored, to_toml
+from hpcopt.config import algorithm_options, build_config, to_toml
 from hpcopt.errors import HpcoptError
+from hpcopt.io import config_from_toml
 from tests.timeouts import scaled
 
 
@@ -62,11 +63,7 @@ def test_a_registered_algorithm_trains_from_its_options():
     with pytest.raises(HpcoptError, match="lr_scale applies only to --algorithm scaled_sgd, not prsgd"):
         build_config(None, {"lr_scale": "0.25"})
     # a config it wrote reads back (the stored [algorithm] table lists every algorithm's options)
-    assert config_from_stored(_toml_tables(config)) == config
-
-
-def _toml_tables(config):
-    return tomllib.loads(to_toml(config))
+    assert config_from_toml(to_toml(config), Path("run.h5")) == config
 
 
 def test_help_lists_a_registered_algorithm_and_its_options():
@@ -147,17 +144,19 @@ def test_an_entry_point_that_cannot_be_used_is_one_error_naming_it(monkeypatch, 
 
 def test_a_checkpoint_of_an_algorithm_not_registered_here_says_how_to_register_it():
     register(ScaledSGD)
-    tables = _toml_tables(build_config(None, {"algorithm": "scaled_sgd", "lr_scale": "0.25"}))
+    stored = to_toml(build_config(None, {"algorithm": "scaled_sgd", "lr_scale": "0.25"}))
     registration._by_call.clear()
     registration.registry.cache_clear()
-    with pytest.raises(HpcoptError, match=f"unknown algorithm 'scaled_sgd' \\(choose from prsgd, .*\\); "
+    with pytest.raises(HpcoptError, match=f"run.h5: the stored config is invalid: unknown algorithm "
+                                          f"'scaled_sgd' \\(choose from prsgd, .*\\); "
                                           f"for an algorithm of your own, declare it as an entry point "
                                           f"of the group '{ENTRY_POINT_GROUP}'"):
-        config_from_stored(tables)
+        config_from_toml(stored, Path("run.h5"))
 
 
 USER_MODULE = """
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from hpcopt.algorithms import LocalSGD, register
