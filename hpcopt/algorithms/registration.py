@@ -41,10 +41,10 @@ ENTRY_POINT_GROUP = "hpcopt.algorithms"
 #: The variable a process hpcopt starts is told by: the modules of the algorithms its parent
 #: registered by call (comma-separated; ``__main__:NAME`` for one it cannot import).
 MODULES_VARIABLE = "HPCOPT_ALGORITHM_MODULES"
-#: Where to read how to make an algorithm findable.
-HOW_TO = (f"declare it as an entry point of the group {ENTRY_POINT_GROUP!r} of an installed package, "
-          "or call hpcopt.algorithms.register(cls) in this process (docs/python.md, "
-          "'Registering an algorithm')")
+#: How to make an algorithm findable: the durable way, and both.
+AS_ENTRY_POINT = f"declare it as an entry point of the group {ENTRY_POINT_GROUP!r} of an installed package"
+HOW_TO = (f"{AS_ENTRY_POINT}, or call hpcopt.algorithms.register(cls) in this process (docs/python.md, "
+          "'Registering an algorithm of your own')")
 
 #: The order names are listed in (help, error messages); other built-ins follow, then the
 #: entry points, then the algorithms registered by call.
@@ -209,7 +209,7 @@ def not_registered(name: str) -> HpcoptError:
         return HpcoptError(f"algorithm {name!r} was registered in the script itself (__main__), which "
                            "a process hpcopt starts (the reader that checks a resumed run's files "
                            "first) cannot import: move the class into a module the script imports, "
-                           f"or {HOW_TO.split(', or ')[0]}")
+                           f"or {AS_ENTRY_POINT}")
     return HpcoptError(f"unknown algorithm {name!r} (choose from {', '.join(registry())}); for an "
                        f"algorithm of your own, {HOW_TO}")
 
