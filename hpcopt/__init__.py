@@ -7,7 +7,7 @@ are imported on first use.
 - ``Config``, ``build_config``: the run's configuration (``hpcopt.config``);
 - ``Workload``: a data-parallel problem from user code (``hpcopt.workload``);
 - ``Comm``: the communicator every byte goes through (``hpcopt.comm``);
-- ``registry()``: the registered algorithm classes by name (``hpcopt.algorithms.base``);
+- ``registry()``: the registered algorithm classes by name (``hpcopt.algorithms.registration``);
 - ``HpcoptError``: what the library raises for bad input (the CLI prints it, exit 2).
 """
 
@@ -25,7 +25,7 @@ _EXPORTS = {
     "Workload": "hpcopt.workload",
     "Comm": "hpcopt.comm",
     "HpcoptError": "hpcopt.errors",
-    "registry": "hpcopt.algorithms.base",
+    "registry": "hpcopt.algorithms.registration",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from . import rng
-from .algorithms.base import DataParallelAlgorithm, create
+from .algorithms.base import DataParallelAlgorithm
+from .algorithms.registration import create
 from .backend import Backend, get_backend
 from .comm import Comm
 from .config import CONV_MODELS, Config

@@ -34,13 +34,18 @@ class ChildResult:
 
 def child_environment() -> dict[str, str]:
     """This process's environment without the MPI launcher's variables, with this hpcopt
-    first on ``PYTHONPATH``: for a child Python that runs hpcopt on its own."""
+    first on ``PYTHONPATH``: for a child Python that runs hpcopt on its own. The algorithms
+    registered by call here are named to it, with the folders that import their modules after
+    the others on ``PYTHONPATH`` (``hpcopt.algorithms.registration``)."""
+    from .algorithms.registration import child_variables
     from .comm.mpi_support import singleton_environment  # hpcopt.comm imports this module
 
     package_parent = str(Path(__file__).resolve().parent.parent)
     env = singleton_environment()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    return env
+    registered = child_variables()
+    paths = (package_parent, env.get("PYTHONPATH"), registered.pop("PYTHONPATH", None))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return {**env, **registered}
 
 
 def run_module(module: str, args: list[str], timeout: float) -> ChildResult:

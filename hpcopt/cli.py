@@ -13,17 +13,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .algorithms.base import MergedOption, registry
+from .algorithms.base import MergedOption
+from .algorithms.registration import registry
 from .config import (
-    ALGORITHM_OPTIONS,
     MODEL_DEFAULTS,
-    SECTIONS,
     Config,
+    algorithm_options,
     build_config,
     check_resume,
     option_index,
     read_toml,
     require_named_model,
+    sections,
 )
 from .errors import HpcoptError, abort_job
 
@@ -79,11 +80,12 @@ def _algorithm_flag_where(o: MergedOption) -> str:
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    merged = algorithm_options()
     for name, (section, f) in option_index().items():
-        if section == "algorithm" and name in ALGORITHM_OPTIONS:
-            where = _algorithm_flag_where(ALGORITHM_OPTIONS[name])
+        if section == "algorithm" and name in merged:
+            where = _algorithm_flag_where(merged[name])
         else:
-            default = CLI_DEFAULTS.get(name, getattr(SECTIONS[section](), name))
+            default = CLI_DEFAULTS.get(name, getattr(sections()[section](), name))
             where = f"{section}; default: {_shown(default)}" + "".join(
                 f"; {_shown(value)} for {model}" for model, value in MODEL_DEFAULTS.get(name, {}).items())
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE",

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast
 
-from .algorithms.base import PIPELINE, MergedOption, merge_options, option, option_fields, registry
-from .algorithms.base import names as algorithm_names
+from .algorithms.base import PIPELINE, MergedOption, merge_options, option, option_fields
+from .algorithms.registration import names as algorithm_names
+from .algorithms.registration import not_registered, registry
 from .algorithms.schedules import BY_RUN_LENGTH
 from .algorithms.streaming import streamed
 from .backend import DEVICES
@@ -39,10 +40,6 @@ CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
 DTYPES = ("float32", "float64")
 #: hpcopt.run.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
 NONFINITE_MODES = ("stop", "skip")
-#: Algorithms whose ranks are pipeline stages (hpcopt.run.pipeline).
-PIPELINE_ALGORITHMS = algorithm_names(PIPELINE)
-
-
 #: ``[model]`` keys of one kind of model -> the models they apply to.
 MODEL_KEYS = {"hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
               "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)}
@@ -56,8 +53,8 @@ PARTITION_KEYS = {"alpha": "dirichlet", "similarity": "similarity"}
 def applies(config: Config, key: str) -> bool:
     """Whether option ``key`` means something in a run of ``config`` (an algorithm's own option,
     a model's own key, a partition's own parameter); every other option applies everywhere."""
-    if key in ALGORITHM_OPTIONS:
-        return config.algorithm.algorithm in ALGORITHM_OPTIONS[key].users
+    if key in algorithm_options():
+        return config.algorithm.algorithm in algorithm_options()[key].users
     if key in MODEL_KEYS:
         return config.model.model in MODEL_KEYS[key]
     if key in PARTITION_KEYS:
@@ -203,11 +200,11 @@ class ModelConfig:
 
 
 class AlgorithmSection(Protocol):
-    """The ``[algorithm]`` section as a type checker sees it. ``AlgorithmConfig`` is a frozen
-    dataclass made at import from the registry (``algorithm_section``): its fields are the
+    """The ``[algorithm]`` section as a type checker sees it. ``algorithm_config()`` is a
+    frozen dataclass made from the registry as it is (``algorithm_section``): its fields are the
     registered algorithms' options, declared once, in their classes. A checker knows
     ``algorithm`` and reads any other option as ``Any``; the algorithm object built from the
-    section (``hpcopt.algorithms.base.create``) is the typed view of its options."""
+    section (``hpcopt.algorithms.registration.create``) is the typed view of its options."""
 
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
     options: ClassVar[dict[str, MergedOption]]  # key -> the option as its algorithms declare it
@@ -245,7 +242,7 @@ def algorithm_section(classes: Mapping[str, type]) -> type[AlgorithmSection]:
     def check(section: Any) -> None:
         chosen = classes.get(section.algorithm)
         if chosen is None:
-            raise HpcoptError(f"unknown algorithm {section.algorithm!r} (choose from {', '.join(classes)})")
+            raise not_registered(section.algorithm)
         for o in options.values():
             value = getattr(section, o.key)
             if value is ALGORITHM_DEFAULT:
@@ -264,9 +261,25 @@ def algorithm_section(classes: Mapping[str, type]) -> type[AlgorithmSection]:
     return cast("type[AlgorithmSection]", made)
 
 
-AlgorithmConfig = algorithm_section(registry())
-#: Every ``[algorithm]`` option of the registered algorithms, merged (``merge_options``).
-ALGORITHM_OPTIONS: dict[str, MergedOption] = AlgorithmConfig.options
+def algorithm_config() -> type[AlgorithmSection]:
+    """The ``[algorithm]`` section over the registry as it is now (an algorithm registered later
+    gets a new section that has its options)."""
+    return _section_of(tuple(registry().items()))
+
+
+@functools.cache
+def _section_of(classes: tuple[tuple[str, type], ...]) -> type[AlgorithmSection]:
+    return algorithm_section(dict(classes))
+
+
+def algorithm_options() -> dict[str, MergedOption]:
+    """Every ``[algorithm]`` option of the registered algorithms, merged (``merge_options``)."""
+    return algorithm_config().options
+
+
+def pipeline_algorithms() -> tuple[str, ...]:
+    """Algorithms whose ranks are pipeline stages (hpcopt.run.pipeline)."""
+    return algorithm_names(PIPELINE)
 
 
 @dataclass(frozen=True)
@@ -347,12 +360,12 @@ class RunConfig:
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: AlgorithmSection = field(default_factory=AlgorithmConfig)
+    algorithm: AlgorithmSection = field(default_factory=lambda: algorithm_config()())
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
         self._check_text()
-        if self.run.network and self.algorithm.algorithm in PIPELINE_ALGORITHMS:
+        if self.run.network and self.algorithm.algorithm in pipeline_algorithms():
             raise HpcoptError("network applies only to the data-parallel algorithms "
                               "(prsgd, celgc, naive_clip)")
         if self.run.device != "cpu" and streamed(self.algorithm):
@@ -369,20 +382,20 @@ class Config:
         if self.data.augment and not conv:
             raise HpcoptError(f"augment applies only to --model {' or '.join(CONV_MODELS)}, "
                             f"not {self.model.model}")
-        if self.model.keeps_buffers and self.algorithm.algorithm in PIPELINE_ALGORITHMS:
+        if self.model.keeps_buffers and self.algorithm.algorithm in pipeline_algorithms():
             raise HpcoptError(f"batch norm (--model {self.model.model}) trains only with the "
                             f"data-parallel algorithms, not {self.algorithm.algorithm}")
         self._check_pipeline()
         from .run.fault_schedule import check_schedule
 
-        check_schedule(self.run, self.algorithm.algorithm in PIPELINE_ALGORITHMS)
+        check_schedule(self.run, self.algorithm.algorithm in pipeline_algorithms())
         if self.algorithm.wire and self.run.device != "cpu":
             raise HpcoptError("wire applies only to --device cpu (its casts and float32 sum run on the host)")
-        if self.algorithm.algorithm in PIPELINE_ALGORITHMS and self.run.on_nonfinite == "skip":
+        if self.algorithm.algorithm in pipeline_algorithms() and self.run.on_nonfinite == "skip":
             raise HpcoptError("on_nonfinite skip applies only to the data-parallel algorithms (a "
                             "pipeline iteration is full-batch: no minibatch to drop), "
                             f"not {self.algorithm.algorithm}")
-        if (self.algorithm.buffer_policy != ALGORITHM_OPTIONS["buffer_policy"].default
+        if (self.algorithm.buffer_policy != algorithm_options()["buffer_policy"].default
                 and not self.model.keeps_buffers and not self.model.torch):
             raise HpcoptError("buffer_policy applies only to models with batch norm "
                               "(--model resnet, plain_cnn with --batch-norm true, or torch:...)")
@@ -402,13 +415,13 @@ class Config:
     def _check_pipeline(self) -> None:
         """Pipeline runs: an MLP (or none, for l1_chain) on an image data set; their options
         (problem, images, eps, shots, stages) are refused elsewhere when changed."""
-        pipeline = self.algorithm.algorithm in PIPELINE_ALGORITHMS
+        pipeline = self.algorithm.algorithm in pipeline_algorithms()
         if not pipeline:
             for section, name in (("data", "problem"), ("data", "images"), ("data", "eps"),
                                   ("data", "shots"), ("model", "stages")):
-                if getattr(getattr(self, section), name) != _default(SECTIONS[section], name):
+                if getattr(getattr(self, section), name) != _default(sections()[section], name):
                     raise HpcoptError(f"{name} applies only to --algorithm "
-                                    f"{' or '.join(PIPELINE_ALGORITHMS)}")
+                                    f"{' or '.join(pipeline_algorithms())}")
             return
         if self.model.model != "mlp":
             raise HpcoptError(f"pipeline algorithms train an mlp, not --model {self.model.model}")
@@ -429,13 +442,28 @@ def _default(cls: type, name: str) -> Any:
     return next(f.default for f in fields(cls) if f.name == name)
 
 
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]
+def sections() -> dict[str, type]:
+    """Section name -> its dataclass (the ``[algorithm]`` one over the registry as it is now)."""
+    return {"data": DataConfig, "model": ModelConfig, "algorithm": algorithm_config(), "run": RunConfig}
+
+
+#: The names that depend on the registry, made when asked for (``from hpcopt.config import
+#: AlgorithmConfig``): an algorithm registered later, or an entry point that fails to load,
+#: must not make importing this module fail or go stale.
+_FROM_REGISTRY = {"AlgorithmConfig": algorithm_config, "ALGORITHM_OPTIONS": algorithm_options,
+                  "PIPELINE_ALGORITHMS": pipeline_algorithms, "SECTIONS": sections}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_REGISTRY:
+        return _FROM_REGISTRY[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def option_index() -> dict[str, tuple[str, dataclasses.Field]]:
     """Field name -> (section, field) over all sections; names are unique across sections."""
     index: dict[str, tuple[str, dataclasses.Field]] = {}
-    for section, cls in SECTIONS.items():
+    for section, cls in sections().items():
         for f in fields(cls):
             assert f.name not in index, f"option {f.name} defined twice"
             index[f.name] = (section, f)
@@ -519,10 +547,11 @@ def build_config(file_values: dict[str, Any] | None = None,
     """Defaults <- the preset's values (``[run] preset``, hpcopt.presets) <- TOML tables <- flag
     overrides (field name -> raw value), all validated."""
     index = option_index()
-    chosen: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    classes = sections()
+    chosen: dict[str, dict[str, Any]] = {section: {} for section in classes}
     for section, table in (file_values or {}).items():
-        if section not in SECTIONS:
-            raise HpcoptError(f"unknown config section [{section}] (sections: {', '.join(SECTIONS)})")
+        if section not in classes:
+            raise HpcoptError(f"unknown config section [{section}] (sections: {', '.join(classes)})")
         if not isinstance(table, dict):
             raise HpcoptError(f"config section [{section}] must be a table")
         for key, value in table.items():
@@ -537,7 +566,7 @@ def build_config(file_values: dict[str, Any] | None = None,
         chosen["run"]["preset"] = coerce("preset", chosen["run"]["preset"], str)
         apply_preset(chosen, {key: section for key, (section, _) in index.items()})
     parts = {}
-    for section, cls in SECTIONS.items():
+    for section, cls in classes.items():
         values = {k: coerce(k, v, _field_type(cls, k)) for k, v in chosen[section].items()}
         parts[section] = cls(**values)
     return Config(**parts)
@@ -549,7 +578,9 @@ def config_from_stored(values: dict[str, Any]) -> Config:
     those of the run's own algorithm are taken, so a later change of another algorithm's
     default does not make old files invalid."""
     table = values.get("algorithm")
-    if isinstance(table, dict) and table.get("algorithm") in registry():
+    if isinstance(table, dict) and isinstance(table.get("algorithm"), str):
+        if table["algorithm"] not in registry():
+            raise not_registered(table["algorithm"])
         own = {f.name for f in option_fields(registry()[table["algorithm"]])}
         values = {**values, "algorithm": {k: v for k, v in table.items() if k == "algorithm" or k in own}}
     return build_config(values)
@@ -621,6 +652,7 @@ def _toml_value(value: Any) -> str:
     return repr(value)
 
 
-__all__ = ["Config", "DataConfig", "ModelConfig", "AlgorithmConfig", "RunConfig", "build_config",
+# AlgorithmConfig: made when asked for (``__getattr__``)
+__all__ = ["Config", "DataConfig", "ModelConfig", "AlgorithmConfig", "RunConfig", "build_config",  # noqa: F822
            "read_toml", "to_toml", "option_index", "coerce", "check_resume", "require_named_model",
            "RESUME_SAFE"]

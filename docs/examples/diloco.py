@@ -13,9 +13,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcopt
-from hpcopt.algorithms import DataParallelState, LocalSGD, registry
+from hpcopt.algorithms import DataParallelState, LocalSGD, option_fields, registry
 from hpcopt.algorithms import state as kinds
-from hpcopt.algorithms.base import option_fields
 
 show = print if MPI.COMM_WORLD.Get_rank() == 0 else (lambda *_: None)
 diloco = registry()["diloco"]

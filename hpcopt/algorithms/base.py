@@ -1,7 +1,6 @@
-"""The Algorithm protocol, and the registry that finds algorithms by name.
+"""The Algorithm protocol: what an algorithm class declares, and its fields' kinds.
 
-An algorithm is one module of this package holding a frozen dataclass with a class attribute
-``name``. Its fields are of two kinds:
+An algorithm is a frozen dataclass with a class attribute ``name``. Its fields are of two kinds:
 
 - options (``option(default, help)``): the hyper-parameters. The class is its own config
   section: these fields are the ``[algorithm]`` keys and command-line flags a run of ``name``
@@ -13,21 +12,19 @@ Its state is a dataclass whose fields declare what a checkpoint holds
 (``hpcopt.algorithms.state``), so a new algorithm resumes bit for bit by construction. A
 data-parallel algorithm (``parallelism = "data_parallel"``) implements ``DataParallelAlgorithm``;
 a pipeline one (``parallelism = "pipeline"``) is stepped by the pipeline runner with a staged
-oracle. Adding an algorithm means adding one module here: the registry imports every module
-of the package and collects the classes with a ``name``.
+oracle. The registry (``hpcopt.algorithms.registration``) finds the classes with a ``name``:
+those of this package's modules, of installed packages' entry points, and those registered by
+``register(cls)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import pkgutil
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..errors import HpcoptError
 
@@ -164,45 +161,3 @@ class DataParallelAlgorithm(Protocol):
     def step_clipped(self, state: Any) -> Any: ...  # the last step was clipped (when ``clips``)
     def summary_tallies(self, state: Any) -> tuple[float, ...]: ...  # summed over the ranks
     def summary_report(self, sums: Sequence[float]) -> tuple[dict[str, Any], list[str]]: ...
-
-
-@lru_cache(maxsize=1)
-def registry() -> dict[str, type[AlgorithmClass]]:
-    """Algorithm name -> class, from every module of ``hpcopt.algorithms`` (in module order)."""
-    from .. import algorithms
-
-    found: dict[str, type[AlgorithmClass]] = {}
-    for module_info in sorted(pkgutil.iter_modules(algorithms.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{algorithms.__name__}.{module_info.name}")
-        for value in vars(module).values():
-            name = getattr(value, "name", None)
-            if (isinstance(value, type) and dataclasses.is_dataclass(value)
-                    and "name" in vars(value) and isinstance(name, str)):
-                if name in found and found[name] is not value:
-                    raise TypeError(f"two algorithms are called {name!r}: "
-                                    f"{found[name].__qualname__} and {value.__qualname__}")
-                # a dataclass with a ``name``: by convention (ScheduledSGD, _Pipelined) it also
-                # declares AlgorithmClass's other class attributes, which no check here can see
-                # (tests/unit/test_config_types.py checks every registered class)
-                found[name] = cast("type[AlgorithmClass]", value)
-    return dict(sorted(found.items(), key=lambda item: _ORDER.get(item[0], len(_ORDER))))
-
-
-#: The order names are listed in (help, error messages); algorithms not named here follow.
-_ORDER = {name: i for i, name in enumerate(
-    ("prsgd", "celgc", "naive_clip", "pprs", "pipelined_gd", "pipelined_agd"))}
-
-
-def names(parallelism: str | None = None) -> tuple[str, ...]:
-    """Registered algorithm names (of one parallelism, when given)."""
-    return tuple(n for n, cls in registry().items()
-                 if parallelism is None or getattr(cls, "parallelism", DATA_PARALLEL) == parallelism)
-
-
-def create(name: str, options: Mapping[str, Any], run_context: Mapping[str, Any]) -> Any:
-    """The algorithm ``name`` with its options taken from ``options`` (a mapping holding at
-    least every option of the class) and its context fields from ``run_context``."""
-    cls = registry()[name]
-    values = {f.name: options[f.name] for f in option_fields(cls)}
-    values.update({key: run_context[key] for key in context_fields(cls) if key in run_context})
-    return cls(**values)

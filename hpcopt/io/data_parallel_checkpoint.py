@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms import state as fields
-from ..algorithms.base import registry
+from ..algorithms.registration import registry
 from ..backend import Backend
 from ..comm import Comm, OpCounter, agreed
 from ..config import Config, to_toml

@@ -12,8 +12,8 @@ from types import ModuleType
 
 import numpy as np
 
-from ..algorithms.base import create
 from ..algorithms.pprs import PPRS, PipelinedAGD, PipelinedGD
+from ..algorithms.registration import create
 from ..config import Config
 from ..data.datasets import load_dataset
 from ..errors import HpcoptError

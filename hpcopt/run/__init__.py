@@ -38,14 +38,14 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     ``summary.stopped``; on the command line also SIGINT, ``hpcopt.run.signals``).
     """
     from ..comm import Comm
-    from ..config import PIPELINE_ALGORITHMS, Config
+    from ..config import Config, pipeline_algorithms
     from ..errors import HpcoptError
     from ..problems.staged import StagedProblem
     from ..workload import Workload
 
     config = config or Config()
     comm = comm or Comm()
-    pipeline = config.algorithm.algorithm in PIPELINE_ALGORITHMS
+    pipeline = config.algorithm.algorithm in pipeline_algorithms()
     if pipeline and ranks_changed:  # every rank has the same config: all raise it
         raise HpcoptError(f"--ranks-changed: a pipeline run's stages are its ranks "
                           f"(--algorithm {config.algorithm.algorithm}): resume it on as many ranks "

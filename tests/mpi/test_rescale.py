@@ -20,7 +20,8 @@ import pytest
 from mpi4py import MPI
 
 from hpcopt.algorithms import state as fields
-from hpcopt.algorithms.base import DATA_PARALLEL, names
+from hpcopt.algorithms.base import DATA_PARALLEL
+from hpcopt.algorithms.registration import names
 from hpcopt.comm import Comm
 from hpcopt.config import Config, build_config
 from hpcopt.errors import HpcoptError

@@ -8,6 +8,7 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from tests.reference import prsgd_reference
+from tests.registered import refused
 from tests.runs import fresh_train
 
 pytestmark = pytest.mark.mpi
@@ -48,7 +49,7 @@ def test_no_slow_momentum_and_unit_slow_step_is_prsgd(comm):
 @pytest.mark.parametrize("overrides, message", [
     ({"slow_momentum": 1}, r"slow_momentum must be in \[0, 1\)"),
     ({"slow_lr": 0}, "slow_lr must be > 0"),
-    ({"algorithm": "prsgd", "slow_lr": 2}, "slow_lr applies only to --algorithm slowmo, not prsgd"),
+    ({"algorithm": "prsgd", "slow_lr": 2}, refused("slow_lr", "prsgd")),
 ])
 def test_bad_options_are_user_errors(overrides, message):
     with pytest.raises(HpcoptError, match=message):

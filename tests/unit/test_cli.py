@@ -17,6 +17,7 @@ import hpcopt.run
 from hpcopt import cli
 from hpcopt.errors import HpcoptError
 from tests.launcher import rank_lines
+from tests.registered import refused
 from tests.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ CONFIG_ERRORS = [
     (["train", "--lr", "fast"], ["lr must be a number"]),
     (["train", "--no-such-option", "1"], ["unrecognized arguments"]),
     (["train", "--config", "/nonexistent/run.toml"], ["config file not found"]),
-    (["train", "--gamma", "1"], ["gamma applies only to --algorithm celgc or naive_clip"]),
+    (["train", "--gamma", "1"], [refused("gamma", "prsgd")]),
     (["train", "--algorithm", "naive_clip", "--participation", "0.5"], ["participation", "celgc"]),
     (["train", "--algorithm", "celgc", "--local-steps", "2,3"], ["local_steps", "prsgd"]),
     (["train", "--algorithm", "celgc", "--gamma", "-1"], ["gamma must be > 0"]),

@@ -4,7 +4,8 @@ generated AlgorithmConfig, AlgorithmClass for the registry's classes."""
 import dataclasses
 import typing
 
-from hpcopt.algorithms.base import AlgorithmClass, option_fields, registry
+from hpcopt.algorithms.base import AlgorithmClass, option_fields
+from hpcopt.algorithms.registration import registry
 from hpcopt.config import AlgorithmConfig, AlgorithmSection
 
 

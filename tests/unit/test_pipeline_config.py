@@ -2,8 +2,9 @@
 
 import pytest
 
-from hpcopt.config import ALGORITHM_OPTIONS, build_config
+from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
+from tests.registered import refused
 
 
 def test_pipeline_defaults_need_no_files_or_extra_flags():
@@ -27,8 +28,7 @@ def test_pipeline_defaults_need_no_files_or_extra_flags():
     ({"eps": "0"}, "eps must be > 0"),
     ({"stages": "3,2"}, "stages must be increasing"),
     ({"momentum": "1"}, "momentum must be in \\[0, 1\\)"),
-    ({"interval": "4"},
-     f"interval applies only to --algorithm {' or '.join(ALGORITHM_OPTIONS['interval'].users)}, not pprs"),
+    ({"interval": "4"}, refused("interval", "pprs")),
     ({"model": "plain_cnn"}, "pipeline algorithms train an mlp"),
 ])
 def test_bad_pprs_options_are_user_errors(overrides, match):

@@ -14,11 +14,12 @@ from hpcopt.comm import Comm
 from hpcopt.comm.wire import INT8_ROW, WIRES, compressed_mean, decode, encode, message_bytes
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
+from tests.registered import refused
 
 
 @pytest.mark.parametrize("options, message", [
     ({"wire": "int4"}, "unknown wire 'int4' \\(choose from float32, bfloat16, float16, int8\\)"),
-    ({"wire": "int8", "algorithm": "celgc"}, "wire applies only to --algorithm prsgd or diloco or slowmo"),
+    ({"wire": "int8", "algorithm": "celgc"}, refused("wire", "celgc")),
     ({"wire": "int8", "device": "gpu"}, "wire applies only to --device cpu"),
 ])
 def test_a_wire_that_cannot_be_used_is_refused(options, message):
