@@ -396,6 +396,7 @@ class DataParallelSession:
         timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
         averaged = sum(comm.stats.totals(label).bytes for label in algorithm.averaged_labels)
         group = comm.stats.totals(GROUP_LABEL)
+        group_rounds = comm.stats.totals(GROUP_LABEL, ops[GROUP_LABEL]).calls if group.calls else 0
         local = np.array([timed_seconds, totals.bytes, averaged,
                           self.workload.processed(state.step), modelled, totals.in_node_bytes,
                           group.bytes, group.in_node_bytes, *algorithm.summary_tallies(state)])
@@ -413,7 +414,7 @@ class DataParallelSession:
                        unit=self.workload.unit,
                        network=self.network.name if self.network else "",
                        modelled_seconds=local[4] / size, modelled_per_round=per_round,
-                       group_rounds=comm.stats.totals(GROUP_LABEL, ops[GROUP_LABEL]).calls if group.calls else 0,
+                       group_rounds=group_rounds,
                        group_bytes_per_rank=local[6] / size, group_in_node_bytes_per_rank=local[7] / size,
                        reported=reported, **figures)
 

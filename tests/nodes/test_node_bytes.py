@@ -1,6 +1,7 @@
 """Bytes by where they went, on two emulated nodes of two ranks (tests/nodes/launch.py): a
 group average on a node's communicator is counted in-node, the global average across nodes;
-the trace, the summary (its group averages' own split too) and the cost model (in-node calls at memory speed) carry the split."""
+the trace, the summary (its group averages' own split too) and the cost model (in-node calls at
+memory speed) carry the split."""
 
 from __future__ import annotations
 
