@@ -26,6 +26,7 @@ from hpcopt.study.export import export
 from tests import crafted
 from tests.memory import peak_allocation
 from tests.runs import fresh_train
+from tests.timeouts import scaled
 from tests.unit.test_collect import make_study
 
 MB = 1 << 20
@@ -51,6 +52,17 @@ def refused_promptly(call, *fragments: str) -> str:
     assert time.monotonic() - start < PROMPT, message
     assert "\n" not in message and all(f in message for f in fragments), message
     return message
+
+
+def finished_promptly(call, limit: float = PROMPT):
+    """``call``'s result, in a thread that must end within ``limit`` s (a write into a FIFO
+    would block it for good: the test fails instead of hanging)."""
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(limit)
+    assert not worker.is_alive() and result, "still blocked, or it raised (see the thread's traceback)"
+    return result[0]
 
 
 # -- FIFOs and devices where a file is expected (items 1 and 5) ---------------------------------
@@ -211,6 +223,59 @@ def test_export_never_writes_out_of_its_out_nor_through_a_link(run, tmp_path, mo
     (planted / "run-a").symlink_to(elsewhere)
     refused_promptly(lambda: export([str(run)], "csv", planted), f"{planted / 'run-a'} is a symbolic link")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_report_replaces_planted_links_and_fifos_instead_of_writing_through_them(run, tmp_path):
+    """``hpcopt report --out DIR`` wrote its PNGs and report.md through a link planted at their
+    names (and a FIFO there blocked it for good)."""
+    pytest.importorskip("matplotlib")
+    from hpcopt.io.report import write_report
+
+    precious = tmp_path / "precious"
+    precious.write_text("keep me\n")
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "steps.png").symlink_to(precious)
+    (out / "report.md").symlink_to(precious)
+    os.mkfifo(out / "wall.png")
+    written = finished_promptly(lambda: write_report([run], out), scaled(120))  # four plots
+    assert precious.read_text() == "keep me\n"
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)  # no temporary left
+    for path in written:
+        assert not path.is_symlink() and path.is_file(), path
+    assert (out / "steps.png").read_bytes().startswith(b"\x89PNG")
+    assert (out / "report.md").read_text().startswith("# hpcopt report")
+
+
+def test_sweep_replaces_planted_links_instead_of_writing_through_them(tmp_path):
+    """``hpcopt sweep --out DIR`` wrote its scripts, site file, sweep file and manifest through
+    links planted at their names (and chmod-ed the link's target to 0755); a FIFO at one of them
+blocked it for good."""
+    from hpcopt.cli import make_parser
+    from hpcopt.study import sweep
+
+    spec = tmp_path / "sweep.toml"
+    spec.write_text('[job]\nscheduler = "slurm"\n[train]\ndataset = "digits"\nsteps = 4\n'
+                    '[sweep]\nranks = [1]\ninterval = [1, 2]\n')
+    precious = tmp_path / "precious"
+    precious.write_text("keep me\n")
+    precious.chmod(0o600)
+    out = tmp_path / "study"
+    out.mkdir()
+    names = ("array-n1.sh", layout.SITE, layout.SPEC)  # a manifest unlike the study's is refused first
+    for name in names:
+        (out / name).symlink_to(precious)
+    (out / layout.SITE).unlink()
+    os.mkfifo(out / layout.SITE)
+    args = make_parser().parse_args(["sweep", str(spec), "--out", str(out)])
+    assert finished_promptly(lambda: sweep.run(args)) == 0
+    assert precious.read_text() == "keep me\n" and precious.stat().st_mode & 0o777 == 0o600
+    for name in names:
+        assert not (out / name).is_symlink() and (out / name).is_file(), name
+    assert sorted(p.name for p in out.iterdir()) == sorted([*names, layout.MANIFEST, "logs"])  # no temporary
+    assert (out / "array-n1.sh").stat().st_mode & 0o777 == 0o755
+    assert (out / layout.SPEC).read_text() == spec.read_text()
+    assert len(layout.read_manifest(out)) == 2
 
 
 def test_outputs_written_by_rename_keep_the_modes_of_files_written_in_place(run, tmp_path):
