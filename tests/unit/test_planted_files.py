@@ -1,8 +1,8 @@
 """What anyone who can write in a run or study directory can plant where hpcopt expects its own
 files (hpcopt.io.safe_files): a FIFO, a device or a huge file is refused in one line without
 blocking or reading it whole, a sparse trace declares no more than its blocks hold, and
-``collect`` and ``export`` replace a planted link instead of writing through it or out of
-``--out``."""
+``collect``, ``export``, ``report`` and ``sweep`` replace a planted link instead of writing
+through it or out of ``--out``."""
 
 from __future__ import annotations
 
@@ -186,13 +186,20 @@ def test_reading_a_trace_holds_its_rows_once(run, tmp_path):
 
 # -- outputs never through a link, never out of --out (item 4) -----------------------------------
 
-def test_collect_replaces_a_planted_link_instead_of_writing_through_it(run, tmp_path):
+def plant_links(tmp_path: Path, folder: str, *names: str) -> tuple[Path, Path]:
+    """(``tmp_path/precious``, holding "keep me", and the new folder ``tmp_path/folder`` with a
+    link to it at each of ``names``)."""
     precious = tmp_path / "precious"
     precious.write_text("keep me\n")
-    out = tmp_path / "out"
+    out = tmp_path / folder
     out.mkdir()
-    (out / "study.csv").symlink_to(precious)
-    (out / "study.md").symlink_to(precious)
+    for name in names:
+        (out / name).symlink_to(precious)
+    return precious, out
+
+
+def test_collect_replaces_a_planted_link_instead_of_writing_through_it(run, tmp_path):
+    precious, out = plant_links(tmp_path, "out", "study.csv", "study.md")
     written = collect([run], out)
     assert precious.read_text() == "keep me\n"
     for path in written:
@@ -231,12 +238,7 @@ def test_report_replaces_planted_links_and_fifos_instead_of_writing_through_them
     pytest.importorskip("matplotlib")
     from hpcopt.io.report import write_report
 
-    precious = tmp_path / "precious"
-    precious.write_text("keep me\n")
-    out = tmp_path / "report"
-    out.mkdir()
-    (out / "steps.png").symlink_to(precious)
-    (out / "report.md").symlink_to(precious)
+    precious, out = plant_links(tmp_path, "report", "steps.png", "report.md")
     os.mkfifo(out / "wall.png")
     written = finished_promptly(lambda: write_report([run], out), scaled(120))  # four plots
     assert precious.read_text() == "keep me\n"
@@ -257,14 +259,9 @@ blocked it for good."""
     spec = tmp_path / "sweep.toml"
     spec.write_text('[job]\nscheduler = "slurm"\n[train]\ndataset = "digits"\nsteps = 4\n'
                     '[sweep]\nranks = [1]\ninterval = [1, 2]\n')
-    precious = tmp_path / "precious"
-    precious.write_text("keep me\n")
-    precious.chmod(0o600)
-    out = tmp_path / "study"
-    out.mkdir()
     names = ("array-n1.sh", layout.SITE, layout.SPEC)  # a manifest unlike the study's is refused first
-    for name in names:
-        (out / name).symlink_to(precious)
+    precious, out = plant_links(tmp_path, "study", *names)
+    precious.chmod(0o600)
     (out / layout.SITE).unlink()
     os.mkfifo(out / layout.SITE)
     args = make_parser().parse_args(["sweep", str(spec), "--out", str(out)])
