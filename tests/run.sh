@@ -24,6 +24,9 @@
 # so a broken test ends the run instead of hanging it. HPCOPT_TEST_TIMEOUT_SCALE (default 1)
 # multiplies every time limit (tests/timeouts.py); HPCOPT_TEST_SIZES (default "1 2 3 4") sets
 # the MPI sizes.
+# Each pass prints a line when it starts and one when it ends, with its seconds; pytest counts
+# the tests as it goes ([ 120/1043]) and lists the 5 slowest of each pass; the end says how long
+# the whole run took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,19 +83,26 @@ limit() { python -c "import sys; print(int(float(sys.argv[1]) * float(sys.argv[2
 mpi_limit="$(limit 600)" || { echo "HPCOPT_TEST_TIMEOUT_SCALE must be a number, got '$scale'"; exit 2; }
 export MPIEXEC_TIMEOUT="${MPIEXEC_TIMEOUT:-$mpi_limit}"
 outer_limit="$(limit 660)"
-pytest_args=(-q -p no:cacheprovider)
+pytest_args=(-q -p no:cacheprovider -o console_output_style=count --durations=5)
 sizes="${HPCOPT_TEST_SIZES:-1 2 3 4}"
 failed=()
 
-# pass NAME COMMAND...: run one pass, remember it when it fails
+suite_start=$SECONDS
+
+# pass NAME COMMAND...: run one pass, say when it starts and ends with its seconds, remember it
+# when it fails
 pass() {
     local name="$1"
     shift
-    echo "== $name"
+    local start=$SECONDS
+    echo "== $name: started at $(date +%H:%M:%S)"
     "$@"
     local code=$?
     if [ "$code" -ne 0 ]; then
         failed+=("$name (exit $code)")
+        echo "== $name: FAILED (exit $code) after $((SECONDS - start)) s"
+    else
+        echo "== $name: passed in $((SECONDS - start)) s"
     fi
 }
 
@@ -146,8 +156,8 @@ if wanted gpu; then
 fi
 
 if [ "${#failed[@]}" -ne 0 ]; then
-    echo "== FAILED: ${#failed[@]} test run(s):"
+    echo "== FAILED: ${#failed[@]} test run(s), after $((SECONDS - suite_start)) s in all:"
     printf '   %s\n' "${failed[@]}"
     exit 1
 fi
-echo "== all test runs passed"
+echo "== all test runs passed in $((SECONDS - suite_start)) s"

@@ -7,13 +7,15 @@ this machine allows.
 Weak scaling keeps the batch per rank (32) fixed, so N ranks process N times the samples per
 step; efficiency = (time per step at 1 rank) / (time per step at N ranks). Strong scaling keeps
 the global batch (32 x max ranks) fixed and splits it over the ranks; efficiency = t1 / (N tN).
-One more row runs 2 ranks with 2 BLAS threads each (overriding hpcopt's threads-per-rank rule)
-to show what that rule is worth, and one runs 1 rank with 1 thread: the baseline of a second
-weak-scaling efficiency, one core per rank on both sides. Every configuration runs in its own
-``mpiexec`` launch (this command itself is started without ``mpiexec``), the cases interleaved
-over repeats (each launch is reported on stderr as it starts and ends, with an estimate of
-the time left), and the table gives medians; "comm share" is the time inside MPI calls over the
-wall time.
+Every scaling row, the 1-rank baseline included, runs 1 BLAS thread per rank (hpcopt's default,
+set explicitly): one core per rank at every size, so the baseline is not slowed (or sped up) by
+threads the other rows lack. Two more rows, 1 and 2 ranks with 2 threads each, show what threads
+are worth, as a ratio to 1 thread printed below the table. An efficiency above 1 comes with a
+note saying where it comes from; the header gives the load average at the start and the end.
+Every configuration runs in its own ``mpiexec`` launch (this command itself is started without
+``mpiexec``), the cases interleaved over repeats (each launch is reported on stderr as it starts
+and ends, with an estimate of the time left), and the table gives medians; "comm share" is the
+time inside MPI calls over the wall time.
 """
 
 from __future__ import annotations
@@ -71,26 +73,39 @@ def launch(algorithm: str, ranks: int, steps: int, batch: int, interval: int,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(ranks: list[int], algorithms: list[str], repeats: int, steps: int, interval: int,
-        batch: int) -> tuple[list[str], dict[tuple, dict[str, float]]]:
-    """Launch every case ``repeats`` times, interleaved; (table lines, medians per case)."""
+#: A case: (algorithm, "weak" or "strong", ranks, batch per rank, BLAS threads per rank).
+Case = tuple[str, str, int, int, int]
+#: Printed under a table in which an efficiency is above 1.
+ABOVE_ONE_NOTE = ("efficiency above 1 is not a gain from the ranks: every scaling row and its 1-rank "
+                  "baseline run 1 BLAS thread per rank, so it comes from the machine (other jobs slowed "
+                  "the 1-rank launches: compare the rows' ms/step with a rerun) or, in strong scaling, "
+                  "from a smaller batch per rank fitting the caches")
+
+
+def cases_for(ranks: list[int], algorithms: list[str], batch: int) -> list[Case]:
+    """The scaling rows, each at 1 BLAS thread per rank (one core per rank at every size, so that
+    the 1-rank baseline is not the only row with several threads), then the rows that show
+    what 2 threads per rank are worth, at 1 and 2 ranks."""
     global_batch = batch * max(ranks)
-    cases: list[tuple[str, str, int, int, int | None]] = []  # (algorithm, mode, ranks, batch, threads)
+    cases: list[Case] = []
     for algorithm in algorithms:
-        cases += [(algorithm, "weak", n, batch, None) for n in ranks]
-        cases += [(algorithm, "strong", n, global_batch // n, None) for n in ranks]
-    if 2 in ranks:
-        cases += [(algorithms[0], "weak", 2, batch, 2)]
-    if 1 in ranks:
-        cases += [(algorithms[0], "weak", 1, batch, 1)]
-    runs: dict[tuple, list[dict]] = {case: [] for case in cases}
-    total, started = repeats * len(cases), time.perf_counter()
+        cases += [(algorithm, "weak", n, batch, 1) for n in ranks]
+        cases += [(algorithm, "strong", n, global_batch // n, 1) for n in ranks]
+    return cases + [(algorithms[0], "weak", n, batch, 2) for n in (1, 2) if n in ranks]
+
+
+def run(ranks: list[int], algorithms: list[str], repeats: int, steps: int, interval: int,
+        batch: int) -> tuple[list[str], dict[Case, dict[str, float]]]:
+    """Launch every case ``repeats`` times, interleaved; (table lines, medians per case)."""
+    cases = cases_for(ranks, algorithms, batch)
+    runs: dict[Case, list[dict]] = {case: [] for case in cases}
+    total, started, load = repeats * len(cases), time.perf_counter(), _load()
     for repeat in range(repeats):
         for i, case in enumerate(cases):  # interleaved, so machine noise hits every case alike
             algorithm, mode, n, per_rank, threads = case
             done = repeat * len(cases) + i
-            what = (f"[{done + 1}/{total}] {algorithm} {mode}, {n} rank(s), batch {per_rank}/rank"
-                    + (f", {threads} threads/rank" if threads else ""))
+            what = (f"[{done + 1}/{total}] {algorithm} {mode}, {n} rank(s), batch {per_rank}/rank, "
+                    f"{threads} thread(s)/rank")
             _say(f"{what}: started")
             launched = time.perf_counter()
             runs[case].append(launch(algorithm, n, steps, per_rank, interval, threads))
@@ -99,31 +114,47 @@ def run(ranks: list[int], algorithms: list[str], repeats: int, steps: int, inter
                  f"eta {elapsed / (done + 1) * (total - done - 1):.0f} s")
     med = {case: {key: statistics.median(r[key] for r in results) for key in results[0]}
            for case, results in runs.items()}
-    lines = [f"default job (MLP 784-512-256-10 on MNIST-5k, I={interval}), {steps} steps, "
-             f"median of {repeats} launches, {os.cpu_count()} cores",
-             "",
+    header = (f"default job (MLP 784-512-256-10 on MNIST-5k, I={interval}), {steps} steps, "
+              f"median of {repeats} launches, {os.cpu_count()} cores, load average (1/5/15 min) {load} at "
+              f"the start, {_load()} at the end")
+    return table(med, ranks, batch, header), med
+
+
+def table(med: dict[Case, dict[str, float]], ranks: list[int], batch: int, header: str) -> list[str]:
+    """The markdown table of the medians. Efficiency: weak t(1) / t(N), strong t(1) / (N t(N)),
+    against the 1-rank row of the same algorithm, mode and threads per rank (1); the thread rows
+    have none, their ratio to the same ranks with 1 thread is printed below the table."""
+    global_batch = batch * max(ranks)
+    lines = [header, "",
              "| algorithm | scaling | ranks | batch/rank | threads/rank | ms/step | samples/s | comm share "
              "| efficiency |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    above_one = False
     for case, m in med.items():
         algorithm, mode, n, per_rank, threads = case
-        base_batch = batch if mode == "weak" else global_batch // min(ranks)
-        base = med.get((algorithm, mode, min(ranks), base_batch, None))
-        efficiency = float("nan")
-        if base is not None and min(ranks) == 1:
-            scale = 1 if mode == "weak" else n
-            efficiency = base["seconds_per_step"] / (scale * m["seconds_per_step"])
-        label = f"{int(m['threads'])}" + (" (user)" if threads else "")
-        lines.append(f"| {algorithm} | {mode} | {n} | {per_rank} | {label} | "
+        base = med.get((algorithm, mode, 1, batch if mode == "weak" else global_batch, 1))
+        efficiency = "-"
+        if threads == 1 and base is not None:
+            value = base["seconds_per_step"] / ((1 if mode == "weak" else n) * m["seconds_per_step"])
+            efficiency, above_one = f"{value:.2f}", above_one or round(value, 2) > 1
+        lines.append(f"| {algorithm} | {mode} | {n} | {per_rank} | {int(m['threads'])} | "
                      f"{1e3 * m['seconds_per_step']:.2f} | {m['samples_per_second']:,.0f} | "
-                     f"{m['comm_share']:.0%} | {efficiency:.2f} |")
-    one_thread = med.get((algorithms[0], "weak", 1, batch, 1))
-    two = med.get((algorithms[0], "weak", 2, batch, None))
-    if one_thread and two:
-        ratio = one_thread["seconds_per_step"] / two["seconds_per_step"]
-        lines += ["", f"weak-scaling efficiency 1 -> 2 ranks of {algorithms[0]} against 1 rank with 1 thread "
-                  f"(one core per rank in both): {ratio:.2f}"]
-    return lines, med
+                     f"{m['comm_share']:.0%} | {efficiency} |")
+    for case, m in med.items():
+        algorithm, mode, n, per_rank, threads = case
+        one = med.get((algorithm, mode, n, per_rank, 1))
+        if threads != 1 and one is not None:
+            ratio = m["seconds_per_step"] / one["seconds_per_step"]
+            lines += ["", f"{n} rank(s) with {int(m['threads'])} BLAS threads each take {ratio:.2f}x "
+                      "the time per step of 1 thread each"]
+    if above_one:
+        lines += ["", ABOVE_ONE_NOTE]
+    return lines
+
+
+def _load() -> str:
+    """The load average (1, 5 and 15 minutes): other jobs on the machine slow every row."""
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _say(line: str) -> None:

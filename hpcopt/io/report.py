@@ -7,6 +7,8 @@ For runs R1..Rk it writes, into one directory:
   labels) and wall time; one line per run in every panel, labelled by the settings that differ
   between the runs (``interval=8, lr=0.05``), or by run directory when none do;
 - ``report.md``: a markdown table of the final figures of every run;
+  every file is written by rename (``safe_files.replacing``): a link or FIFO planted at its name
+  is replaced, never written through;
 - given a study directory (``hpcopt sweep``): the runs of its tasks that have a readable trace,
   and ``interval.png``, the final test metric and the bytes communicated against the averaging
   interval across the study (``interval_figure``).
@@ -36,6 +38,7 @@ from ..config import Config, applies
 from ..errors import HpcoptError
 from ..run.progress import Ticker
 from ..study.layout import is_study, read_manifest, study_traces
+from .safe_files import replacing, write_replacing
 from .trace import FILE_NAME, Trace, read_trace
 from .vet import vet_traces
 
@@ -426,14 +429,15 @@ def write_report(paths: Sequence[str | Path], out: str | Path) -> list[Path]:
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, fig in figs.items():
-            fig.savefig(out / f"{name}.png", dpi=110)
-            written.append(out / f"{name}.png")
-            tick(f"wrote {len(written)} of {len(figs)} plots")
-        md = out / "report.md"
-        images = "\n".join(f"![{name}]({name}.png)" for name in figs)
-        md.write_text(f"# hpcopt report\n\n{table(traces, labels)}\n{images}\n")
     except OSError as exc:
         raise HpcoptError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
+    written = []
+    for name, fig in figs.items():  # each file by rename: a link or FIFO planted there is replaced
+        with replacing(out / f"{name}.png", "report plot", "wb") as handle:
+            fig.savefig(handle, format="png", dpi=110)
+        written.append(out / f"{name}.png")
+        tick(f"wrote {len(written)} of {len(figs)} plots")
+    md = out / "report.md"
+    images = "\n".join(f"![{name}]({name}.png)" for name in figs)
+    write_replacing(md, f"# hpcopt report\n\n{table(traces, labels)}\n{images}\n", "report table")
     return [*written, md]

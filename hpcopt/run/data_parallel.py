@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
+from ..algorithms.groups import GROUP_LABEL
 from ..algorithms.schedules import describe as describe_schedule
 from ..build import RunParts, build_run
 from ..comm import Comm
@@ -89,6 +90,11 @@ class Summary:
     modelled_seconds: float = 0.0  # seconds it models for this run's calls (mean over ranks)
     #: the modelled seconds of one call of each round label ("average", "group_average")
     modelled_per_round: dict[str, float] = field(default_factory=dict)
+    #: two-level runs (--group-size): the group averages' rounds, bytes per rank (of
+    #: bytes_per_rank) and, of those, the bytes on communicators within one node
+    group_rounds: int = 0
+    group_bytes_per_rank: float = 0.0
+    group_in_node_bytes_per_rank: float = 0.0
 
     def lines(self) -> list[str]:
         comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
@@ -107,6 +113,7 @@ class Summary:
             f"steps             {self.steps} per rank, {self.rounds} averaging rounds",
             *self.reported,
             f"communicated      {self._communicated()}",
+            *self._group_averages(),
             f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
             *modelled,
             f"throughput        {self.samples_per_second:,.0f} {self.unit}/s over {self.workers} rank(s)",
@@ -121,6 +128,16 @@ class Summary:
         return (f"{_megabytes(self.bytes_per_rank)} per rank ({_megabytes(self.average_bytes_per_rank)} "
                 f"averaging the {self.parameters:,} parameters; {_megabytes(self.in_node_bytes_per_rank)} "
                 f"in-node, {_megabytes(across)} across nodes)")
+
+
+    def _group_averages(self) -> list[str]:
+        """The group averages' line of a two-level run on several ranks, else none."""
+        if self.workers == 1 or not self.group_rounds:
+            return []
+        across = self.group_bytes_per_rank - self.group_in_node_bytes_per_rank
+        return [f"group averages    {_megabytes(self.group_bytes_per_rank)} per rank in {self.group_rounds} "
+                f"rounds ({_megabytes(self.group_in_node_bytes_per_rank)} in-node, "
+                f"{_megabytes(across)} across nodes)"]
 
 
 def _megabytes(nbytes: float) -> str:
@@ -387,11 +404,13 @@ class DataParallelSession:
                      if comm.stats.totals(label).calls and label in by_label}
         timed_seconds = totals.seconds - sum(comm.stats.totals(label).seconds for label in SETUP_LABELS)
         averaged = sum(comm.stats.totals(label).bytes for label in algorithm.averaged_labels)
+        group = comm.stats.totals(GROUP_LABEL)
+        group_rounds = comm.stats.totals(GROUP_LABEL, ops[GROUP_LABEL]).calls if group.calls else 0
         local = np.array([timed_seconds, totals.bytes, averaged,
                           self.workload.processed(state.step), modelled, totals.in_node_bytes,
-                          *algorithm.summary_tallies(state)])
+                          group.bytes, group.in_node_bytes, *algorithm.summary_tallies(state)])
         comm.allreduce_host_(local, label="summary")
-        figures, reported = algorithm.summary_report(local[6:].tolist())
+        figures, reported = algorithm.summary_report(local[8:].tolist())
         wall = float(comm.allreduce_host_(np.array([files.wall()]), op=MPI.MAX, label="summary")[0])
         size = comm.size
         return Summary(steps=state.step, rounds=state.rounds, final=final, train_loss=train_loss,
@@ -404,6 +423,8 @@ class DataParallelSession:
                        unit=self.workload.unit,
                        network=self.network.name if self.network else "",
                        modelled_seconds=local[4] / size, modelled_per_round=per_round,
+                       group_rounds=group_rounds,
+                       group_bytes_per_rank=local[6] / size, group_in_node_bytes_per_rank=local[7] / size,
                        reported=reported, **figures)
 
     def trace_summary(self, final: ModelEvaluation, summary: Summary) -> dict[str, Any]:

@@ -1,9 +1,13 @@
-"""Threads per rank: BLAS/OpenMP threads = cores available per rank on the node.
+"""Threads per rank: 1 BLAS/OpenMP thread per rank unless the user set a thread variable.
 
-``mpiexec`` sets no thread counts, so N ranks on a node each start one BLAS thread per core and
-fight over the cores (measured: 2 ranks x 2 threads on 2 cores ran an MLP step 27-40x slower
-than 2 ranks x 1 thread). Unless the user set a thread variable, hpcopt limits each rank to
-``max(1, cores // ranks_on_node)`` threads through threadpoolctl at start-up.
+``mpiexec`` sets no thread counts, so N ranks on a node would each start one BLAS thread per
+core and fight over the cores. hpcopt limits each rank to one thread through threadpoolctl at
+start-up, and says how many a rank's share of the cores would be (``OMP_NUM_THREADS=K`` sets
+them). Chosen from ``benchmarks/speed/blas_threads.py`` (docs/results/scaling.md, "BLAS threads
+per rank"): on 2 cores shared with other jobs (load average 9-16) 2 threads per rank ran the
+default job at 0.05-0.22x the steps/s of 1 thread, at 1 rank and at 2, batch 32 and 256; on the
+idle machine a lone rank gained about 1.15x from its second thread. One thread is what holds
+on a shared node; a rank that has its cores to itself gets more by asking.
 """
 
 from __future__ import annotations
@@ -44,19 +48,27 @@ def user_thread_setting() -> tuple[str, int] | None:
     return None
 
 
+#: BLAS threads per rank when the user set none (module docstring).
+DEFAULT_THREADS = 1
+
+
 def threads_per_rank(cores: int, ranks_on_node: int) -> int:
+    """A rank's share of the node's cores."""
     return max(1, cores // max(1, ranks_on_node))
 
 
 def configure_threads(ranks_on_node: int) -> ThreadChoice:
-    """Apply the threads-per-rank rule (or respect the user's variable) and say what was chosen."""
+    """Limit the rank to ``DEFAULT_THREADS`` (or respect the user's variable) and say what was
+    chosen, with the rank's share of the cores where that is more."""
     user = user_thread_setting()
     if user is not None:
         name, value = user
         return ThreadChoice(value, f"set by the user: {name}={value}")
-    cores = available_cores()
-    threads = threads_per_rank(cores, ranks_on_node)
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(limits=threads)
-    return ThreadChoice(threads, f"{cores} core(s) / {ranks_on_node} rank(s) on this node")
+    threadpool_limits(limits=DEFAULT_THREADS)
+    cores = available_cores()
+    share = threads_per_rank(cores, ranks_on_node)
+    more = f"; OMP_NUM_THREADS={share} would give each rank its share" if share > DEFAULT_THREADS else ""
+    return ThreadChoice(DEFAULT_THREADS, f"hpcopt's default; {cores} core(s) / {ranks_on_node} rank(s) "
+                                         f"on this node{more}")

@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import string
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HpcoptError
+from ..io.safe_files import replacing, write_replacing
 from .layout import LOGS, MANIFEST, SITE, SPEC, manifest_text, read_manifest
 from .spec import Study, Task, command_line, load_study, tasks
 
@@ -108,14 +110,16 @@ def write_study(out: Path, study: Study, found: list[Task], arrays: list[Script]
                           "choose another --out")
     try:
         (out / LOGS).mkdir(parents=True, exist_ok=True)
-        for script in arrays:
-            (out / script.name).write_text(script.text)
-            (out / script.name).chmod(0o755)
-        (out / SITE).write_text(site)
-        (out / SPEC).write_text(study.text)
-        existing.write_text(manifest)
     except OSError as exc:
         raise HpcoptError(f"cannot write the study {out}: {exc.strerror or exc}") from None
+    # each file by rename (safe_files.replacing): a link or FIFO planted at its name is replaced
+    for script in arrays:
+        with replacing(out / script.name, "array script") as handle:
+            os.fchmod(handle.fileno(), 0o755)
+            handle.write(script.text)
+    write_replacing(out / SITE, site, "site file")
+    write_replacing(out / SPEC, study.text, "sweep file")
+    write_replacing(existing, manifest, "manifest")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -93,12 +93,17 @@ def torch_workload(module: ModuleOrFactory | TorchModel, loss: Loss, data: Tenso
         return problem.evaluate(params, scratch, test_x, test_y, c, chunk=eval_chunk, buffers=buffers)
 
     # the run's header adds the trained parameters' count and dtype
-    frozen = f" ({model.frozen_layout.size:,} frozen parameters)" if model.frozen_layout.size else ""
-    description = f"torch {type(model.module).__name__}{frozen}, {source}"
+    description = f"{model_description(model)}, {source}"
     carried = (model.counters, model.load_counters) if model.has_counters else None
     per_epoch = (train_samples // comm.size) // batch_size if train_samples else 0
     return Workload(model.layout, problem, x0, evaluate, per_epoch, description, "samples",
                     lambda steps: steps * batch_size, carried=carried, buffers=buffers)
+
+
+def model_description(model: TorchModel) -> str:
+    """The module's class, and its frozen parameters' count if any, for the run's header."""
+    frozen = f" ({model.frozen_layout.size:,} frozen parameters)" if model.frozen_layout.size else ""
+    return f"torch {type(model.module).__name__}{frozen}"
 
 
 def prepared_model(module: ModuleOrFactory, comm: Any, seed: int = 0, dtype: Any = None,
@@ -136,7 +141,7 @@ def config_workload(config: Config, comm: Any, backend: Backend) -> Workload:
     dataset = load_dataset(data.dataset, data.path or None, data.test_fraction, config.run.seed)
     images = as_images(dataset.x_train, dataset.image_shape)
     try:
-        return torch_workload(factory, torch.nn.CrossEntropyLoss(), TensorData(images, dataset.y_train),
+        workload = torch_workload(factory, torch.nn.CrossEntropyLoss(), TensorData(images, dataset.y_train),
                               comm, batch_size=data.batch_size, seed=config.run.seed,
                               dtype=config.run.dtype, backend=backend, partition=data.partition,
                               alpha=data.alpha, similarity=data.similarity,
@@ -146,6 +151,11 @@ def config_workload(config: Config, comm: Any, backend: Backend) -> Workload:
         shape = "x".join(map(str, images.shape[1:]))
         raise HpcoptError(f"--model {spec} on {data.dataset} ({shape} images, {dataset.num_classes} "
                           f"classes): {exc}") from None
+    # the header names the data set as it does for the built-in models (hpcopt.build)
+    partition = "" if data.partition == "iid" else f", partition {data.partition}"
+    description = (f"{data.dataset} ({len(dataset.y_train)} train / {len(dataset.y_test)} test{partition}), "
+                   f"{model_description(workload.problem.model)}, batch {data.batch_size}/rank")
+    return dataclasses.replace(workload, description=description)
 
 
 def _language_config_workload(config: Config, comm: Any, backend: Backend,

@@ -8,14 +8,13 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from benchmarks.cluster.emulated import EmulatedCluster, Job, namespaces_unavailable
+from tests.command_line import ROOT
 from tests.timeouts import scaled
 
-ROOT = Path(__file__).resolve().parents[2]
 NODES, RANKS_PER_NODE, RATE = 2, 2, "100mbit"
 #: Hard limit on any one job on the cluster: a job that would hang fails instead.
 JOB_TIMEOUT = scaled(120)

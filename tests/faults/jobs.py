@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.command_line import ROOT
 from tests.launcher import RANK_VARIABLES
 from tests.timeouts import scaled
 
-ROOT = Path(__file__).resolve().parents[2]
 #: A small PR-SGD job: 2 ranks x 32 steps of an MLP on digits, checkpoints every 8 ticks.
 SMALL = ["--dataset", "digits", "--hidden", "16", "--interval", "4", "--trace-every", "4",
          "--checkpoint-every", "8", "--keep-checkpoints", "10", "--progress", "false"]

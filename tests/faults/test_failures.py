@@ -12,8 +12,8 @@ import pytest
 
 from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint
+from tests.command_line import assert_one_line_error
 from tests.faults.jobs import SMALL, STEPS, Send, assert_fault_ended_the_job, assert_same_run, run_job
-from tests.unit.test_cli import assert_one_line_error
 
 #: fault -> (flags, exit code (None: any non-zero), what stderr says, seconds from the fault to
 #: the end of the job at most, newest checkpoint left behind)

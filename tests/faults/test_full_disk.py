@@ -19,8 +19,8 @@ import pytest
 
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.trace import read_trace
+from tests.command_line import assert_one_line_error
 from tests.faults.jobs import INJECTED, SMALL, assert_same_run, run_job
-from tests.unit.test_cli import assert_one_line_error
 
 #: A model whose checkpoints (187 kB) are larger than its trace (89 kB): a file size limit
 #: between the two stops a checkpoint, not the trace.

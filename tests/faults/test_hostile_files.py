@@ -3,9 +3,9 @@ other crafted kinds are tested in-process: tests/unit/test_untrusted_files.py)."
 
 from __future__ import annotations
 
+from tests.command_line import assert_one_line_error
 from tests.crafted import fifo_link
 from tests.faults.jobs import SMALL, run_job
-from tests.unit.test_cli import assert_one_line_error
 
 
 def test_a_checkpoint_linked_to_a_fifo_is_one_line_not_a_hang(tmp_path):

@@ -11,9 +11,9 @@ import pytest
 
 from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
+from tests.command_line import assert_one_line_error
 from tests.faults.jobs import SMALL, Send, run_job
 from tests.timeouts import scaled
-from tests.unit.test_cli import assert_one_line_error
 
 #: Long enough for a SIGTERM 1 s into training to land in it.
 LONG = "100000"

@@ -9,8 +9,8 @@ import pytest
 
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
+from tests.command_line import assert_one_line_error
 from tests.faults.jobs import SMALL, run_job
-from tests.unit.test_cli import assert_one_line_error
 
 
 def test_uneven_shards_run_the_same_number_of_steps_on_every_rank(tmp_path):
@@ -57,8 +57,8 @@ def test_a_rank_count_the_algorithm_cannot_use_is_one_line_and_exit_2(tmp_path):
 
 
 def _train(tmp_path, **options):
-    from hpcopt.comm import Comm
     from hpcopt import train
+    from hpcopt.comm import Comm
 
     values = {"dataset": "digits", "hidden": "12", "steps": "6", "interval": "4", "momentum": "0.9",
               "progress": "false", "out": str(tmp_path / "run"), **options}

@@ -18,9 +18,9 @@ import pytest
 from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint, run_id_of
 from hpcopt.io.trace import read_trace
 from hpcopt.run.lock import FILE_NAME as LOCK
+from tests.command_line import assert_one_line_error
 from tests.crafted import checkpoint_naming_a_module, checkpoint_with_foreign_out
 from tests.faults.jobs import HARD_TIMEOUT, ROOT, SMALL, STEPS, run_job
-from tests.unit.test_cli import assert_one_line_error
 
 #: What a crafted module does when imported: leave a file behind.
 EVIDENCE = "import pathlib\npathlib.Path(__file__).with_suffix('.imported').touch()\n\ndef build():\n" \

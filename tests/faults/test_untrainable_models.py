@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tests.command_line import assert_one_line_error  # noqa: E402
 from tests.faults.jobs import run_job  # noqa: E402
-from tests.unit.test_cli import assert_one_line_error  # noqa: E402
 from tests.unit.test_torch_check import UNTRAINABLE  # noqa: E402
 
 DIGITS = "on digits (1x8x8 images, 10 classes): "

@@ -14,7 +14,8 @@ FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
          "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
 
-def _write_idx(path: Path, array: np.ndarray) -> None:
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """``array`` as unsigned bytes in a gzipped IDX file (type 0x08: MNIST's layout)."""
     header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
     with gzip.open(path, "wb") as handle:
         handle.write(header + array.astype(np.uint8).tobytes())
@@ -28,8 +29,8 @@ def write_tiny_mnist(directory: Path, train: int = 480, test: int = 120, side: i
     for (images_name, labels_name), count in ((FILES[:2], train), (FILES[2:], test)):
         labels = np.arange(count) % 10
         images = 160 * templates[labels] + 95 * rng.random((count, side, side))
-        _write_idx(directory / images_name, np.clip(images, 0, 255))
-        _write_idx(directory / labels_name, labels)
+        write_idx(directory / images_name, np.clip(images, 0, 255))
+        write_idx(directory / labels_name, labels)
     return directory
 
 

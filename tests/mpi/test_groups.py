@@ -82,6 +82,7 @@ def test_group_rounds_cost_their_formula_and_are_modelled_on_the_group(comm):
         {"average": eth10.allreduce(d * 4, comm.size), GROUP_LABEL: eth10.allreduce(d * 4, g)}, rel=1e-12)
     assert f"{GROUP_LABEL} {1e3 * eth10.allreduce(d * 4, g):.3f} ms" in "\n".join(summary.lines())
     assert summary.rounds == steps // interval
+    assert (summary.group_rounds, summary.group_bytes_per_rank) == (group_rounds, group_rounds * d * 4)
 
 
 def test_groups_of_the_whole_world_are_prsgd_at_the_group_interval_bit_for_bit(comm):

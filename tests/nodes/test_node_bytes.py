@@ -1,6 +1,7 @@
 """Bytes by where they went, on two emulated nodes of two ranks (tests/nodes/launch.py): a
 group average on a node's communicator is counted in-node, the global average across nodes;
-the trace, the summary and the cost model (in-node calls at memory speed) carry the split."""
+the trace, the summary (its group averages' own split too) and the cost model (in-node calls at
+memory speed) carry the split."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ assert group.in_node_bytes == (group.bytes if {in_node} else 0)
 assert world.in_node_bytes == 0  # the world spans both nodes
 in_node = comm.stats.totals().in_node_bytes  # the summary's own reduction is across nodes
 assert summary.in_node_bytes_per_rank == comm.mpi.allreduce(in_node) / comm.size
+assert summary.group_bytes_per_rank == comm.mpi.allreduce(group.bytes) / comm.size
+assert summary.group_in_node_bytes_per_rank == comm.mpi.allreduce(group.in_node_bytes) / comm.size
+assert summary.group_in_node_bytes_per_rank <= summary.in_node_bytes_per_rank
+assert summary.group_rounds == group.calls  # one allreduce a group round
 nbytes, eth10 = state.x.nbytes, get_profile("eth10")
 node_level = MEMORY.allreduce(nbytes, 2) if {in_node} else eth10.allreduce(nbytes, 2)
 assert summary.modelled_per_round["group_average"] == pytest.approx(node_level, rel=1e-12)

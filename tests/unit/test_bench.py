@@ -11,9 +11,8 @@ import pytest
 
 from hpcopt.bench.common import parse_bytes, sizes_between
 from hpcopt.errors import HpcoptError
+from tests.command_line import ROOT
 from tests.timeouts import scaled
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def hpcopt(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -36,14 +35,40 @@ def test_bench_scaling_runs_from_outside_the_repository(tmp_path):
     done = hpcopt("bench", "scaling", "--ranks", "1", "--repeats", "1", "--steps", "4",
                   "--out", "table.md", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "| prsgd | weak | 1 | 32 |" in done.stdout and "| prsgd | strong | 1 |" in done.stdout
-    assert "| prsgd | weak | 1 | 32 | 1 (user) |" in done.stdout
+    assert "| prsgd | weak | 1 | 32 | 1 |" in done.stdout and "| prsgd | strong | 1 | 32 | 1 |" in done.stdout
+    assert "| prsgd | weak | 1 | 32 | 2 |" in done.stdout
+    assert "1 rank(s) with 2 BLAS threads each take " in done.stdout and "load average" in done.stdout
     assert (tmp_path / "table.md").read_text().count("| prsgd |") == 3
     # each launch reported as it starts and as it ends, with the time left
     progress = done.stderr.splitlines()
     assert [line.split(":")[-1].split(",")[0].strip() for line in progress[::2]] == ["started"] * 3
-    assert progress[1].startswith("[1/3] prsgd weak, 1 rank(s), batch 32/rank: ") and " eta " in progress[1]
+    assert progress[1].startswith("[1/3] prsgd weak, 1 rank(s), batch 32/rank, 1 thread(s)/rank: ")
+    assert " eta " in progress[1]
     assert progress[-1].startswith("[3/3] ") and progress[-1].endswith("eta 0 s")
+
+
+def test_scaling_efficiency_is_against_one_thread_per_rank_and_above_one_is_explained():
+    """Every scaling row and its 1-rank baseline run 1 thread per rank; the thread rows get a
+    ratio to 1 thread instead of an efficiency; an efficiency above 1 prints the note."""
+    from hpcopt.bench.scaling import ABOVE_ONE_NOTE, cases_for, table
+
+    cases = cases_for([1, 2], ["prsgd"], 32)
+    assert [c for c in cases if c[4] != 1] == [("prsgd", "weak", 1, 32, 2), ("prsgd", "weak", 2, 32, 2)]
+    ms = {("prsgd", "weak", 1, 32, 1): 2.0, ("prsgd", "weak", 2, 32, 1): 2.5,
+          ("prsgd", "strong", 1, 64, 1): 4.0, ("prsgd", "strong", 2, 32, 1): 2.5,
+          ("prsgd", "weak", 1, 32, 2): 8.0, ("prsgd", "weak", 2, 32, 2): 30.0}
+    assert list(ms) == cases
+    med = {case: {"seconds_per_step": t / 1e3, "samples_per_second": 1.0, "comm_share": 0.1,
+                  "threads": case[4]} for case, t in ms.items()}
+    lines = table(med, [1, 2], 32, "header")
+    rows = lines[4:10]
+    assert [row.split(" | ")[-1] for row in rows] == ["1.00 |", "0.80 |", "1.00 |", "0.80 |", "- |", "- |"]
+    assert "1 rank(s) with 2 BLAS threads each take 4.00x the time per step of 1 thread each" in lines
+    assert "2 rank(s) with 2 BLAS threads each take 12.00x the time per step of 1 thread each" in lines
+    assert ABOVE_ONE_NOTE not in lines
+    med[("prsgd", "strong", 2, 32, 1)]["seconds_per_step"] = 1.6e-3  # 4 / (2 x 1.6) = 1.25
+    lines = table(med, [1, 2], 32, "header")
+    assert lines[7].endswith("| 1.25 |") and lines[-1] == ABOVE_ONE_NOTE
 
 
 def test_bench_option_errors_are_one_line(tmp_path):

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.command_line import ROOT
+
 sys.path.insert(0, str(ROOT))  # the checkout: the benchmarks package
 
 from benchmarks.common.study import Run, find_run, sweep_file, toml_value  # noqa: E402

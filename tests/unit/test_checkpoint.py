@@ -24,8 +24,8 @@ from hpcopt.io.data_parallel_checkpoint import (Checkpoint, find_checkpoint, pru
 from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
 from tests import crafted
+from tests.command_line import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def synthetic(d: int = 6, world_size: int = 2, value: float = 1.0, mid_round: bool = True,

@@ -16,7 +16,7 @@ import pytest
 from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint
 from hpcopt.io.digest import seal
 from hpcopt.io.trace import read_trace
-from tests.unit.test_cli import ROOT, assert_one_line_error, launch
+from tests.command_line import ROOT, assert_one_line_error, launch
 
 SMALL = ["--dataset", "digits", "--hidden", "16", "--interval", "4", "--trace-every", "4"]
 

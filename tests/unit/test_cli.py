@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
-import os
-import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,41 +10,13 @@ import pytest
 import hpcopt.run
 from hpcopt import cli
 from hpcopt.errors import HpcoptError
-from tests.launcher import rank_lines
+from tests.command_line import assert_one_line_error, launch
+from tests.gpu.tiny_images import write_idx
 from tests.registered import refused
-from tests.timeouts import scaled
 
-ROOT = Path(__file__).resolve().parents[2]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
-def launch(args, ranks=2, python_code=None, timeout=120):
-    """Run ``mpiexec -n ranks python -m hpcopt ARGS`` (or python -c CODE) from the repository."""
-    command = ["mpiexec", "-n", str(ranks), sys.executable]
-    command += ["-c", python_code] if python_code else ["-m", "hpcopt", *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT=str(int(scaled(timeout)) - 10))
-    return subprocess.run(command, capture_output=True, text=True, timeout=scaled(timeout), env=env,
-                          cwd=ROOT)
-
-
-def assert_one_line_error(result, *fragments):
-    lines = rank_lines(result.stderr)
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("hpcopt: error: "), lines
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    assert "Traceback" not in result.stdout + result.stderr
-
-
-def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> None:
-    header = struct.pack(">BBBB", 0, 0, type_code, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    with gzip.open(path, "wb") as handle:
-        handle.write(header + array.astype(">u1").tobytes())
-
-
-#: Bad options found while parsing and configuring (before any data is loaded): checked in
-#: this process, each launched case below checks the whole path to one line and exit 2.
 CONFIG_ERRORS = [
     (["train", "--algorithm", "sgdx"], ["unknown algorithm 'sgdx'"]),
     (["train", "--interval", "0"], ["interval", ">= 1"]),

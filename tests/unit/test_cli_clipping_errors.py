@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.command_line import assert_one_line_error, launch
 from tests.mpi.lm_corpus import write_tiny_ptb
-from tests.unit.test_cli import assert_one_line_error, launch
 
 LM = ["--dataset", "shakespeare", "--model", "lstm", "--hidden", "8"]
 

@@ -19,10 +19,10 @@ from hpcopt.io.report import read_each
 from hpcopt.io.trace import Trace
 from hpcopt.run import progress
 from hpcopt.study import collect, layout
+from tests.command_line import assert_one_line_error, launch
 from tests.crafted import truncated_trace
 from tests.runs import fresh_train
 from tests.timeouts import scaled
-from tests.unit.test_cli import assert_one_line_error, launch
 
 
 @pytest.fixture(scope="module")

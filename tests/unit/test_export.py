@@ -15,8 +15,8 @@ from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
 from hpcopt.study.export import export, scalars
+from tests.command_line import assert_one_line_error, launch
 from tests.runs import fresh_train
-from tests.unit.test_cli import assert_one_line_error, launch
 
 
 @pytest.fixture(scope="module")

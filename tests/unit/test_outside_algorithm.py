@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
+from tests.command_line import ROOT, assert_one_line_error, launch
 from tests.timeouts import scaled
-from tests.unit.test_cli import ROOT, assert_one_line_error, launch
 
 DISTRIBUTION = "hpcopt-test-outside-algorithm"
 ALGORITHM = """

@@ -1,8 +1,8 @@
 """What anyone who can write in a run or study directory can plant where hpcopt expects its own
 files (hpcopt.io.safe_files): a FIFO, a device or a huge file is refused in one line without
 blocking or reading it whole, a sparse trace declares no more than its blocks hold, and
-``collect`` and ``export`` replace a planted link instead of writing through it or out of
-``--out``."""
+``collect``, ``export``, ``report`` and ``sweep`` replace a planted link instead of writing
+through it or out of ``--out``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from hpcopt.study.export import export
 from tests import crafted
 from tests.memory import peak_allocation
 from tests.runs import fresh_train
+from tests.timeouts import scaled
 from tests.unit.test_collect import make_study
 
 MB = 1 << 20
@@ -51,6 +52,17 @@ def refused_promptly(call, *fragments: str) -> str:
     assert time.monotonic() - start < PROMPT, message
     assert "\n" not in message and all(f in message for f in fragments), message
     return message
+
+
+def finished_promptly(call, limit: float = PROMPT):
+    """``call``'s result, in a thread that must end within ``limit`` s (a write into a FIFO
+    would block it for good: the test fails instead of hanging)."""
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(limit)
+    assert not worker.is_alive() and result, "still blocked, or it raised (see the thread's traceback)"
+    return result[0]
 
 
 # -- FIFOs and devices where a file is expected (items 1 and 5) ---------------------------------
@@ -174,13 +186,20 @@ def test_reading_a_trace_holds_its_rows_once(run, tmp_path):
 
 # -- outputs never through a link, never out of --out (item 4) -----------------------------------
 
-def test_collect_replaces_a_planted_link_instead_of_writing_through_it(run, tmp_path):
+def plant_links(tmp_path: Path, folder: str, *names: str) -> tuple[Path, Path]:
+    """(``tmp_path/precious``, holding "keep me", and the new folder ``tmp_path/folder`` with a
+    link to it at each of ``names``)."""
     precious = tmp_path / "precious"
     precious.write_text("keep me\n")
-    out = tmp_path / "out"
+    out = tmp_path / folder
     out.mkdir()
-    (out / "study.csv").symlink_to(precious)
-    (out / "study.md").symlink_to(precious)
+    for name in names:
+        (out / name).symlink_to(precious)
+    return precious, out
+
+
+def test_collect_replaces_a_planted_link_instead_of_writing_through_it(run, tmp_path):
+    precious, out = plant_links(tmp_path, "out", "study.csv", "study.md")
     written = collect([run], out)
     assert precious.read_text() == "keep me\n"
     for path in written:
@@ -211,6 +230,49 @@ def test_export_never_writes_out_of_its_out_nor_through_a_link(run, tmp_path, mo
     (planted / "run-a").symlink_to(elsewhere)
     refused_promptly(lambda: export([str(run)], "csv", planted), f"{planted / 'run-a'} is a symbolic link")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_report_replaces_planted_links_and_fifos_instead_of_writing_through_them(run, tmp_path):
+    """``hpcopt report --out DIR`` wrote its PNGs and report.md through a link planted at their
+    names (and a FIFO there blocked it for good)."""
+    pytest.importorskip("matplotlib")
+    from hpcopt.io.report import write_report
+
+    precious, out = plant_links(tmp_path, "report", "steps.png", "report.md")
+    os.mkfifo(out / "wall.png")
+    written = finished_promptly(lambda: write_report([run], out), scaled(120))  # four plots
+    assert precious.read_text() == "keep me\n"
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)  # no temporary left
+    for path in written:
+        assert not path.is_symlink() and path.is_file(), path
+    assert (out / "steps.png").read_bytes().startswith(b"\x89PNG")
+    assert (out / "report.md").read_text().startswith("# hpcopt report")
+
+
+def test_sweep_replaces_planted_links_instead_of_writing_through_them(tmp_path):
+    """``hpcopt sweep --out DIR`` wrote its scripts, site file, sweep file and manifest through
+    links planted at their names (and chmod-ed the link's target to 0755); a FIFO at one of them
+blocked it for good."""
+    from hpcopt.cli import make_parser
+    from hpcopt.study import sweep
+
+    spec = tmp_path / "sweep.toml"
+    spec.write_text('[job]\nscheduler = "slurm"\n[train]\ndataset = "digits"\nsteps = 4\n'
+                    '[sweep]\nranks = [1]\ninterval = [1, 2]\n')
+    names = ("array-n1.sh", layout.SITE, layout.SPEC)  # a manifest unlike the study's is refused first
+    precious, out = plant_links(tmp_path, "study", *names)
+    precious.chmod(0o600)
+    (out / layout.SITE).unlink()
+    os.mkfifo(out / layout.SITE)
+    args = make_parser().parse_args(["sweep", str(spec), "--out", str(out)])
+    assert finished_promptly(lambda: sweep.run(args)) == 0
+    assert precious.read_text() == "keep me\n" and precious.stat().st_mode & 0o777 == 0o600
+    for name in names:
+        assert not (out / name).is_symlink() and (out / name).is_file(), name
+    assert sorted(p.name for p in out.iterdir()) == sorted([*names, layout.MANIFEST, "logs"])  # no temporary
+    assert (out / "array-n1.sh").stat().st_mode & 0o777 == 0o755
+    assert (out / layout.SPEC).read_text() == spec.read_text()
+    assert len(layout.read_manifest(out)) == 2
 
 
 def test_outputs_written_by_rename_keep_the_modes_of_files_written_in_place(run, tmp_path):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.command_line import ROOT
+
 PAGE = ROOT / "docs" / "failures.md"
 
 

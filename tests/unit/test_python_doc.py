@@ -12,8 +12,8 @@ import pytest
 
 import hpcopt
 import hpcopt.algorithms
+from tests.command_line import ROOT
 from tests.timeouts import scaled
-from tests.unit.test_cli import ROOT
 
 DOC = (ROOT / "docs" / "python.md").read_text()
 

@@ -9,7 +9,6 @@ import pytest
 
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
-from hpcopt.io.trace import read_trace
 from hpcopt.io.report import (
     AXES,
     ONE_POINT_NOTE,
@@ -19,7 +18,8 @@ from hpcopt.io.report import (
     run_labels,
     write_report,
 )
-from tests.unit.test_cli import assert_one_line_error, launch
+from hpcopt.io.trace import read_trace
+from tests.command_line import assert_one_line_error, launch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -27,8 +27,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     """Two finished 1-rank runs that differ in the averaging interval, with evaluations."""
-    from hpcopt.comm import Comm
     from hpcopt import train
+    from hpcopt.comm import Comm
 
     root = tmp_path_factory.mktemp("runs")
     paths = []
@@ -105,8 +105,8 @@ def test_report_command_line(two_runs, tmp_path):
 
 
 def test_language_model_runs_are_reported_by_perplexity(tmp_path):
-    from hpcopt.comm import Comm
     from hpcopt import train
+    from hpcopt.comm import Comm
 
     out = tmp_path / "lm"
     config = build_config(None, {"dataset": "shakespeare", "model": "lstm", "hidden": "8",
@@ -172,8 +172,8 @@ def test_traces_are_read_in_a_child_first_and_damage_names_the_file(two_runs, tm
 
 def test_labels_carry_only_the_differing_options_that_apply_to_each_run(tmp_path):
     """An i.i.d. run is not labelled with the Dirichlet alpha it does not use."""
-    from hpcopt.comm import Comm
     from hpcopt import train
+    from hpcopt.comm import Comm
 
     paths = []
     for name, partition in (("iid", {}), ("skewed", {"partition": "dirichlet", "alpha": "0.5"})):

@@ -2,9 +2,9 @@
 nothing else."""
 
 import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.command_line import ROOT
+
 _spec = importlib.util.spec_from_file_location("sections", ROOT / "benchmarks" / "common" / "sections.py")
 sections = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sections)

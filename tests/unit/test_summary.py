@@ -10,12 +10,12 @@ from hpcopt.run.data_parallel import Summary
 from hpcopt.run.threads import ThreadChoice
 
 
-def summary(workers: int) -> Summary:
+def summary(workers: int, **group: float) -> Summary:
     return Summary(steps=16, rounds=2, final=Evaluation(0.9, 0.8, 100), train_loss=1.0,
                    wall_seconds=1.0, comm_seconds=0.01, bytes_per_rank=2.01e6,
                    average_bytes_per_rank=1.34e6, in_node_bytes_per_rank=0.5e6, parameters=167_178,
                    workers=workers,
-                   samples_per_second=100.0, threads=ThreadChoice(1, "test"))
+                   samples_per_second=100.0, threads=ThreadChoice(1, "test"), **group)
 
 
 def communicated(workers: int) -> str:
@@ -31,3 +31,11 @@ def test_one_rank_communicates_nothing():
 def test_several_ranks_report_bytes_per_rank_the_averaging_share_and_where_they_went(workers):
     assert communicated(workers) == ("2.01 MB per rank (1.34 MB averaging the 167,178 parameters; "
                                      "0.50 MB in-node, 1.51 MB across nodes)")
+
+
+def test_a_two_level_run_reports_its_group_averages_and_where_they_went():
+    lines = summary(4, group_rounds=6, group_bytes_per_rank=0.4e6, group_in_node_bytes_per_rank=0.3e6).lines()
+    assert "group averages    0.40 MB per rank in 6 rounds (0.30 MB in-node, 0.10 MB across nodes)" in lines
+    assert not [line for line in summary(4).lines() if line.startswith("group averages")]
+    assert not [line for line in summary(1, group_rounds=6, group_bytes_per_rank=0.4e6).lines()
+                if line.startswith("group averages")]

@@ -17,7 +17,7 @@ from hpcopt.cli import make_parser
 from hpcopt.errors import HpcoptError
 from hpcopt.study import layout, sweep
 from hpcopt.study.spec import JOB_DEFAULTS, Study, load_study, tasks
-from tests.unit.test_cli import assert_one_line_error
+from tests.command_line import assert_one_line_error
 
 BASIC = """
 [job]
@@ -221,7 +221,7 @@ def test_a_task_record_is_locked_while_it_runs(tmp_path):
 
 
 def test_sweep_command_line_errors_are_one_line(tmp_path):
-    from tests.unit.test_cli import launch
+    from tests.command_line import launch
 
     assert_one_line_error(launch(["sweep", str(tmp_path / "none.toml")], ranks=1), "sweep file not found")
     bad = write_sweep(tmp_path, "[sweep]\nlr = [0.1, 0]\n")

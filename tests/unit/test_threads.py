@@ -1,4 +1,4 @@
-"""hpcopt.run.threads: BLAS threads per rank, and the user's thread variable wins."""
+"""hpcopt.run.threads: 1 BLAS thread per rank by default, and the user's thread variable wins."""
 
 from __future__ import annotations
 
@@ -66,15 +66,20 @@ def test_configure_respects_user_variable(clean_env, limits_calls):
     assert limits_calls == []  # the user's setting is left alone
 
 
-def test_configure_limits_to_cores_per_rank(clean_env, limits_calls, monkeypatch):
+def test_configure_limits_each_rank_to_one_thread_and_names_its_share(clean_env, limits_calls, monkeypatch):
+    """1 thread per rank whatever the cores (benchmarks/speed/blas_threads.py); the reason says
+    what OMP_NUM_THREADS would give each rank its share of the cores."""
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
     choice = configure_threads(ranks_on_node=4)
-    assert choice == ThreadChoice(2, "8 core(s) / 4 rank(s) on this node")
-    assert limits_calls == [{"limits": 2}]
-    assert choice.describe().startswith("2 BLAS thread(s) per rank")
+    assert choice == ThreadChoice(1, "hpcopt's default; 8 core(s) / 4 rank(s) on this node; "
+                                     "OMP_NUM_THREADS=2 would give each rank its share")
+    assert limits_calls == [{"limits": 1}]
+    assert choice.describe().startswith("1 BLAS thread(s) per rank")
 
 
-def test_configure_oversubscribed_node_gets_one_thread(clean_env, limits_calls, monkeypatch):
-    monkeypatch.setattr(threads, "available_cores", lambda: 2)
-    assert configure_threads(ranks_on_node=4).threads == 1
+@pytest.mark.parametrize("cores", [1, 2])
+def test_a_node_without_spare_cores_gets_one_thread_and_no_hint(clean_env, limits_calls, monkeypatch, cores):
+    monkeypatch.setattr(threads, "available_cores", lambda: cores)
+    choice = configure_threads(ranks_on_node=4)
+    assert choice == ThreadChoice(1, f"hpcopt's default; {cores} core(s) / 4 rank(s) on this node")
     assert limits_calls == [{"limits": 1}]

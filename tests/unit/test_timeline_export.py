@@ -22,9 +22,9 @@ from hpcopt.io.trace import read_trace
 from hpcopt.io.vet import vet_traces
 from hpcopt.study.export import export
 from tests import crafted
+from tests.command_line import assert_one_line_error, launch
 from tests.runs import fresh_train
 from tests.trace_events import assert_nested, check_trace_event_format
-from tests.unit.test_cli import assert_one_line_error, launch
 
 STEPS = 24
 

@@ -57,6 +57,15 @@ def test_a_module_that_fits_is_built_as_before(comm):
     assert workload.layout.size == sum(p.numel() for p in workload.problem.model.module.parameters())
 
 
+def test_the_header_names_the_data_set_of_a_torch_model(comm):
+    """The run's header (its workload's description) names the data set, its split and a
+    partition other than iid, as it does for the built-in models."""
+    config = build_config(None, {"model": "torch:tests.torch_models:bn_cnn", "dataset": "digits",
+                                 "steps": "2", "batch_size": "8", "partition": "block"})
+    description = config_workload(config, comm, CPU).description
+    assert description == "digits (1438 train / 359 test, partition block), torch Sequential, batch 8/rank"
+
+
 def data(n=16, features=6, classes=3):
     g = torch.Generator().manual_seed(0)
     return TensorData(torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g))
