@@ -383,11 +383,12 @@ def fragment_cuts(sizes, fragments):
     return [(ends[a], ends[b]) for a, b in zip(cuts, cuts[1:])]
 
 
-def streaming_reference(config, workers: int) -> np.ndarray:
+def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     """Final averaged model of Streaming DiLoCo, serially: fragment p's mean taken after steps
     s = p H // P (mod H), its outer step (own anchor and buffer) and the mix
     x_p <- (1 - alpha) x_p + alpha x0_p applied tau steps later; the means still due at the
-    end are applied then, and the run ends with the plain average."""
+    end are applied then, and the run ends with the plain average. ``outer_of(x0_p)``: each
+    fragment's outer optimizer (default: ``Outer.of`` the config's)."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
     interval, fragments, overlap, alpha = algo.interval, algo.fragments, algo.overlap, algo.fragment_mix
@@ -396,7 +397,8 @@ def streaming_reference(config, workers: int) -> np.ndarray:
     bounds = fragment_cuts(sizes, fragments)
     x = [p.workload.x0.astype(np.float64).copy() for p in parts]
     inner = [Worker(x[0], InnerOptions.of(algo)) for _ in parts]
-    outers = [Outer.of(x[0][a:b], algo) for a, b in bounds]
+    outer_of = outer_of or (lambda x0: Outer.of(x0, algo))
+    outers = [outer_of(x[0][a:b]) for a, b in bounds]
     g = np.zeros_like(x[0])
     due = {}  # fragment -> (the step its mean was taken, the mean)
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from ..errors import HpcoptError
 from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
@@ -27,9 +29,9 @@ from .momentum import (
     apply_momentum_policy,
     check_momentum_policy,
 )
-from .outer import OUTER_OPTIMIZERS, OuterOptimizer, check_outer
+from .outer import OUTER_OPTIMIZERS, Outer, OuterOptimizer, check_outer
 from .schedules import SCHEDULES, Schedule
-from .state import AVERAGE, REFUSE, RESET, SAME, counter, model, scratch, shared, vector
+from .state import AVERAGE, REFUSE, RESET, SAME, counter, model, scratch, shared, vector, with_shared
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 Array = Any
 
 AVERAGE_LABEL = "average"  # the communication label of a round's average of the models
+WHOLE = slice(None)  # the whole model, as a part of it
 
 
 @dataclass
@@ -229,9 +232,6 @@ class Rounds(ScheduledSGD):
     """Options of the algorithms that average every I local steps, and what a round does: the
     momentum policies on the inner optimizer's state, then the outer optimizer's step."""
 
-    #: The state field holding the outer optimizer's buffer (SlowMo's checkpoints name it).
-    outer_buffer_field: ClassVar[str] = "outer_buffer"
-
     interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
     momentum_policy: str = option("keep", f"momentum buffers (sgd's b, adamw's m) at a round: "
                                           f"{' | '.join(MOMENTUM_POLICIES)}")
@@ -249,22 +249,23 @@ class Rounds(ScheduledSGD):
         self.outer  # noqa: B018 - its checks
 
     @property
-    def outer(self) -> OuterOptimizer:
+    def outer(self) -> Outer:
         """The outer optimizer a round applies (``OuterOptions``: the options'; SlowMo: its own)."""
         raise NotImplementedError
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
-        """ScheduledSGD's state and the outer optimizer's: the anchor (x0) and its buffer. The
-        moments that a policy averages at the rounds live in node-shared memory where the
-        averaging can reduce them there (``Comm.shared_like``), like x."""
-        state = super().new_state(x0, comm, buffers, state_type)
+        """ScheduledSGD's state and the outer optimizer's (its declared ``fields``, added to
+        ``state_type`` where it lacks them). The moments that a policy averages at the rounds
+        live in node-shared memory where the averaging can reduce them there
+        (``Comm.shared_like``), like x."""
+        state = super().new_state(x0, comm, buffers, with_shared(state_type, self.outer.fields))
         for name, policy in (("momentum", self.momentum_policy), ("exp_avg", self.momentum_policy),
                              ("exp_avg_sq", self.second_moment_policy)):
             moment = getattr(state, name, None)
             if moment is not None and policy == "average":
                 setattr(state, name, comm.shared_like(moment))
-        state.anchor, buffer = self.outer.new_state(state.x)
-        setattr(state, self.outer_buffer_field, buffer)
+        for name, value in self.outer.new_state(state.x).items():
+            setattr(state, name, value)
         return state
 
     def round_policies(self, state: DataParallelState, average: Callable[[Array, str], Any]) -> None:
@@ -283,14 +284,21 @@ class Rounds(ScheduledSGD):
                 since_reset if self.second_moment_policy == "reset" else since_start)
 
     def state_vectors(self) -> tuple[int, int]:
-        """ScheduledSGD's, and the outer optimizer's anchor and buffer (shared)."""
+        """ScheduledSGD's, and the outer optimizer's state (shared)."""
         per_rank, _ = super().state_vectors()
-        return per_rank, int(self.outer.has_anchor) + int(self.outer.has_buffer)
+        kept = self.outer.new_state(np.zeros(1))  # which fields this run holds, on a stand-in x
+        return per_rank, sum(value is not None for value in kept.values())
 
-    def outer_step(self, state: DataParallelState, eta: float) -> None:
-        """The outer optimizer's step from the round's average in ``state.x`` (``state.grad``,
-        free between steps, as scratch); ``eta``: the base lr at the round's last step."""
-        self.outer.step(state.x, state.anchor, getattr(state, self.outer_buffer_field), state.grad, eta)
+    def outer_step(self, state: DataParallelState, eta: float, mean: Array | None = None,
+                   part: slice = WHOLE) -> None:
+        """The outer optimizer's step, the one place every round takes it (whole-model rounds
+        and streaming fragments alike): from the round's mean (``state.x`` unless given; a
+        fragment's: ``mean`` and ``part`` of the model) on that part of each of its fields
+        (``state.grad``, free between steps, as scratch); ``mean`` becomes the new start.
+        ``eta``: the base lr at the round's last step."""
+        values = {name: None if (value := getattr(state, name)) is None else value[part]
+                  for name in self.outer.fields}
+        self.outer.step(state.x[part] if mean is None else mean, values, state.grad[part], eta)
 
     def describe_optimizers(self) -> str:
         """The inner and outer optimizers, for ``describe`` (empty for sgd and the average)."""

@@ -29,8 +29,9 @@ state fields, saved once per checkpoint.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..backend import array_module
 from ..errors import HpcoptError
@@ -42,13 +43,45 @@ OUTER_OPTIMIZERS = ("average", "sgd", "nesterov", "slowmo")
 DILOCO_LR, DILOCO_MOMENTUM = 0.7, 0.9
 
 
+class Outer(Protocol):
+    """An outer optimizer: what a round does with the ranks' mean, and the state it keeps.
+
+    ``fields`` names the state fields it keeps between rounds, every one a ``shared()`` array
+    like x (the same on every rank): ``Rounds.new_state`` adds those the algorithm's state
+    class lacks, so a checkpoint holds them by declaration. ``"anchor"`` (the round's start
+    x_0) is the one name with a meaning outside it: a round starts there (CELGC's first round,
+    the wire's pseudo-gradient). ``step`` is called from one place (``Rounds.outer_step``), on
+    the whole model or on a fragment's slices of the mean and of every field."""
+
+    @property
+    def fields(self) -> tuple[str, ...]: ...
+
+    def new_state(self, x: Array) -> dict[str, Array | None]:
+        """Each of ``fields`` at the start (None: this run keeps none)."""
+        ...
+
+    def step(self, mean: Array, state: Mapping[str, Array | None], scratch: Array, eta: float) -> None:
+        """``mean`` holds the round's mean: update ``state`` from it and set ``mean`` to the
+        model every rank continues from; ``scratch`` (like mean) may be overwritten; ``eta``
+        is the base lr at the round's last step."""
+        ...
+
+    def describe(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class OuterOptimizer:
-    """One outer optimizer (``kind`` of ``OUTER_OPTIMIZERS``), its lr and momentum mu."""
+    """One outer optimizer (``kind`` of ``OUTER_OPTIMIZERS``), its lr and momentum mu; its
+    buffer is the state field ``buffer_field``."""
 
     kind: str = "average"
     lr: float = 1.0
     momentum: float = 0.0
+    buffer_field: str = "outer_buffer"
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return ("anchor", self.buffer_field)
 
     @property
     def has_anchor(self) -> bool:
@@ -60,21 +93,21 @@ class OuterOptimizer:
         """Whether it keeps a momentum buffer (``slowmo`` always, as SlowMo's state has)."""
         return self.kind in ("nesterov", "slowmo") or (self.kind == "sgd" and self.momentum > 0)
 
-    def new_state(self, x: Array) -> tuple[Array | None, Array | None]:
+    def new_state(self, x: Array) -> dict[str, Array | None]:
         """The anchor (a copy of the common x) and the zero buffer, None where it has none."""
         anchor = x.copy() if self.has_anchor else None
         buffer = array_module(x).zeros_like(x) if self.has_buffer else None
-        return anchor, buffer
+        return {"anchor": anchor, self.buffer_field: buffer}
 
-    def step(self, x: Array, anchor: Array | None, buffer: Array | None, scratch: Array,
-             eta: float) -> None:
-        """x holds the round's average: move the anchor from it (module docstring) and set
-        x to the new anchor. ``scratch`` (like x) is overwritten; ``eta`` is used by slowmo."""
+    def step(self, mean: Array, state: Mapping[str, Array | None], scratch: Array, eta: float) -> None:
+        """Move the anchor from the mean (module docstring) and set ``mean`` to the new anchor;
+        ``eta`` is used by slowmo."""
+        anchor, buffer = state["anchor"], state[self.buffer_field]
         if anchor is None:
             return
         delta = scratch
         delta[...] = anchor
-        delta -= x
+        delta -= mean
         if self.kind == "slowmo":
             assert buffer is not None
             delta /= eta
@@ -92,7 +125,7 @@ class OuterOptimizer:
                     delta[...] = buffer
             delta *= self.lr
         anchor -= delta
-        x[...] = anchor
+        mean[...] = anchor
 
     def describe(self) -> str:
         if self.kind == "average":
@@ -101,7 +134,8 @@ class OuterOptimizer:
         return f"outer {self.kind} (lr {self.lr:g}{momentum})"
 
 
-def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, str]) -> OuterOptimizer:
+def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, str],
+                buffer_field: str = "outer_buffer") -> OuterOptimizer:
     """The outer optimizer of these option values (``nesterov`` with momentum 0: DiLoCo's, module
     docstring), or a HpcoptError naming the options (``names``: those of kind, lr and momentum)."""
     kind_name, lr_name, momentum_name = names
@@ -117,4 +151,4 @@ def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, st
                           f"{', '.join(OUTER_OPTIMIZERS[1:])}, not average")
     if kind == "nesterov" and momentum == 0:
         momentum, lr = DILOCO_MOMENTUM, DILOCO_LR if lr == 1 else lr
-    return OuterOptimizer(kind, lr, momentum)
+    return OuterOptimizer(kind, lr, momentum, buffer_field)

@@ -27,6 +27,7 @@ the same on every rank once averaged, so they carry over as they are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import field
 from typing import Any
 
@@ -84,6 +85,19 @@ def _policy(rescale: str) -> str:
 def scratch(default: Any = None) -> Any:
     """Working memory or run-time objects rebuilt at every start: never saved."""
     return field(default=default, metadata={KIND: SCRATCH})
+
+
+@functools.cache
+def with_shared(state_type: type, names: tuple[str, ...]) -> type:
+    """``state_type``, or where it lacks some of ``names`` a subclass that declares them
+    ``shared()`` (a piece's own state, e.g. an outer optimizer's moments): one class per
+    combination, so a checkpoint holds what the pieces declare."""
+    have = {f.name for f in dataclasses.fields(state_type)}
+    missing = [name for name in dict.fromkeys(names) if name not in have]
+    if not missing:
+        return state_type
+    return dataclasses.make_dataclass(state_type.__name__, [(name, Any, shared()) for name in missing],
+                                      bases=(state_type,))
 
 
 def fields_of(state: Any, *kinds: str) -> tuple[str, ...]:

@@ -11,11 +11,12 @@ alpha = ``fragment_mix``, fragment p (offset o_p = floor(p H / P)) on every rank
         send_i,p <- x_i,p;  start the sum over ranks of send_i,p    (Iallreduce, label "fragments")
     after local step s + tau (the same step when tau = 0):
         xbar_p = (1/N) sum_j send_j,p
-        the outer step on (anchor_p, buffer_p) from xbar_p           (eta = lr_{s-1}; average: xbar_p)
+        the outer step on (anchor_p, its state_p) from xbar_p        (eta = lr_{s-1}; average: xbar_p)
         x_i,p <- (1 - alpha) x_i,p + alpha x0_p                      (x0_p the new anchor; 1: replace)
 
-Each fragment has its own slice of the outer optimizer's anchor and buffer, so the outer step
-(``hpcopt.algorithms.outer``) applies per fragment (Nesterov per fragment, as the paper). The
+Each fragment has its own slice of the outer optimizer's state (anchor, buffer, moments), so the
+outer step (``hpcopt.algorithms.outer``) applies per fragment (Nesterov per fragment, as the
+paper), taken where every round takes it (``Rounds.outer_step``). The
 constraints: 1 <= P <= H (distinct offsets), 0 <= tau < H (a fragment's reduction lands before
 its next one starts; tau <= H // P keeps at most one fragment in flight, the paper's setting),
 0 < alpha <= 1. A round is still H steps: it counts ``rounds`` and synchronizes batch-norm
@@ -183,8 +184,8 @@ class FragmentSchedule:
 
     def step(self, state: Any, comm: Comm, rounds: Any) -> None:
         """After local step ``state.step``: apply the fragment due, then send the one due (tau
-        = 0: send it, then apply it). ``rounds`` is the algorithm: its ``outer`` optimizer,
-        ``outer_buffer_field`` and ``lr_at``."""
+        = 0: send it, then apply it). ``rounds`` is the algorithm: its ``outer_step`` and
+        ``lr_at``."""
         step, overlap = state.step, self.overlap
         done = self.sent_at(step - overlap)
         if done is not None and overlap > 0:  # first: it leaves the wire before the next starts
@@ -219,10 +220,7 @@ class FragmentSchedule:
         mean = reductions.received[start:stop]
         if comm.size > 1:
             mean /= comm.size
-        anchor, buffer = state.anchor, getattr(state, rounds.outer_buffer_field)
-        rounds.outer.step(mean, None if anchor is None else anchor[start:stop],
-                   None if buffer is None else buffer[start:stop], state.grad[start:stop],
-                   rounds.lr_at(sent - 1))
+        rounds.outer_step(state, rounds.lr_at(sent - 1), mean, slice(start, stop))
         x = state.x[start:stop]
         if self.mix == 1:
             x[...] = mean

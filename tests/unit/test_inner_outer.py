@@ -47,7 +47,8 @@ def test_the_outer_step_is_pytorchs_sgd_on_the_pseudo_gradient(kind, nesterov):
     torch = pytest.importorskip("torch")
     x0 = np.linspace(-1, 1, 7)
     outer = OuterOptimizer(kind, lr=0.7, momentum=0.9)
-    anchor, buffer = outer.new_state(x0)
+    state = outer.new_state(x0)
+    anchor = state["anchor"]
     param = torch.nn.Parameter(torch.tensor(x0.copy()))
     reference = torch.optim.SGD([param], lr=0.7, momentum=0.9, nesterov=nesterov)
     for g in gradients(6):
@@ -55,7 +56,7 @@ def test_the_outer_step_is_pytorchs_sgd_on_the_pseudo_gradient(kind, nesterov):
         param.grad = torch.tensor(param.detach().numpy() - mean)
         reference.step()
         x = mean.copy()
-        outer.step(x, anchor, buffer, np.empty_like(x), eta=0.1)
+        outer.step(x, state, np.empty_like(x), eta=0.1)
         np.testing.assert_array_equal(x, anchor)  # every rank continues from the new anchor
         np.testing.assert_allclose(anchor, param.detach().numpy(), rtol=1e-13, atol=1e-15)
 
@@ -69,7 +70,8 @@ def test_the_outer_step_is_pytorchs_sgd_on_the_pseudo_gradient(kind, nesterov):
 ])
 def test_the_outer_state_is_allocated_only_where_it_is_used(kind, momentum, has_anchor, has_buffer):
     x = np.arange(4.0)
-    anchor, buffer = OuterOptimizer(kind, 1.0, momentum).new_state(x)
+    state = OuterOptimizer(kind, 1.0, momentum).new_state(x)
+    anchor, buffer = state["anchor"], state["outer_buffer"]
     assert (anchor is not None, buffer is not None) == (has_anchor, has_buffer)
     if anchor is not None:
         np.testing.assert_array_equal(anchor, x)
@@ -81,7 +83,8 @@ def test_the_outer_state_is_allocated_only_where_it_is_used(kind, momentum, has_
 def test_sgd_with_unit_lr_and_no_momentum_is_the_average_to_rounding():
     anchor, mean = np.linspace(-1, 1, 9), np.linspace(-0.5, 2, 9)
     x = mean.copy()
-    OuterOptimizer("sgd", 1.0, 0.0).step(x, anchor, None, np.empty_like(x), eta=0.1)
+    OuterOptimizer("sgd", 1.0, 0.0).step(x, {"anchor": anchor, "outer_buffer": None},
+                                         np.empty_like(x), eta=0.1)
     np.testing.assert_allclose(x, mean, rtol=0, atol=1e-15)
 
 
