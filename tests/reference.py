@@ -104,18 +104,21 @@ def round_policies(workers, members=None):
 
 class Outer:
     """The outer optimizer on the pseudo-gradient Delta = anchor - mean (average | sgd | nesterov
-    | slowmo), with its momentum buffer."""
+    | slowmo | fedadam | fedyogi), with its momentum buffer (fedadam, fedyogi: its moments m, v
+    from 0 and tau^2, beta1 = momentum; Reddi et al. 2021, Algorithm 2)."""
 
-    def __init__(self, x0, kind="average", lr=1.0, momentum=0.0):
-        self.kind, self.lr, self.momentum = kind, lr, momentum
+    def __init__(self, x0, kind="average", lr=1.0, momentum=0.0, beta2=0.99, tau=1e-3):
+        self.kind, self.lr, self.momentum, self.beta2, self.tau = kind, lr, momentum, beta2, tau
         self.anchor, self.buffer = x0.copy(), np.zeros_like(x0)
+        self.v = np.full_like(x0, tau * tau)
 
     @classmethod
     def of(cls, x0, options) -> Outer:
         """The outer optimizer of a config's [algorithm] section (slowmo: its slow options)."""
         if options.algorithm == "slowmo":
             return cls(x0, "slowmo", options.slow_lr, options.slow_momentum)
-        return cls(x0, options.outer_optimizer, options.outer_lr, options.outer_momentum)
+        return cls(x0, options.outer_optimizer, options.outer_lr, options.outer_momentum,
+                   options.outer_beta2, options.outer_tau)
 
     def step(self, mean, eta):
         """The model every worker continues from after a round whose average is ``mean``;
@@ -123,7 +126,14 @@ class Outer:
         delta = self.anchor - mean
         if self.kind == "average":
             return mean.copy()
-        if self.kind == "slowmo":
+        if self.kind in ("fedadam", "fedyogi"):
+            self.buffer = self.momentum * self.buffer + (1 - self.momentum) * delta
+            if self.kind == "fedadam":
+                self.v = self.beta2 * self.v + (1 - self.beta2) * delta ** 2
+            else:
+                self.v = self.v - (1 - self.beta2) * delta ** 2 * np.sign(self.v - delta ** 2)
+            self.anchor = self.anchor - self.lr * self.buffer / (np.sqrt(self.v) + self.tau)
+        elif self.kind == "slowmo":
             self.buffer = self.momentum * self.buffer + delta / eta
             self.anchor = self.anchor - self.lr * eta * self.buffer
         elif self.kind == "nesterov":

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import HpcoptError
 from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
+from .fedopt import FEDOPT_BETA2, FEDOPT_TAU
 from .inner import ADAMW_DEFAULTS, INNER_OPTIMIZERS, adamw_step, blockwise, check_adamw, sgd_step
 from .momentum import (
     MOMENTUM_LABEL,
@@ -29,7 +30,7 @@ from .momentum import (
     apply_momentum_policy,
     check_momentum_policy,
 )
-from .outer import OUTER_OPTIMIZERS, Outer, OuterOptimizer, check_outer
+from .outer import OUTER_OPTIMIZERS, Outer, check_outer
 from .schedules import SCHEDULES, Schedule
 from .state import AVERAGE, REFUSE, RESET, SAME, counter, model, scratch, shared, vector, with_shared
 
@@ -313,11 +314,15 @@ class OuterOptions(Rounds):
     outer_optimizer: str = option("average", f"what a round does with the ranks' mean: "
                                              f"{' | '.join(OUTER_OPTIMIZERS)} (hpcopt.algorithms.outer)")
     outer_lr: float = option(1.0, "the outer optimizer's learning rate (sgd, nesterov: 1 = DiLoCo's 0.7 "
-                                  "where outer_momentum is 0, slowmo)")
+                                  "where outer_momentum is 0, slowmo; fedadam, fedyogi: 1 = 0.01)")
     outer_momentum: float = option(0.0, "the outer optimizer's momentum (sgd: heavy ball, "
-                                        "nesterov: 0 = DiLoCo's 0.9, slowmo: its beta)")
+                                        "nesterov: 0 = DiLoCo's 0.9, slowmo: its beta, fedadam and "
+                                        "fedyogi: their beta1, 0 = 0.9)")
+    outer_beta2: float = option(FEDOPT_BETA2, "fedadam, fedyogi: decay beta2 of the outer second moment v")
+    outer_tau: float = option(FEDOPT_TAU, "fedadam, fedyogi: tau added to sqrt(v) (their adaptivity)")
 
     @cached_property
-    def outer(self) -> OuterOptimizer:
+    def outer(self) -> Outer:
         return check_outer(self.outer_optimizer, self.outer_lr, self.outer_momentum,
-                           ("outer_optimizer", "outer_lr", "outer_momentum"))
+                           ("outer_optimizer", "outer_lr", "outer_momentum"),
+                           beta2=self.outer_beta2, tau=self.outer_tau)

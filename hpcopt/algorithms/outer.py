@@ -19,7 +19,8 @@ Distribution for Federated Visual Classification", 2019). ``nesterov`` is DiLoCo
 2311.08105, 2023: lr 0.7, mu 0.9), PyTorch's ``SGD(nesterov=True)`` on Delta. ``slowmo`` is
 SlowMo's slow momentum (Wang, Tantia, Ballas, Rabbat, ICLR 2020, Algorithm 1: beta = mu, alpha =
 lr) with eta the base step size at the round's last nominal step; ``--algorithm slowmo`` is this
-step.
+step. ``fedadam`` and ``fedyogi`` (Reddi et al., ICLR 2021) are Adam and Yogi on Delta, with two
+moments (``hpcopt.algorithms.fedopt``).
 
 The anchor and the buffer b (u) are the same on every rank (every rank applies the same
 update to the same average), so the outer step adds no communication; they are ``shared``
@@ -35,10 +36,11 @@ from typing import Any, Protocol
 
 from ..backend import array_module
 from ..errors import HpcoptError
+from .fedopt import ADAPTIVE, FEDOPT_BETA1, FEDOPT_BETA2, FEDOPT_LR, FEDOPT_TAU, AdaptiveOuter
 
 Array = Any
 
-OUTER_OPTIMIZERS = ("average", "sgd", "nesterov", "slowmo")
+OUTER_OPTIMIZERS = ("average", "sgd", "nesterov", "slowmo", *ADAPTIVE)
 #: DiLoCo's outer step (Douillard et al., 2023): ``nesterov``'s lr and mu where a run leaves them
 DILOCO_LR, DILOCO_MOMENTUM = 0.7, 0.9
 
@@ -135,9 +137,12 @@ class OuterOptimizer:
 
 
 def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, str],
-                buffer_field: str = "outer_buffer") -> OuterOptimizer:
+                buffer_field: str = "outer_buffer", beta2: float = FEDOPT_BETA2,
+                tau: float = FEDOPT_TAU) -> Outer:
     """The outer optimizer of these option values (``nesterov`` with momentum 0: DiLoCo's, module
-    docstring), or a HpcoptError naming the options (``names``: those of kind, lr and momentum)."""
+    docstring; ``fedadam``, ``fedyogi``: ``hpcopt.algorithms.fedopt``), or a HpcoptError
+    naming the options (``names``: those of kind, lr and momentum; ``outer_beta2`` and
+    ``outer_tau``: fedadam's and fedyogi's own)."""
     kind_name, lr_name, momentum_name = names
     if kind not in OUTER_OPTIMIZERS:
         raise HpcoptError(f"unknown {kind_name} {kind!r} (choose from {', '.join(OUTER_OPTIMIZERS)})")
@@ -149,6 +154,16 @@ def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, st
         changed = lr_name if lr != 1 else momentum_name
         raise HpcoptError(f"{changed} applies only to {kind_name} "
                           f"{', '.join(OUTER_OPTIMIZERS[1:])}, not average")
+    if kind not in ADAPTIVE:
+        for name, value, default in (("outer_beta2", beta2, FEDOPT_BETA2), ("outer_tau", tau, FEDOPT_TAU)):
+            if value != default:
+                raise HpcoptError(f"{name} applies only to {kind_name} {', '.join(ADAPTIVE)}, not {kind}")
     if kind == "nesterov" and momentum == 0:
         momentum, lr = DILOCO_MOMENTUM, DILOCO_LR if lr == 1 else lr
+    if kind in ADAPTIVE:
+        if not 0 <= beta2 < 1:
+            raise HpcoptError(f"outer_beta2 must be in [0, 1), got {beta2}")
+        if not (tau > 0 and math.isfinite(tau)):
+            raise HpcoptError(f"outer_tau must be > 0, got {tau}")
+        return AdaptiveOuter(kind, FEDOPT_LR if lr == 1 else lr, momentum or FEDOPT_BETA1, beta2, tau)
     return OuterOptimizer(kind, lr, momentum, buffer_field)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .base import option
 from .data_parallel import DataParallelState
 from .local_sgd import RestartedSGD
-from .outer import OuterOptimizer, check_outer
+from .outer import Outer, check_outer
 from .state import shared
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class SlowMo(RestartedSGD):
     slow_lr: float = option(1.0, "slow learning rate alpha (1, with slow_momentum 0: prsgd)")
 
     @cached_property
-    def outer(self) -> OuterOptimizer:
+    def outer(self) -> Outer:
         return check_outer("slowmo", self.slow_lr, self.slow_momentum,
                            ("outer", "slow_lr", "slow_momentum"), buffer_field="slow_buffer")
 

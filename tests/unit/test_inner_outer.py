@@ -109,10 +109,43 @@ def test_nesterov_takes_dilocos_outer_step_where_its_options_are_left(options, l
     assert algorithm.describe_optimizers().endswith(f"outer nesterov (lr {lr:g}, mu {momentum:g})")
 
 
+@pytest.mark.parametrize("kind", ["fedadam", "fedyogi"])
+def test_fedadam_and_fedyogi_are_the_papers_update_with_their_defaults(kind):
+    """Reddi et al. 2021, Algorithm 2 (m from 0, v from tau^2, no bias correction), over six
+    rounds on an anchor that moves; left alone, the options give b1 0.9, b2 0.99, tau 1e-3 and
+    our lr 0.01."""
+    algorithm = build_algorithm(build_config(None, {"outer_optimizer": kind}), 2, 16)
+    outer = algorithm.outer
+    assert (outer.lr, outer.beta1, outer.beta2, outer.tau) == (0.01, 0.9, 0.99, 1e-3)
+    assert algorithm.describe_optimizers() == f", outer {kind} (lr 0.01, betas 0.9, 0.99, tau 0.001)"
+    assert algorithm.state_vectors() == (0, 3)
+    x0 = np.linspace(-1, 1, 7)
+    state = outer.new_state(x0)
+    anchor, m, v = x0.copy(), np.zeros(7), np.full(7, 1e-6)
+    for g in gradients(6):
+        mean = state["anchor"] - g * 1e-2
+        delta = anchor - mean
+        m = 0.9 * m + 0.1 * delta
+        v = (0.99 * v + 0.01 * delta ** 2 if kind == "fedadam"
+             else v - 0.01 * delta ** 2 * np.sign(v - delta ** 2))
+        anchor = anchor - 0.01 * m / (np.sqrt(v) + 1e-3)
+        outer.step(mean, state, np.empty(7), eta=0.1)
+        np.testing.assert_array_equal(mean, state["anchor"])
+        np.testing.assert_allclose(state["anchor"], anchor, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(state["outer_exp_avg_sq"], v, rtol=1e-13)
+    assert not np.allclose(state["outer_exp_avg_sq"], 1e-6)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"outer_optimizer": "adam"}, "unknown outer_optimizer 'adam' "
-                                  r"\(choose from average, sgd, nesterov, slowmo\)"),
-    ({"outer_lr": 0.7}, "outer_lr applies only to outer_optimizer sgd, nesterov, slowmo, not average"),
+                                  r"\(choose from average, sgd, nesterov, slowmo, fedadam, fedyogi\)"),
+    ({"outer_optimizer": "nesterov", "outer_beta2": 0.9},
+     "outer_beta2 applies only to outer_optimizer fedadam, fedyogi, not nesterov"),
+    ({"outer_tau": 0.1}, "outer_tau applies only to outer_optimizer fedadam, fedyogi, not average"),
+    ({"outer_optimizer": "fedadam", "outer_beta2": 1}, r"outer_beta2 must be in \[0, 1\), got 1.0"),
+    ({"outer_optimizer": "fedyogi", "outer_tau": 0}, "outer_tau must be > 0, got 0.0"),
+    ({"outer_lr": 0.7}, "outer_lr applies only to outer_optimizer sgd, nesterov, slowmo, fedadam, "
+                        "fedyogi, not average"),
     ({"outer_momentum": 0.9}, "outer_momentum applies only to outer_optimizer sgd, nesterov"),
     ({"outer_optimizer": "sgd", "outer_lr": 0}, "outer_lr must be > 0, got 0.0"),
     ({"outer_optimizer": "sgd", "outer_lr": "inf"}, "outer_lr must be > 0, got inf"),
