@@ -56,12 +56,25 @@ class InnerOptions:
         return cls(**{f.name: getattr(options, f.name, f.default) for f in dataclasses.fields(cls)})
 
 
-class Worker:
-    """One worker's inner optimizer state, plainly: sgd's b, adamw's m and v, and the steps each
-    of adamw's moments has accumulated since it was last zeroed."""
+def orthogonalized(d):
+    """Muon's quintic Newton-Schulz iteration (Jordan et al. 2024), five steps, plainly."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    if d.shape[0] > d.shape[1]:
+        return orthogonalized(d.T).T
+    X = d / (np.sqrt(np.sum(d * d)) + 1e-7)
+    for _ in range(5):
+        A = X @ X.T
+        X = a * X + b * A @ X + c * A @ A @ X
+    return X
 
-    def __init__(self, x, options: InnerOptions):
-        self.options = options
+
+class Worker:
+    """One worker's inner optimizer state, plainly: sgd's (and muon's) b, adamw's m and v, and
+    the steps each of adamw's moments has accumulated since it was last zeroed; ``shapes``: the
+    parameters' (muon orthogonalises the 2-D ones)."""
+
+    def __init__(self, x, options: InnerOptions, shapes=()):
+        self.options, self.shapes = options, shapes
         self.b, self.m, self.v = (np.zeros_like(x) for _ in range(3))
         self.k1 = self.k2 = 0
 
@@ -76,6 +89,21 @@ class Worker:
             m_hat = self.m / (1 - o.adam_beta1 ** self.k1)
             v_hat = self.v / (1 - o.adam_beta2 ** self.k2)
             return x - lr * m_hat / (np.sqrt(v_hat) + o.adam_eps)
+        if o.inner_optimizer == "muon":
+            x = x * (1 - lr * o.weight_decay)
+            d = g
+            if o.momentum:
+                self.b = o.momentum * self.b + g
+                d = g + o.momentum * self.b if o.nesterov else self.b
+            pieces, start = [], 0
+            for shape in self.shapes:
+                piece = d[start:start + math.prod(shape)]
+                if len(shape) == 2:
+                    scale = math.sqrt(max(1, shape[0] / shape[1]))
+                    piece = (orthogonalized(piece.reshape(shape)) * scale).ravel()
+                pieces.append(piece)
+                start += math.prod(shape)
+            return x - lr * np.concatenate(pieces)
         d = g + o.weight_decay * x
         if o.momentum:
             self.b = o.momentum * self.b + d
@@ -224,7 +252,8 @@ def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarr
     schedule = parts[0].algorithm.lr_at
     intervals = list(algo.local_steps) or [algo.interval] * workers
     x = [p.workload.x0.astype(np.float64).copy() for p in parts]
-    inner = [Worker(x[0], InnerOptions.of(algo)) for _ in parts]
+    shapes = tuple(shape for _, shape in parts[0].workload.layout.entries)
+    inner = [Worker(x[0], InnerOptions.of(algo), shapes) for _ in parts]
     outer = Outer.of(x[0], algo)
     steps = [p.local_steps for p in parts]
     done = [0] * workers

@@ -30,6 +30,7 @@ from .momentum import (
     apply_momentum_policy,
     check_momentum_policy,
 )
+from .muon import muon_step
 from .outer import OUTER_OPTIMIZERS, Outer, check_outer
 from .schedules import SCHEDULES, Schedule
 from .state import AVERAGE, REFUSE, RESET, SAME, counter, model, scratch, shared, vector, with_shared
@@ -83,7 +84,9 @@ class ScheduledSGD:
     momentum: float = option(0.0, "heavy-ball momentum mu; 0 = plain SGD")
     nesterov: bool = option(False, "Nesterov momentum instead of heavy ball")
     inner_optimizer: str = option("sgd", f"the local step: {' | '.join(INNER_OPTIMIZERS)} "
-                                         "(momentum and nesterov are sgd's)")
+                                         "(momentum and nesterov are sgd's and muon's; muon "
+                                         "orthogonalises each weight matrix's step, other "
+                                         "parameters take sgd's)")
     adam_beta1: float = option(ADAMW_DEFAULTS["adam_beta1"], "adamw: decay of the first moment m")
     adam_beta2: float = option(ADAMW_DEFAULTS["adam_beta2"], "adamw: decay of the second moment v")
     adam_eps: float = option(ADAMW_DEFAULTS["adam_eps"], "adamw: eps added to sqrt(v)")
@@ -93,6 +96,7 @@ class ScheduledSGD:
                                            f"{', '.join(BUFFER_POLICIES)}")
     workers: int = context(1)
     total_steps: int = context(1)
+    parameter_shapes: tuple[tuple[int, ...], ...] = context(())  # the model's, in the flat vector
 
     #: The labels of the averaging whose bytes the run's summary reports ("averaging the d
     #: parameters"), and those of a round's calls whose modelled seconds it shows per call.
@@ -114,11 +118,11 @@ class ScheduledSGD:
         if self.adamw:
             check_adamw(self.adam_beta1, self.adam_beta2, self.adam_eps)
             if self.momentum:
-                raise HpcoptError("momentum applies only to inner_optimizer sgd "
+                raise HpcoptError("momentum applies only to inner_optimizer sgd or muon "
                                   "(adamw's first moment decays with adam_beta1)")
         for key, default in ADAMW_DEFAULTS.items():
             if not self.adamw and getattr(self, key) != default:
-                raise HpcoptError(f"{key} applies only to inner_optimizer adamw, not sgd")
+                raise HpcoptError(f"{key} applies only to inner_optimizer adamw, not {self.inner_optimizer}")
 
     @property
     def adamw(self) -> bool:
@@ -138,6 +142,9 @@ class ScheduledSGD:
         ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``.
         ``state.x`` holds x0's values in node-shared memory where the averaging can reduce it
         there in place (``Comm.shared_like``); the model is bound to it at its first step."""
+        if self.inner_optimizer == "muon" and sum(map(math.prod, self.parameter_shapes)) != x0.size:
+            raise HpcoptError("inner_optimizer muon needs the shapes of the model's parameters "
+                              "(a workload with a parameter layout)")
         comm.bcast_(x0, root=0, label="init")
         x = comm.shared_like(x0)
         xp = comm.backend.xp
@@ -156,6 +163,10 @@ class ScheduledSGD:
             blockwise(partial(adamw_step, lr=lr, beta1=self.adam_beta1, beta2=self.adam_beta2,
                               eps=self.adam_eps, weight_decay=self.weight_decay, k1=k1, k2=k2),
                       state.x, state.grad, state.exp_avg, state.exp_avg_sq)
+            return
+        if self.inner_optimizer == "muon":
+            muon_step(state.x, state.grad, state.momentum, lr, shapes=self.parameter_shapes,
+                      momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.weight_decay)
             return
         blockwise(partial(sgd_step, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
                           weight_decay=self.weight_decay), state.x, state.grad, state.momentum)
@@ -223,6 +234,9 @@ class ScheduledSGD:
 
     def describe_inner(self) -> str:
         """The inner optimizer, for ``describe`` (empty for plain sgd)."""
+        if self.inner_optimizer == "muon":
+            nesterov = ", nesterov" if self.nesterov else ""
+            return f", muon (mu {self.momentum:g}{nesterov}, wd {self.weight_decay:g})"
         if not self.adamw:
             return ""
         return f", adamw (betas {self.adam_beta1:g}, {self.adam_beta2:g}, wd {self.weight_decay:g})"
@@ -246,7 +260,8 @@ class Rounds(ScheduledSGD):
         check_momentum_policy(self.momentum_policy)
         check_momentum_policy(self.second_moment_policy, "second_moment_policy")
         if not self.adamw and self.second_moment_policy != "keep":
-            raise HpcoptError("second_moment_policy applies only to inner_optimizer adamw, not sgd")
+            raise HpcoptError(f"second_moment_policy applies only to inner_optimizer adamw, "
+                              f"not {self.inner_optimizer}")
         self.outer  # noqa: B018 - its checks
 
     @property

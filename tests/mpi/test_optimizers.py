@@ -69,6 +69,10 @@ PRSGD_CASES = [
      "outer_tau": 1e-2, "inner_optimizer": "adamw", "lr": 0.01},
     {"outer_optimizer": "fedyogi", "outer_lr": 0.03, "outer_momentum": 0.9, "outer_beta2": 0.9,
      "outer_tau": 3e-3, "momentum": 0.9},
+    # Muon inside (MuLoCo: with DiLoCo's outer step), and with heavy ball and its buffer averaged
+    {"inner_optimizer": "muon", "lr": 0.02, "momentum": 0.95, "nesterov": "true",
+     "weight_decay": 0.01, "outer_optimizer": "nesterov", "outer_lr": 0.7, "outer_momentum": 0.9},
+    {"inner_optimizer": "muon", "lr": 0.02, "momentum": 0.9, "momentum_policy": "average"},
 ]
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hpcopt.algorithms.inner import adamw_step
+from hpcopt.algorithms.muon import muon_step, newton_schulz5
 from hpcopt.algorithms.outer import OuterOptimizer
 from hpcopt.build import build_algorithm
 from hpcopt.config import build_config
@@ -136,6 +137,42 @@ def test_fedadam_and_fedyogi_are_the_papers_update_with_their_defaults(kind):
     assert not np.allclose(state["outer_exp_avg_sq"], 1e-6)
 
 
+@pytest.mark.parametrize("shape", [(6, 6), (12, 5), (4, 9)])
+def test_newton_schulz_takes_the_singular_values_near_one_and_keeps_the_singular_vectors(shape):
+    """NS5 of G = U S V^T is about U V^T: its singular values within about [0.7, 1.2] (the
+    quintic's band, Jordan et al. 2024) and U^T NS5(G) V diagonal, whatever the scale of S."""
+    rng = np.random.default_rng(1)
+    g = rng.standard_normal(shape) * 1e-3
+    u, singular, vt = np.linalg.svd(g, full_matrices=False)
+    out = newton_schulz5(g)
+    assert out.shape == shape
+    values = np.linalg.svd(out, compute_uv=False)
+    assert values.min() > 0.6 and values.max() < 1.25, values
+    rotated = u.T @ out @ vt.T
+    np.testing.assert_allclose(rotated, np.diag(np.diag(rotated)), atol=1e-10)
+
+
+def test_muon_orthogonalises_the_matrices_and_steps_the_rest_with_sgd():
+    """One heavy-ball Muon step: the (3, 2) weight's direction is NS5(b) sqrt(3 / 2), the bias's
+    is b itself; the buffer is b = g (not the orthogonalised direction); decay is decoupled."""
+    rng = np.random.default_rng(2)
+    x, g = rng.standard_normal(8), rng.standard_normal(8)
+    buffer = np.zeros(8)
+    expected = x * (1 - 0.1 * 0.5)
+    expected[:6] -= 0.1 * newton_schulz5(g[:6].reshape(3, 2)).ravel() * np.sqrt(1.5)
+    expected[6:] -= 0.1 * g[6:]
+    muon_step(x, g.copy(), buffer, 0.1, shapes=((3, 2), (2,)), momentum=0.9, nesterov=False,
+              weight_decay=0.5)
+    np.testing.assert_allclose(x, expected, rtol=1e-14)
+    np.testing.assert_array_equal(buffer, g)
+
+
+def test_muon_needs_the_parameter_shapes():
+    algorithm = build_algorithm(build_config(None, {"inner_optimizer": "muon", "momentum": "0.9"}), 1, 8)
+    with pytest.raises(HpcoptError, match="inner_optimizer muon needs the shapes"):
+        algorithm.init(np.zeros(5), None)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"outer_optimizer": "adam"}, "unknown outer_optimizer 'adam' "
                                   r"\(choose from average, sgd, nesterov, slowmo, fedadam, fedyogi\)"),
@@ -156,7 +193,9 @@ def test_fedadam_and_fedyogi_are_the_papers_update_with_their_defaults(kind):
                                              "diloco, not slowmo"),
     ({"algorithm": "naive_clip", "interval": 1, "outer_optimizer": "sgd"},
      "outer_optimizer applies only to --algorithm prsgd or celgc or diloco, not naive_clip"),
-    ({"inner_optimizer": "adam"}, r"unknown inner_optimizer 'adam' \(choose from sgd, adamw\)"),
+    ({"inner_optimizer": "adam"}, r"unknown inner_optimizer 'adam' \(choose from sgd, adamw, muon\)"),
+    ({"inner_optimizer": "muon", "adam_beta1": 0.8},
+     "adam_beta1 applies only to inner_optimizer adamw, not muon"),
     ({"adam_beta1": 0.8}, "adam_beta1 applies only to inner_optimizer adamw, not sgd"),
     ({"algorithm": "celgc", "adam_eps": 1e-6}, "adam_eps applies only to inner_optimizer adamw"),
     ({"inner_optimizer": "adamw", "adam_beta2": 1}, r"adam_beta2 must be in \[0, 1\), got 1.0"),
