@@ -238,6 +238,24 @@ def hierarchical_wire_mean(messages, errors, wire, nodes):
     return mean.astype(np.float64)
 
 
+def group_members(workers: int, group, nodes: Sequence[int] = ()) -> list[list[int]]:
+    """The ranks of each group: ``group`` consecutive ranks, or ("node") each node's."""
+    ranks = range(workers)
+    if group == "node":
+        return [[i for i in ranks if nodes[i] == node] for node in sorted(set(nodes))]
+    return [list(ranks[i:i + group]) for i in range(0, workers, group)]
+
+
+def group_averaged(x, groups):
+    """Each model replaced by its group's mean."""
+    x = list(x)
+    for members in groups:
+        mean = sum(x[i] for i in members) / len(members)
+        for i in members:
+            x[i] = mean.copy()
+    return x
+
+
 def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarray:
     """Final averaged model of PR-SGD, serially: local steps of the inner optimizer (sgd with
     momentum, or adamw), with two-level periods each group's mean every group_interval steps
@@ -268,15 +286,11 @@ def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarr
     group, group_interval = getattr(algo, "group_size", 1), getattr(algo, "group_interval", 0)
     wire, errors = getattr(algo, "wire", ""), [np.zeros_like(x[0]) for _ in range(workers)]
 
-    ranks = range(workers)
-    groups = ([[i for i in ranks if nodes[i] == node] for node in sorted(set(nodes))] if group == "node"
-              else [list(ranks[i:i + group]) for i in range(0, workers, group)])
+    groups = group_members(workers, group, nodes)
 
     def group_means():  # two-level periods: each model becomes its group's mean
-        for members in groups:
-            mean = sum(x[i] for i in members) / len(members)
-            for i in members:
-                x[i] = mean.copy()
+        nonlocal x
+        x = group_averaged(x, groups)
 
     for r in range(total_rounds):
         for s in range(1, max(intervals) + 1):
@@ -426,8 +440,10 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     """Final averaged model of Streaming DiLoCo, serially: fragment p's mean taken after steps
     s = p H // P (mod H), its outer step (own anchor and buffer) and the mix
     x_p <- (1 - alpha) x_p + alpha x0_p applied tau steps later; the means still due at the
-    end are applied then, and the run ends with the plain average. ``outer_of(x0_p)``: each
-    fragment's outer optimizer (default: ``Outer.of`` the config's)."""
+    end are applied then, and the run ends with the plain average. With two-level periods, each
+    model becomes its group's mean after steps s % group_interval == 0, s % H != 0, before the
+    fragments' turn. ``outer_of(x0_p)``: each fragment's outer optimizer (default: ``Outer.of``
+    the config's)."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
     interval, fragments, overlap, alpha = algo.interval, algo.fragments, algo.overlap, algo.fragment_mix
@@ -447,10 +463,13 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
         for xi in x:
             xi[a:b] = (1 - alpha) * xi[a:b] + alpha * new
 
+    groups, group_interval = group_members(workers, algo.group_size), algo.group_interval
     for step in range(1, parts[0].total_steps + 1):
         for i, part in enumerate(parts):
             part.workload.problem.oracle(x[i], g)
             x[i] = inner[i].step(x[i], g.copy(), schedule(step - 1))
+        if group_interval and step % group_interval == 0 and step % interval != 0:
+            x = group_averaged(x, groups)
         for p, (a, b) in enumerate(bounds):
             if (step - p * interval // fragments) % interval == 0:
                 due[p] = (step, sum(xi[a:b] for xi in x) / workers)

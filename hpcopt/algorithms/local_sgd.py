@@ -74,7 +74,7 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
             "second_moment_policy": self.second_moment_policy != "keep",
-            "wire": bool(self.wire), "group_interval": bool(self.group_interval)})
+            "wire": bool(self.wire)})
 
     @cached_property
     def streamed(self) -> FragmentSchedule:
@@ -138,6 +138,8 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         state.step += 1
         state.steps_in_round += 1
         if self.streaming:
+            if state.steps_in_round < self.interval:
+                self.group_round(state.x, state.steps_in_round, comm)
             self.stream(state, comm)
         elif state.steps_in_round == self.interval_of(comm.rank):
             self.average(state, comm)

@@ -51,6 +51,19 @@ FRAGMENT_LABEL = "fragments"
 PEAK_COLUMN = "peak_bytes_in_flight"
 
 
+#: Why each option refused with streaming stays refused, in one line.
+NOT_STREAMED = {
+    "local_steps": "every rank sends a fragment at the same step (ranks with their own round "
+                   "lengths would post different reductions)",
+    "momentum_policy": "it acts at a whole-model round's end, which streaming spreads over the "
+                       "fragments' steps",
+    "second_moment_policy": "it acts at a whole-model round's end, which streaming spreads over "
+                            "the fragments' steps",
+    "wire": "the compressed round is blocking, with no in-flight reduction to overlap, and its "
+            "error feedback is kept for whole-model rounds",
+}
+
+
 def streamed(options: Any) -> bool:
     """Whether these options (an algorithm's, or a config's ``[algorithm]`` section, which has
     every algorithm's) stream the rounds: any of the three changed from the whole-model round."""
@@ -98,7 +111,7 @@ class FragmentOptions:
 
     def check_fragments(self, interval: int, refused: dict[str, bool]) -> None:
         """HpcoptError for values out of range, or for an option named in ``refused`` (True:
-        changed from what streaming builds) when streaming."""
+        changed from what streaming builds) when streaming, with the reason (``NOT_STREAMED``)."""
         if self.fragments < 1:
             raise HpcoptError(f"fragments must be >= 1, got {self.fragments}")
         if self.fragments > interval:
@@ -110,7 +123,8 @@ class FragmentOptions:
             raise HpcoptError(f"fragment_mix must be in (0, 1], got {self.fragment_mix}")
         for name, changed in refused.items():
             if self.streaming and changed:
-                raise HpcoptError(f"{name} is not built with fragments, overlap or fragment_mix")
+                raise HpcoptError(f"{name} is not built with fragments, overlap or fragment_mix: "
+                                  f"{NOT_STREAMED[name]}")
         if self.parameter_sizes:
             fragment_bounds(self.parameter_sizes, self.fragments)  # its check against the model
 

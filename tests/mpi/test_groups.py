@@ -15,7 +15,7 @@ from hpcopt.algorithms.groups import GROUP_LABEL
 from hpcopt.comm.costmodel import comm_modelled, get_profile
 from tests.conftest import host, on_devices
 from tests.mpi.test_optimizers import DILOCO, assert_shared, run_in_process, small_config, state_arrays
-from tests.reference import prsgd_reference
+from tests.reference import prsgd_reference, streaming_reference
 
 pytestmark = pytest.mark.mpi
 
@@ -45,7 +45,28 @@ def test_two_level_periods_match_the_serial_reference(comm, overrides, device):
         assert comm.group(group_size(comm.size), GROUP_LABEL).averager is not None  # the node's window
 
 
+STREAMED = [
+    # DiLoCo per fragment with group rounds between, one fragment in flight at a time
+    {**DILOCO, "fragments": 3, "overlap": 1, "interval": 6, "group_interval": 2, "steps": 14},
+    # a group round after every step that ends no round, fragments applied within their step
+    {"momentum": 0.9, "fragments": 2, "fragment_mix": 0.5, "interval": 4, "group_interval": 1,
+     "steps": 13},
+]
+
+
+@pytest.mark.parametrize("overrides", STREAMED)
+def test_group_rounds_between_streamed_fragments_match_the_serial_reference(comm, overrides):
+    """Two-level periods with Streaming DiLoCo: each model its group's mean after steps
+    s % I1 == 0, s % I != 0, before the fragments' turn (tests/reference.py)."""
+    config = small_config(group_size=group_size(comm.size), **overrides)
+    _, state = train(config, comm, verbose=False)
+    np.testing.assert_allclose(host(state.x), streaming_reference(config, comm.size), rtol=1e-10,
+                               atol=1e-12)
+    assert_shared(comm, state)
+
+
 @pytest.mark.parametrize("overrides", [
+    {**STREAMED[0], "steps": 8},  # group rounds and fragments in flight across the checkpoints
     # ticks after group rounds, at global rounds and mid-round after outer steps
     {**DILOCO, "second_moment_policy": "reset", "interval": 4, "group_interval": 2, "steps": 7},
     {"algorithm": "slowmo", "momentum": 0.9, "interval": 2, "group_interval": 1, "steps": 5},
