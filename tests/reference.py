@@ -350,7 +350,7 @@ def _clipped_steps(x, grads, norms, inner, t, lr, gamma, base_lr):
 
 def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, participation=1.0, seed=0,
                     clip_norm="local", outer_optimizer="average", outer_lr=1.0, outer_momentum=0.0,
-                    finish=False, **inner):
+                    finish=False, group_size=1, group_interval=0, **inner):
     """CELGC with N = len(oracles) simulated workers; ``lr(t)`` is eta_t; ``inner``: the
     ``InnerOptions`` (momentum, nesterov, weight_decay, momentum_policy, inner_optimizer, ...).
 
@@ -360,8 +360,10 @@ def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, participat
     t = 0, the outer optimizer steps from the round's start to that mean and every worker
     continues from its result. Then each worker takes its own clipped step. With ``finish``, the
     N models are then averaged over all workers (the training loop's final average), followed by
-    the outer step when the last round is complete (I divides T). Returns (the N models after T
-    steps, the N counts of clipped steps).
+    the outer step when the last round is complete (I divides T). With two-level periods, at
+    steps t % group_interval == 0 that start no round every model becomes its group's mean
+    (all of the group's workers). Returns (the N models after T steps, the N counts of clipped
+    steps).
     """
     workers = len(oracles)
     x = [np.array(x0, dtype=np.float64) for _ in range(workers)]
@@ -383,6 +385,8 @@ def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, participat
                 mean = outer.step(mean, lr(t - 1))
             x = [mean.copy() for _ in range(workers)]
             round_policies(workers_state, members)
+        elif group_interval and t % group_interval == 0:
+            x = group_averaged(x, group_members(workers, group_size))
         grads = []
         for i in range(workers):
             g = np.zeros_like(x[i])

@@ -27,8 +27,8 @@ from hpcopt.errors import HpcoptError
      "group_size must be a number of ranks or 'node', got 'nodes'"),
     ({"group_size": "2", "group_interval": "2", "local_steps": "4,8"},
      "group_interval applies only when every rank runs interval steps per round"),
-    ({"algorithm": "celgc", "group_size": "2", "group_interval": "2"},
-     "group_size applies only to --algorithm prsgd or diloco or slowmo, not celgc"),
+    ({"algorithm": "naive_clip", "group_size": "2", "group_interval": "2"},
+     "group_size applies only to --algorithm prsgd or celgc or diloco or slowmo, not naive_clip"),
 ])
 def test_options_that_make_no_two_level_schedule_are_refused(options, message):
     with pytest.raises(HpcoptError, match=message):
