@@ -73,18 +73,18 @@ class WithMomentsOuter(LocalSGD):
         return MomentsOuter()
 
 
-def run(config, comm):
-    """Train ``config`` with ``WithMomentsOuter`` in place of its algorithm, as the training loop
-    steps it; the final state."""
+def run(config, comm, algorithm_class):
+    """Train ``config`` with ``algorithm_class`` (a subclass of its algorithm's) in its place, as
+    the training loop steps it: (the algorithm, its final state)."""
     parts = build_run(config, comm)
-    algorithm = WithMomentsOuter(**{f.name: getattr(parts.algorithm, f.name)
-                                    for f in dataclasses.fields(parts.algorithm)})
+    algorithm = algorithm_class(**{f.name: getattr(parts.algorithm, f.name)
+                                   for f in dataclasses.fields(parts.algorithm) if f.init})
     state = algorithm.init(parts.workload.x0.copy(), comm)
     for _ in range(parts.local_steps):
         algorithm.step(state, parts.workload.problem.oracle, comm)
     if not algorithm.synchronized(state):
         algorithm.finish(state, comm, label="final")
-    return state
+    return algorithm, state
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,13 +102,7 @@ def test_every_fragment_takes_the_algorithms_own_outer_step(comm):
     """Fragments sent after steps 2, 4, ..., 14 (offsets 0, 2, 4 of H = 6): seven outer steps,
     each through ``outer_step``, on its fragment's slice."""
     config = small_config(fragments=3, interval=6, steps=14, outer_optimizer="nesterov")
-    parts = build_run(config, comm)
-    algorithm = CountingOuterSteps(**{f.name: getattr(parts.algorithm, f.name)
-                                      for f in dataclasses.fields(parts.algorithm) if f.init})
-    state = algorithm.init(parts.workload.x0.copy(), comm)
-    for _ in range(parts.local_steps):
-        algorithm.step(state, parts.workload.problem.oracle, comm)
-    algorithm.finish(state, comm, label="final")
+    algorithm, _ = run(config, comm, CountingOuterSteps)
     bounds = algorithm.streamed.bounds
     assert algorithm.taken == [bounds[p] for p in (1, 2, 0, 1, 2, 0, 1)]
 
@@ -120,7 +114,7 @@ def test_every_fragment_takes_the_algorithms_own_outer_step(comm):
 ])
 def test_an_outside_outer_with_moments_runs_under_rounds_and_fragments(comm, overrides):
     config = small_config(momentum=0.9, **overrides)
-    state = run(config, comm)
+    _, state = run(config, comm, WithMomentsOuter)
     np.testing.assert_allclose(host(state.x), streaming_reference(config, comm.size, MomentsReference),
                                rtol=1e-10, atol=1e-12)
     moments = [host(state.own_m), host(state.own_v)]
