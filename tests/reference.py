@@ -444,7 +444,9 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     """Final averaged model of Streaming DiLoCo, serially: fragment p's mean taken after steps
     s = p H // P (mod H), its outer step (own anchor and buffer) and the mix
     x_p <- (1 - alpha) x_p + alpha x0_p applied tau steps later; the means still due at the
-    end are applied then, and the run ends with the plain average. With two-level periods, each
+    end are applied then, and the run ends with the plain average. With a ``wire`` the
+    fragment's mean is taken through it (``wire_mean``, each fragment with its slice of the
+    errors; tau = 0). With two-level periods, each
     model becomes its group's mean after steps s % group_interval == 0, s % H != 0, before the
     fragments' turn. ``outer_of(x0_p)``: each fragment's outer optimizer (default: ``Outer.of``
     the config's)."""
@@ -458,6 +460,17 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     inner = [Worker(x[0], InnerOptions.of(algo)) for _ in parts]
     outer_of = outer_of or (lambda x0: Outer.of(x0, algo))
     outers = [outer_of(x[0][a:b]) for a, b in bounds]
+    wire = algo.wire  # a fragment's round through it: of anchor_p - x_i,p (average: x_i,p)
+    errors = [[np.zeros(b - a) for _ in range(workers)] for a, b in bounds]
+
+    def fragment_mean(p):
+        (a, b), outer = bounds[p], outers[p]
+        if not wire:
+            return sum(xi[a:b] for xi in x) / workers
+        if outer.kind == "average":
+            return wire_mean([xi[a:b] for xi in x], errors[p], wire)
+        return outer.anchor - wire_mean([outer.anchor - xi[a:b] for xi in x], errors[p], wire)
+
     g = np.zeros_like(x[0])
     due = {}  # fragment -> (the step its mean was taken, the mean)
 
@@ -474,9 +487,9 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
             x[i] = inner[i].step(x[i], g.copy(), schedule(step - 1))
         if group_interval and step % group_interval == 0 and step % interval != 0:
             x = group_averaged(x, groups)
-        for p, (a, b) in enumerate(bounds):
+        for p in range(fragments):
             if (step - p * interval // fragments) % interval == 0:
-                due[p] = (step, sum(xi[a:b] for xi in x) / workers)
+                due[p] = (step, fragment_mean(p))
         for p in [p for p, (sent, _) in due.items() if sent + overlap == step]:
             apply(p)
     for p in sorted(due, key=lambda p: due[p][0]):

@@ -74,12 +74,12 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
             "second_moment_policy": self.second_moment_policy != "keep",
-            "wire": bool(self.wire)})
+            "wire": bool(self.wire) and self.overlap > 0})
 
     @cached_property
     def streamed(self) -> FragmentSchedule:
-        """When each fragment is sent and applied (streaming runs)."""
-        return self.fragment_schedule(self.interval)
+        """When each fragment is sent and applied, and through which wire (streaming runs)."""
+        return self.fragment_schedule(self.interval, self.wire)
 
     def interval_of(self, rank: int) -> int:
         """I_i: the local steps rank ``rank`` runs per round."""
@@ -161,12 +161,13 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
     round_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, GROUP_LABEL, NODE_LABEL)
 
     def trace_columns(self) -> tuple[str, ...]:
-        """A streaming run's peak_bytes_in_flight (``hpcopt.algorithms.streaming``)."""
-        return (PEAK_COLUMN,) if self.streaming else ()
+        """A streaming run's peak_bytes_in_flight (``hpcopt.algorithms.streaming``; through a
+        wire the fragments' rounds are blocking: none in flight, no column)."""
+        return (PEAK_COLUMN,) if self.streaming and not self.wire else ()
 
     def trace_row(self, state: DataParallelState) -> dict[str, Any]:
         """peak_bytes_in_flight over the round up to ``state``'s step (streaming runs)."""
-        if not self.streaming:
+        if PEAK_COLUMN not in self.trace_columns():
             return {}
         return {PEAK_COLUMN: self.streamed.peak_bytes(state.step, state.x.itemsize)}
 

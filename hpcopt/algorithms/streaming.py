@@ -23,6 +23,10 @@ its next one starts; tau <= H // P keeps at most one fragment in flight, the pap
 statistics (``buffer_policy``), blocking. At the end of a run the reductions in flight are
 completed and applied, then the plain average ends it (``finish``).
 
+With a ``wire`` (``hpcopt.comm.wire``, tau = 0 only) a fragment's round is sent through it when
+it is due, blocking: of anchor_p - x_i,p (without an anchor: x_i,p), with the fragment's slice
+of the error feedback e_i, then the outer step and the mix above.
+
 Which fragment is in flight after which step is a function of the step alone, so a checkpoint
 holds only what each rank sent (``state.in_flight``, a per-rank vector); a resumed run posts the
 same reductions again from it (the same inputs on as many ranks: the same bits) when they are
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..comm.wire import wire_average_
 from ..errors import HpcoptError
 from .base import context, option
 
@@ -59,8 +64,8 @@ NOT_STREAMED = {
                        "fragments' steps",
     "second_moment_policy": "it acts at a whole-model round's end, which streaming spreads over "
                             "the fragments' steps",
-    "wire": "the compressed round is blocking, with no in-flight reduction to overlap, and its "
-            "error feedback is kept for whole-model rounds",
+    "wire": "only with overlap 0: a compressed fragment's reduction is blocking, so there is no "
+            "reduction in flight to overlap (nor one a resumed run could post again)",
 }
 
 
@@ -128,10 +133,11 @@ class FragmentOptions:
         if self.parameter_sizes:
             fragment_bounds(self.parameter_sizes, self.fragments)  # its check against the model
 
-    def fragment_schedule(self, interval: int) -> FragmentSchedule:
-        """When each fragment is sent and applied (``parameter_sizes`` must be known)."""
+    def fragment_schedule(self, interval: int, wire: str = "") -> FragmentSchedule:
+        """When each fragment is sent and applied (``parameter_sizes`` must be known), and
+        through which ``wire`` ('' uncompressed)."""
         return FragmentSchedule(fragment_bounds(self.parameter_sizes, self.fragments), interval,
-                                self.overlap, self.fragment_mix)
+                                self.overlap, self.fragment_mix, wire)
 
 
 @dataclass
@@ -145,12 +151,14 @@ class InFlight:
 
 @dataclass(frozen=True)
 class FragmentSchedule:
-    """The fragments' (start, stop) in the flat vector, the interval H, overlap tau, mix alpha."""
+    """The fragments' (start, stop) in the flat vector, the interval H, overlap tau, mix alpha,
+    and the wire a fragment's round is sent through ('' uncompressed; a wire: tau = 0)."""
 
     bounds: tuple[tuple[int, int], ...]
     interval: int
     overlap: int
     mix: float
+    wire: str = ""
 
     def offset(self, p: int) -> int:
         return p * self.interval // len(self.bounds)
@@ -208,6 +216,9 @@ class FragmentSchedule:
         if p is not None:
             start, stop = self.bounds[p]
             state.in_flight[start:stop] = state.x[start:stop]
+            if self.wire:
+                self._apply_through_wire(p, step, state, comm, rounds)
+                return
             self._post(p, state, comm)
             if overlap == 0:
                 self._apply(p, step, state, comm, rounds)
@@ -234,6 +245,24 @@ class FragmentSchedule:
         mean = reductions.received[start:stop]
         if comm.size > 1:
             mean /= comm.size
+        self._mix(p, sent, mean, state, rounds)
+
+    def _apply_through_wire(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
+        """Fragment p's round through the wire, blocking (``hpcopt.comm.wire``: of the
+        pseudo-gradients anchor_p - x_i,p, or without an anchor of x_i,p, with the slice of the
+        error feedback e_i), then its outer step and mix."""
+        start, stop = self.bounds[p]
+        part = slice(start, stop)
+        mean = state.reductions.received[part]
+        mean[...] = state.x[part]
+        wire_average_(mean, None if state.anchor is None else state.anchor[part],
+                      state.wire_error[part], self.wire, comm, FRAGMENT_LABEL)
+        self._mix(p, sent, mean, state, rounds)
+
+    def _mix(self, p: int, sent: int, mean: Array, state: Any, rounds: Any) -> None:
+        """Fragment p's outer step from its round's ``mean`` (sent after step ``sent``), then
+        x_i,p <- (1 - alpha) x_i,p + alpha x0_p."""
+        start, stop = self.bounds[p]
         rounds.outer_step(state, rounds.lr_at(sent - 1), mean, slice(start, stop))
         x = state.x[start:stop]
         if self.mix == 1:
