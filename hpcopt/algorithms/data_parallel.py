@@ -33,7 +33,18 @@ from .momentum import (
 from .muon import muon_step
 from .outer import OUTER_OPTIMIZERS, Outer, check_outer
 from .schedules import SCHEDULES, Schedule
-from .state import AVERAGE, REFUSE, RESET, SAME, counter, model, scratch, shared, vector, with_shared
+from .state import (
+    AVERAGE,
+    SAME,
+    SHARED,
+    Declared,
+    counter,
+    declaring,
+    model,
+    scratch,
+    shared,
+    vector,
+)
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -60,9 +71,8 @@ class DataParallelState:
     exp_avg_sq: Array | None = vector(AVERAGE)  # AdamW's second moment v (None: inner sgd)
     anchor: Array | None = shared()        # the round's start x_0 (None: outer average)
     outer_buffer: Array | None = shared()  # the outer optimizer's momentum (None: it has none)
-    in_flight: Array | None = vector(REFUSE)  # streaming: what this rank sent of each fragment (None: none)
-    reductions: Any = scratch()         # streaming: the reductions in flight (streaming.InFlight)
-    wire_error: Array | None = vector(RESET)    # the wire's error feedback e_i (None: uncompressed)
+    # the pieces of a round add their own fields (``Rounds.declared``): the wire's error
+    # feedback, the fragments in flight, an outer optimizer's moments
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,7 +284,7 @@ class Rounds(ScheduledSGD):
         ``state_type`` where it lacks them). The moments that a policy averages at the rounds
         live in node-shared memory where the averaging can reduce them there
         (``Comm.shared_like``), like x."""
-        state = super().new_state(x0, comm, buffers, with_shared(state_type, self.outer.fields))
+        state = super().new_state(x0, comm, buffers, declaring(state_type, self.declared()))
         for name, policy in (("momentum", self.momentum_policy), ("exp_avg", self.momentum_policy),
                              ("exp_avg_sq", self.second_moment_policy)):
             moment = getattr(state, name, None)
@@ -283,6 +293,10 @@ class Rounds(ScheduledSGD):
         for name, value in self.outer.new_state(state.x).items():
             setattr(state, name, value)
         return state
+
+    def declared(self) -> tuple[Declared, ...]:
+        """The state fields the round's pieces keep: the outer optimizer's (shared)."""
+        return tuple((name, SHARED, None) for name in self.outer.fields)
 
     def round_policies(self, state: DataParallelState, average: Callable[[Array, str], Any]) -> None:
         """``momentum_policy`` on the first moment (sgd's b or adamw's m, label "momentum") and

@@ -45,7 +45,8 @@ from .base import option
 from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 from .groups import GROUP_LABEL, GroupRounds
-from .streaming import FRAGMENT_LABEL, PEAK_COLUMN, FragmentOptions, FragmentSchedule
+from .state import RESET, VECTOR, Declared
+from .streaming import FRAGMENT_FIELDS, FRAGMENT_LABEL, PEAK_COLUMN, FragmentOptions, FragmentSchedule
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -115,6 +116,12 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         ``buffers`` (the model's bound batch-norm statistics, the same initial values on every
         rank) is kept as ``state.buffers`` and synchronized at each round."""
         return self.new_state(x0, comm, buffers, DataParallelState)
+
+    def declared(self) -> tuple[Declared, ...]:
+        """Rounds' fields, the wire's error feedback e_i (per rank, reset on another number of
+        ranks) and a streaming run's fragments in flight (``streaming.FRAGMENT_FIELDS``)."""
+        wire = (("wire_error", VECTOR, RESET),) if self.wire else ()
+        return super().declared() + wire + (FRAGMENT_FIELDS if self.streaming else ())
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
         """The rounds' state; with groups, every rank makes its group's communicator now
@@ -186,11 +193,11 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
             self.streamed.drain(state, comm, self)
         super().finish(state, comm, label)
 
-    def average(self, state: DataParallelState, comm: Comm) -> None:
+    def average(self, state: Any, comm: Comm) -> None:
         """The round: x_i <- mean_j x_j, the buffer policy, the momentum policies, then the
-        outer step from the round's start. With ``wire`` the mean is taken through it."""
+        outer step from the round's start. With ``wire`` the mean is taken through it (its
+        error feedback: the declared field ``wire_error``)."""
         if self.wire:
-            assert state.wire_error is not None
             wire_average_(state.x, state.anchor, state.wire_error, self.wire, comm, AVERAGE_LABEL)
         else:
             comm.average_(state.x, label=AVERAGE_LABEL)

@@ -87,17 +87,26 @@ def scratch(default: Any = None) -> Any:
     return field(default=default, metadata={KIND: SCRATCH})
 
 
+#: A field a piece of an algorithm declares: (name, kind, rescale policy: a vector's; else None).
+Declared = tuple[str, str, "str | None"]
+
+
 @functools.cache
-def with_shared(state_type: type, names: tuple[str, ...]) -> type:
-    """``state_type``, or where it lacks some of ``names`` a subclass that declares them
-    ``shared()`` (a piece's own state, e.g. an outer optimizer's moments): one class per
+def declaring(state_type: type, declared: tuple[Declared, ...]) -> type:
+    """``state_type``, or where it lacks some of the ``declared`` fields (kinds ``shared``,
+    ``vector``, ``scratch``) a subclass that declares them: a piece's own state (an outer
+    optimizer's moments, the wire's error feedback, the fragments in flight), one class per
     combination, so a checkpoint holds what the pieces declare."""
     have = {f.name for f in dataclasses.fields(state_type)}
-    missing = [name for name in dict.fromkeys(names) if name not in have]
+    missing = []
+    for name, kind, rescale in dict.fromkeys(declared):
+        if name not in have:
+            have.add(name)
+            made = vector(rescale or "") if kind == VECTOR else {SHARED: shared, SCRATCH: scratch}[kind]()
+            missing.append((name, Any, made))
     if not missing:
         return state_type
-    return dataclasses.make_dataclass(state_type.__name__, [(name, Any, shared()) for name in missing],
-                                      bases=(state_type,))
+    return dataclasses.make_dataclass(state_type.__name__, missing, bases=(state_type,))
 
 
 def fields_of(state: Any, *kinds: str) -> tuple[str, ...]:

@@ -44,6 +44,7 @@ import numpy as np
 from ..comm.wire import wire_average_
 from ..errors import HpcoptError
 from .base import context, option
+from .state import REFUSE, SCRATCH, VECTOR
 
 if TYPE_CHECKING:
     from ..comm import Comm, Reduction
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 Array = Any
 
 FRAGMENT_LABEL = "fragments"
+#: The state a streaming run keeps: what this rank sent of each fragment (meaningless on another
+#: number of ranks), and the reductions in flight (run-time objects, ``InFlight``).
+FRAGMENT_FIELDS = (("in_flight", VECTOR, REFUSE), ("reductions", SCRATCH, None))
 #: The trace column of a streaming run: the most bytes a rank had in flight at once over the
 #: round up to the row's step.
 PEAK_COLUMN = "peak_bytes_in_flight"
