@@ -32,6 +32,7 @@ from .momentum import (
 )
 from .muon import muon_step
 from .outer import OUTER_OPTIMIZERS, Outer, check_outer
+from .reducers import WHOLE
 from .schedules import SCHEDULES, Schedule
 from .state import (
     AVERAGE,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 Array = Any
 
 AVERAGE_LABEL = "average"  # the communication label of a round's average of the models
-WHOLE = slice(None)  # the whole model, as a part of it
 
 
 @dataclass

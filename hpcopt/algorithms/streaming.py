@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..comm.wire import wire_average_
 from ..errors import HpcoptError
 from .base import context, option
+from .reducers import PLAIN, Reducer
 from .state import REFUSE, SCRATCH, VECTOR
 
 if TYPE_CHECKING:
@@ -137,11 +137,11 @@ class FragmentOptions:
         if self.parameter_sizes:
             fragment_bounds(self.parameter_sizes, self.fragments)  # its check against the model
 
-    def fragment_schedule(self, interval: int, wire: str = "") -> FragmentSchedule:
-        """When each fragment is sent and applied (``parameter_sizes`` must be known), and
-        through which ``wire`` ('' uncompressed)."""
+    def fragment_schedule(self, interval: int, reducer: Reducer = PLAIN) -> FragmentSchedule:
+        """When each fragment is sent and applied (``parameter_sizes`` must be known), and how
+        its mean is taken."""
         return FragmentSchedule(fragment_bounds(self.parameter_sizes, self.fragments), interval,
-                                self.overlap, self.fragment_mix, wire)
+                                self.overlap, self.fragment_mix, reducer)
 
 
 @dataclass
@@ -156,13 +156,14 @@ class InFlight:
 @dataclass(frozen=True)
 class FragmentSchedule:
     """The fragments' (start, stop) in the flat vector, the interval H, overlap tau, mix alpha,
-    and the wire a fragment's round is sent through ('' uncompressed; a wire: tau = 0)."""
+    and the reducer of a fragment's round (``hpcopt.algorithms.reducers``: plain, in flight;
+    a wire, blocking, tau = 0)."""
 
     bounds: tuple[tuple[int, int], ...]
     interval: int
     overlap: int
     mix: float
-    wire: str = ""
+    reducer: Reducer = PLAIN
 
     def offset(self, p: int) -> int:
         return p * self.interval // len(self.bounds)
@@ -220,8 +221,8 @@ class FragmentSchedule:
         if p is not None:
             start, stop = self.bounds[p]
             state.in_flight[start:stop] = state.x[start:stop]
-            if self.wire:
-                self._apply_through_wire(p, step, state, comm, rounds)
+            if not self.reducer.in_flight:
+                self._apply_blocking(p, step, state, comm, rounds)
                 return
             self._post(p, state, comm)
             if overlap == 0:
@@ -251,16 +252,15 @@ class FragmentSchedule:
             mean /= comm.size
         self._mix(p, sent, mean, state, rounds)
 
-    def _apply_through_wire(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
-        """Fragment p's round through the wire, blocking (``hpcopt.comm.wire``: of the
-        pseudo-gradients anchor_p - x_i,p, or without an anchor of x_i,p, with the slice of the
-        error feedback e_i), then its outer step and mix."""
+    def _apply_blocking(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
+        """Fragment p's round by a blocking reducer (a wire: of the pseudo-gradients anchor_p -
+        x_i,p, or without an anchor of x_i,p, with the slice of the error feedback e_i), then
+        its outer step and mix."""
         start, stop = self.bounds[p]
         part = slice(start, stop)
         mean = state.reductions.received[part]
         mean[...] = state.x[part]
-        wire_average_(mean, None if state.anchor is None else state.anchor[part],
-                      state.wire_error[part], self.wire, comm, FRAGMENT_LABEL)
+        self.reducer.mean_(mean, state, part, comm, FRAGMENT_LABEL)
         self._mix(p, sent, mean, state, rounds)
 
     def _mix(self, p: int, sent: int, mean: Array, state: Any, rounds: Any) -> None:
