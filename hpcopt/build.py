@@ -232,12 +232,12 @@ def build_algorithm(config: Config, size: int, total_steps: int,
                     layout: ParamLayout | None = None) -> DataParallelAlgorithm:
     """The algorithm ``config.algorithm.algorithm`` names, with its options and the run's
     context (world size and length for the step-size schedule, the seed, the sizes of the
-    ``layout``'s parameters for streaming fragments)."""
+    ``layout``'s parameters for streaming fragments and their shapes for Muon)."""
     algo = config.algorithm
-    sizes = tuple(math.prod(shape) for _, shape in layout.entries) if layout is not None else ()
+    shapes = tuple(shape for _, shape in layout.entries) if layout is not None else ()
     return create(algo.algorithm, dataclasses.asdict(algo),
                   {"workers": size, "total_steps": total_steps, "seed": config.run.seed,
-                   "parameter_sizes": sizes})
+                   "parameter_sizes": tuple(map(math.prod, shapes)), "parameter_shapes": shapes})
 
 
 def _steps_per_epoch(config: Config, n_train: int, workers: int) -> int:

@@ -56,12 +56,25 @@ class InnerOptions:
         return cls(**{f.name: getattr(options, f.name, f.default) for f in dataclasses.fields(cls)})
 
 
-class Worker:
-    """One worker's inner optimizer state, plainly: sgd's b, adamw's m and v, and the steps each
-    of adamw's moments has accumulated since it was last zeroed."""
+def orthogonalized(d):
+    """Muon's quintic Newton-Schulz iteration (Jordan et al. 2024), five steps, plainly."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    if d.shape[0] > d.shape[1]:
+        return orthogonalized(d.T).T
+    X = d / (np.sqrt(np.sum(d * d)) + 1e-7)
+    for _ in range(5):
+        A = X @ X.T
+        X = a * X + b * A @ X + c * A @ A @ X
+    return X
 
-    def __init__(self, x, options: InnerOptions):
-        self.options = options
+
+class Worker:
+    """One worker's inner optimizer state, plainly: sgd's (and muon's) b, adamw's m and v, and
+    the steps each of adamw's moments has accumulated since it was last zeroed; ``shapes``: the
+    parameters' (muon orthogonalises the 2-D ones)."""
+
+    def __init__(self, x, options: InnerOptions, shapes=()):
+        self.options, self.shapes = options, shapes
         self.b, self.m, self.v = (np.zeros_like(x) for _ in range(3))
         self.k1 = self.k2 = 0
 
@@ -76,6 +89,21 @@ class Worker:
             m_hat = self.m / (1 - o.adam_beta1 ** self.k1)
             v_hat = self.v / (1 - o.adam_beta2 ** self.k2)
             return x - lr * m_hat / (np.sqrt(v_hat) + o.adam_eps)
+        if o.inner_optimizer == "muon":
+            x = x * (1 - lr * o.weight_decay)
+            d = g
+            if o.momentum:
+                self.b = o.momentum * self.b + g
+                d = g + o.momentum * self.b if o.nesterov else self.b
+            pieces, start = [], 0
+            for shape in self.shapes:
+                piece = d[start:start + math.prod(shape)]
+                if len(shape) == 2:
+                    scale = math.sqrt(max(1, shape[0] / shape[1]))
+                    piece = (orthogonalized(piece.reshape(shape)) * scale).ravel()
+                pieces.append(piece)
+                start += math.prod(shape)
+            return x - lr * np.concatenate(pieces)
         d = g + o.weight_decay * x
         if o.momentum:
             self.b = o.momentum * self.b + d
@@ -104,18 +132,21 @@ def round_policies(workers, members=None):
 
 class Outer:
     """The outer optimizer on the pseudo-gradient Delta = anchor - mean (average | sgd | nesterov
-    | slowmo), with its momentum buffer."""
+    | slowmo | fedadam | fedyogi), with its momentum buffer (fedadam, fedyogi: its moments m, v
+    from 0 and tau^2, beta1 = momentum; Reddi et al. 2021, Algorithm 2)."""
 
-    def __init__(self, x0, kind="average", lr=1.0, momentum=0.0):
-        self.kind, self.lr, self.momentum = kind, lr, momentum
+    def __init__(self, x0, kind="average", lr=1.0, momentum=0.0, beta2=0.99, tau=1e-3):
+        self.kind, self.lr, self.momentum, self.beta2, self.tau = kind, lr, momentum, beta2, tau
         self.anchor, self.buffer = x0.copy(), np.zeros_like(x0)
+        self.v = np.full_like(x0, tau * tau)
 
     @classmethod
     def of(cls, x0, options) -> Outer:
         """The outer optimizer of a config's [algorithm] section (slowmo: its slow options)."""
         if options.algorithm == "slowmo":
             return cls(x0, "slowmo", options.slow_lr, options.slow_momentum)
-        return cls(x0, options.outer_optimizer, options.outer_lr, options.outer_momentum)
+        return cls(x0, options.outer_optimizer, options.outer_lr, options.outer_momentum,
+                   options.outer_beta2, options.outer_tau)
 
     def step(self, mean, eta):
         """The model every worker continues from after a round whose average is ``mean``;
@@ -123,7 +154,14 @@ class Outer:
         delta = self.anchor - mean
         if self.kind == "average":
             return mean.copy()
-        if self.kind == "slowmo":
+        if self.kind in ("fedadam", "fedyogi"):
+            self.buffer = self.momentum * self.buffer + (1 - self.momentum) * delta
+            if self.kind == "fedadam":
+                self.v = self.beta2 * self.v + (1 - self.beta2) * delta ** 2
+            else:
+                self.v = self.v - (1 - self.beta2) * delta ** 2 * np.sign(self.v - delta ** 2)
+            self.anchor = self.anchor - self.lr * self.buffer / (np.sqrt(self.v) + self.tau)
+        elif self.kind == "slowmo":
             self.buffer = self.momentum * self.buffer + delta / eta
             self.anchor = self.anchor - self.lr * eta * self.buffer
         elif self.kind == "nesterov":
@@ -200,6 +238,24 @@ def hierarchical_wire_mean(messages, errors, wire, nodes):
     return mean.astype(np.float64)
 
 
+def group_members(workers: int, group, nodes: Sequence[int] = ()) -> list[list[int]]:
+    """The ranks of each group: ``group`` consecutive ranks, or ("node") each node's."""
+    ranks = range(workers)
+    if group == "node":
+        return [[i for i in ranks if nodes[i] == node] for node in sorted(set(nodes))]
+    return [list(ranks[i:i + group]) for i in range(0, workers, group)]
+
+
+def group_averaged(x, groups):
+    """Each model replaced by its group's mean."""
+    x = list(x)
+    for members in groups:
+        mean = sum(x[i] for i in members) / len(members)
+        for i in members:
+            x[i] = mean.copy()
+    return x
+
+
 def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarray:
     """Final averaged model of PR-SGD, serially: local steps of the inner optimizer (sgd with
     momentum, or adamw), with two-level periods each group's mean every group_interval steps
@@ -214,7 +270,8 @@ def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarr
     schedule = parts[0].algorithm.lr_at
     intervals = list(algo.local_steps) or [algo.interval] * workers
     x = [p.workload.x0.astype(np.float64).copy() for p in parts]
-    inner = [Worker(x[0], InnerOptions.of(algo)) for _ in parts]
+    shapes = tuple(shape for _, shape in parts[0].workload.layout.entries)
+    inner = [Worker(x[0], InnerOptions.of(algo), shapes) for _ in parts]
     outer = Outer.of(x[0], algo)
     steps = [p.local_steps for p in parts]
     done = [0] * workers
@@ -229,15 +286,11 @@ def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarr
     group, group_interval = getattr(algo, "group_size", 1), getattr(algo, "group_interval", 0)
     wire, errors = getattr(algo, "wire", ""), [np.zeros_like(x[0]) for _ in range(workers)]
 
-    ranks = range(workers)
-    groups = ([[i for i in ranks if nodes[i] == node] for node in sorted(set(nodes))] if group == "node"
-              else [list(ranks[i:i + group]) for i in range(0, workers, group)])
+    groups = group_members(workers, group, nodes)
 
     def group_means():  # two-level periods: each model becomes its group's mean
-        for members in groups:
-            mean = sum(x[i] for i in members) / len(members)
-            for i in members:
-                x[i] = mean.copy()
+        nonlocal x
+        x = group_averaged(x, groups)
 
     for r in range(total_rounds):
         for s in range(1, max(intervals) + 1):
@@ -297,7 +350,7 @@ def _clipped_steps(x, grads, norms, inner, t, lr, gamma, base_lr):
 
 def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, participation=1.0, seed=0,
                     clip_norm="local", outer_optimizer="average", outer_lr=1.0, outer_momentum=0.0,
-                    finish=False, **inner):
+                    finish=False, group_size=1, group_interval=0, **inner):
     """CELGC with N = len(oracles) simulated workers; ``lr(t)`` is eta_t; ``inner``: the
     ``InnerOptions`` (momentum, nesterov, weight_decay, momentum_policy, inner_optimizer, ...).
 
@@ -307,8 +360,10 @@ def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, participat
     t = 0, the outer optimizer steps from the round's start to that mean and every worker
     continues from its result. Then each worker takes its own clipped step. With ``finish``, the
     N models are then averaged over all workers (the training loop's final average), followed by
-    the outer step when the last round is complete (I divides T). Returns (the N models after T
-    steps, the N counts of clipped steps).
+    the outer step when the last round is complete (I divides T). With two-level periods, at
+    steps t % group_interval == 0 that start no round every model becomes its group's mean
+    (all of the group's workers). Returns (the N models after T steps, the N counts of clipped
+    steps).
     """
     workers = len(oracles)
     x = [np.array(x0, dtype=np.float64) for _ in range(workers)]
@@ -330,6 +385,8 @@ def celgc_reference(x0, oracles, steps, interval, lr, gamma, base_lr, participat
                 mean = outer.step(mean, lr(t - 1))
             x = [mean.copy() for _ in range(workers)]
             round_policies(workers_state, members)
+        elif group_interval and t % group_interval == 0:
+            x = group_averaged(x, group_members(workers, group_size))
         grads = []
         for i in range(workers):
             g = np.zeros_like(x[i])
@@ -383,11 +440,16 @@ def fragment_cuts(sizes, fragments):
     return [(ends[a], ends[b]) for a, b in zip(cuts, cuts[1:])]
 
 
-def streaming_reference(config, workers: int) -> np.ndarray:
+def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     """Final averaged model of Streaming DiLoCo, serially: fragment p's mean taken after steps
     s = p H // P (mod H), its outer step (own anchor and buffer) and the mix
     x_p <- (1 - alpha) x_p + alpha x0_p applied tau steps later; the means still due at the
-    end are applied then, and the run ends with the plain average."""
+    end are applied then, and the run ends with the plain average. With a ``wire`` the
+    fragment's mean is taken through it (``wire_mean``, each fragment with its slice of the
+    errors; tau = 0). With two-level periods, each
+    model becomes its group's mean after steps s % group_interval == 0, s % H != 0, before the
+    fragments' turn. ``outer_of(x0_p)``: each fragment's outer optimizer (default: ``Outer.of``
+    the config's)."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
     interval, fragments, overlap, alpha = algo.interval, algo.fragments, algo.overlap, algo.fragment_mix
@@ -396,7 +458,19 @@ def streaming_reference(config, workers: int) -> np.ndarray:
     bounds = fragment_cuts(sizes, fragments)
     x = [p.workload.x0.astype(np.float64).copy() for p in parts]
     inner = [Worker(x[0], InnerOptions.of(algo)) for _ in parts]
-    outers = [Outer.of(x[0][a:b], algo) for a, b in bounds]
+    outer_of = outer_of or (lambda x0: Outer.of(x0, algo))
+    outers = [outer_of(x[0][a:b]) for a, b in bounds]
+    wire = algo.wire  # a fragment's round through it: of anchor_p - x_i,p (average: x_i,p)
+    errors = [[np.zeros(b - a) for _ in range(workers)] for a, b in bounds]
+
+    def fragment_mean(p):
+        (a, b), outer = bounds[p], outers[p]
+        if not wire:
+            return sum(xi[a:b] for xi in x) / workers
+        if outer.kind == "average":
+            return wire_mean([xi[a:b] for xi in x], errors[p], wire)
+        return outer.anchor - wire_mean([outer.anchor - xi[a:b] for xi in x], errors[p], wire)
+
     g = np.zeros_like(x[0])
     due = {}  # fragment -> (the step its mean was taken, the mean)
 
@@ -406,13 +480,16 @@ def streaming_reference(config, workers: int) -> np.ndarray:
         for xi in x:
             xi[a:b] = (1 - alpha) * xi[a:b] + alpha * new
 
+    groups, group_interval = group_members(workers, algo.group_size), algo.group_interval
     for step in range(1, parts[0].total_steps + 1):
         for i, part in enumerate(parts):
             part.workload.problem.oracle(x[i], g)
             x[i] = inner[i].step(x[i], g.copy(), schedule(step - 1))
-        for p, (a, b) in enumerate(bounds):
+        if group_interval and step % group_interval == 0 and step % interval != 0:
+            x = group_averaged(x, groups)
+        for p in range(fragments):
             if (step - p * interval // fragments) % interval == 0:
-                due[p] = (step, sum(xi[a:b] for xi in x) / workers)
+                due[p] = (step, fragment_mean(p))
         for p in [p for p, (sent, _) in due.items() if sent + overlap == step]:
             apply(p)
     for p in sorted(due, key=lambda p: due[p][0]):

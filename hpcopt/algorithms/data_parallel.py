@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from ..errors import HpcoptError
 from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
+from .fedopt import FEDOPT_BETA2, FEDOPT_TAU
 from .inner import ADAMW_DEFAULTS, INNER_OPTIMIZERS, adamw_step, blockwise, check_adamw, sgd_step
 from .momentum import (
     MOMENTUM_LABEL,
@@ -27,9 +30,22 @@ from .momentum import (
     apply_momentum_policy,
     check_momentum_policy,
 )
-from .outer import OUTER_OPTIMIZERS, OuterOptimizer, check_outer
+from .muon import muon_step
+from .outer import OUTER_OPTIMIZERS, Outer, check_outer
+from .reducers import WHOLE
 from .schedules import SCHEDULES, Schedule
-from .state import AVERAGE, REFUSE, RESET, SAME, counter, model, scratch, shared, vector
+from .state import (
+    AVERAGE,
+    SAME,
+    SHARED,
+    Declared,
+    counter,
+    declaring,
+    model,
+    scratch,
+    shared,
+    vector,
+)
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -55,9 +71,8 @@ class DataParallelState:
     exp_avg_sq: Array | None = vector(AVERAGE)  # AdamW's second moment v (None: inner sgd)
     anchor: Array | None = shared()        # the round's start x_0 (None: outer average)
     outer_buffer: Array | None = shared()  # the outer optimizer's momentum (None: it has none)
-    in_flight: Array | None = vector(REFUSE)  # streaming: what this rank sent of each fragment (None: none)
-    reductions: Any = scratch()         # streaming: the reductions in flight (streaming.InFlight)
-    wire_error: Array | None = vector(RESET)    # the wire's error feedback e_i (None: uncompressed)
+    # the pieces of a round add their own fields (``Rounds.declared``): the wire's error
+    # feedback, the fragments in flight, an outer optimizer's moments
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +97,9 @@ class ScheduledSGD:
     momentum: float = option(0.0, "heavy-ball momentum mu; 0 = plain SGD")
     nesterov: bool = option(False, "Nesterov momentum instead of heavy ball")
     inner_optimizer: str = option("sgd", f"the local step: {' | '.join(INNER_OPTIMIZERS)} "
-                                         "(momentum and nesterov are sgd's)")
+                                         "(momentum and nesterov are sgd's and muon's; muon "
+                                         "orthogonalises each weight matrix's step, other "
+                                         "parameters take sgd's)")
     adam_beta1: float = option(ADAMW_DEFAULTS["adam_beta1"], "adamw: decay of the first moment m")
     adam_beta2: float = option(ADAMW_DEFAULTS["adam_beta2"], "adamw: decay of the second moment v")
     adam_eps: float = option(ADAMW_DEFAULTS["adam_eps"], "adamw: eps added to sqrt(v)")
@@ -92,6 +109,7 @@ class ScheduledSGD:
                                            f"{', '.join(BUFFER_POLICIES)}")
     workers: int = context(1)
     total_steps: int = context(1)
+    parameter_shapes: tuple[tuple[int, ...], ...] = context(())  # the model's, in the flat vector
 
     #: The labels of the averaging whose bytes the run's summary reports ("averaging the d
     #: parameters"), and those of a round's calls whose modelled seconds it shows per call.
@@ -113,11 +131,11 @@ class ScheduledSGD:
         if self.adamw:
             check_adamw(self.adam_beta1, self.adam_beta2, self.adam_eps)
             if self.momentum:
-                raise HpcoptError("momentum applies only to inner_optimizer sgd "
+                raise HpcoptError("momentum applies only to inner_optimizer sgd or muon "
                                   "(adamw's first moment decays with adam_beta1)")
         for key, default in ADAMW_DEFAULTS.items():
             if not self.adamw and getattr(self, key) != default:
-                raise HpcoptError(f"{key} applies only to inner_optimizer adamw, not sgd")
+                raise HpcoptError(f"{key} applies only to inner_optimizer adamw, not {self.inner_optimizer}")
 
     @property
     def adamw(self) -> bool:
@@ -137,6 +155,9 @@ class ScheduledSGD:
         ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``.
         ``state.x`` holds x0's values in node-shared memory where the averaging can reduce it
         there in place (``Comm.shared_like``); the model is bound to it at its first step."""
+        if self.inner_optimizer == "muon" and sum(map(math.prod, self.parameter_shapes)) != x0.size:
+            raise HpcoptError("inner_optimizer muon needs the shapes of the model's parameters "
+                              "(a workload with a parameter layout)")
         comm.bcast_(x0, root=0, label="init")
         x = comm.shared_like(x0)
         xp = comm.backend.xp
@@ -155,6 +176,10 @@ class ScheduledSGD:
             blockwise(partial(adamw_step, lr=lr, beta1=self.adam_beta1, beta2=self.adam_beta2,
                               eps=self.adam_eps, weight_decay=self.weight_decay, k1=k1, k2=k2),
                       state.x, state.grad, state.exp_avg, state.exp_avg_sq)
+            return
+        if self.inner_optimizer == "muon":
+            muon_step(state.x, state.grad, state.momentum, lr, shapes=self.parameter_shapes,
+                      momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.weight_decay)
             return
         blockwise(partial(sgd_step, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
                           weight_decay=self.weight_decay), state.x, state.grad, state.momentum)
@@ -222,6 +247,9 @@ class ScheduledSGD:
 
     def describe_inner(self) -> str:
         """The inner optimizer, for ``describe`` (empty for plain sgd)."""
+        if self.inner_optimizer == "muon":
+            nesterov = ", nesterov" if self.nesterov else ""
+            return f", muon (mu {self.momentum:g}{nesterov}, wd {self.weight_decay:g})"
         if not self.adamw:
             return ""
         return f", adamw (betas {self.adam_beta1:g}, {self.adam_beta2:g}, wd {self.weight_decay:g})"
@@ -231,9 +259,6 @@ class ScheduledSGD:
 class Rounds(ScheduledSGD):
     """Options of the algorithms that average every I local steps, and what a round does: the
     momentum policies on the inner optimizer's state, then the outer optimizer's step."""
-
-    #: The state field holding the outer optimizer's buffer (SlowMo's checkpoints name it).
-    outer_buffer_field: ClassVar[str] = "outer_buffer"
 
     interval: int = option(8, "I: local steps between averaging rounds (1 = parallel mini-batch SGD)")
     momentum_policy: str = option("keep", f"momentum buffers (sgd's b, adamw's m) at a round: "
@@ -248,27 +273,33 @@ class Rounds(ScheduledSGD):
         check_momentum_policy(self.momentum_policy)
         check_momentum_policy(self.second_moment_policy, "second_moment_policy")
         if not self.adamw and self.second_moment_policy != "keep":
-            raise HpcoptError("second_moment_policy applies only to inner_optimizer adamw, not sgd")
+            raise HpcoptError(f"second_moment_policy applies only to inner_optimizer adamw, "
+                              f"not {self.inner_optimizer}")
         self.outer  # noqa: B018 - its checks
 
     @property
-    def outer(self) -> OuterOptimizer:
+    def outer(self) -> Outer:
         """The outer optimizer a round applies (``OuterOptions``: the options'; SlowMo: its own)."""
         raise NotImplementedError
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
-        """ScheduledSGD's state and the outer optimizer's: the anchor (x0) and its buffer. The
-        moments that a policy averages at the rounds live in node-shared memory where the
-        averaging can reduce them there (``Comm.shared_like``), like x."""
-        state = super().new_state(x0, comm, buffers, state_type)
+        """ScheduledSGD's state and the outer optimizer's (its declared ``fields``, added to
+        ``state_type`` where it lacks them). The moments that a policy averages at the rounds
+        live in node-shared memory where the averaging can reduce them there
+        (``Comm.shared_like``), like x."""
+        state = super().new_state(x0, comm, buffers, declaring(state_type, self.declared()))
         for name, policy in (("momentum", self.momentum_policy), ("exp_avg", self.momentum_policy),
                              ("exp_avg_sq", self.second_moment_policy)):
             moment = getattr(state, name, None)
             if moment is not None and policy == "average":
                 setattr(state, name, comm.shared_like(moment))
-        state.anchor, buffer = self.outer.new_state(state.x)
-        setattr(state, self.outer_buffer_field, buffer)
+        for name, value in self.outer.new_state(state.x).items():
+            setattr(state, name, value)
         return state
+
+    def declared(self) -> tuple[Declared, ...]:
+        """The state fields the round's pieces keep: the outer optimizer's (shared)."""
+        return tuple((name, SHARED, None) for name in self.outer.fields)
 
     def round_policies(self, state: DataParallelState, average: Callable[[Array, str], Any]) -> None:
         """``momentum_policy`` on the first moment (sgd's b or adamw's m, label "momentum") and
@@ -286,14 +317,21 @@ class Rounds(ScheduledSGD):
                 since_reset if self.second_moment_policy == "reset" else since_start)
 
     def state_vectors(self) -> tuple[int, int]:
-        """ScheduledSGD's, and the outer optimizer's anchor and buffer (shared)."""
+        """ScheduledSGD's, and the outer optimizer's state (shared)."""
         per_rank, _ = super().state_vectors()
-        return per_rank, int(self.outer.has_anchor) + int(self.outer.has_buffer)
+        kept = self.outer.new_state(np.zeros(1))  # which fields this run holds, on a stand-in x
+        return per_rank, sum(value is not None for value in kept.values())
 
-    def outer_step(self, state: DataParallelState, eta: float) -> None:
-        """The outer optimizer's step from the round's average in ``state.x`` (``state.grad``,
-        free between steps, as scratch); ``eta``: the base lr at the round's last step."""
-        self.outer.step(state.x, state.anchor, getattr(state, self.outer_buffer_field), state.grad, eta)
+    def outer_step(self, state: DataParallelState, eta: float, mean: Array | None = None,
+                   part: slice = WHOLE) -> None:
+        """The outer optimizer's step, the one place every round takes it (whole-model rounds
+        and streaming fragments alike): from the round's mean (``state.x`` unless given; a
+        fragment's: ``mean`` and ``part`` of the model) on that part of each of its fields
+        (``state.grad``, free between steps, as scratch); ``mean`` becomes the new start.
+        ``eta``: the base lr at the round's last step."""
+        values = {name: None if (value := getattr(state, name)) is None else value[part]
+                  for name in self.outer.fields}
+        self.outer.step(state.x[part] if mean is None else mean, values, state.grad[part], eta)
 
     def describe_optimizers(self) -> str:
         """The inner and outer optimizers, for ``describe`` (empty for sgd and the average)."""
@@ -308,11 +346,15 @@ class OuterOptions(Rounds):
     outer_optimizer: str = option("average", f"what a round does with the ranks' mean: "
                                              f"{' | '.join(OUTER_OPTIMIZERS)} (hpcopt.algorithms.outer)")
     outer_lr: float = option(1.0, "the outer optimizer's learning rate (sgd, nesterov: 1 = DiLoCo's 0.7 "
-                                  "where outer_momentum is 0, slowmo)")
+                                  "where outer_momentum is 0, slowmo; fedadam, fedyogi: 1 = 0.01)")
     outer_momentum: float = option(0.0, "the outer optimizer's momentum (sgd: heavy ball, "
-                                        "nesterov: 0 = DiLoCo's 0.9, slowmo: its beta)")
+                                        "nesterov: 0 = DiLoCo's 0.9, slowmo: its beta, fedadam and "
+                                        "fedyogi: their beta1, 0 = 0.9)")
+    outer_beta2: float = option(FEDOPT_BETA2, "fedadam, fedyogi: decay beta2 of the outer second moment v")
+    outer_tau: float = option(FEDOPT_TAU, "fedadam, fedyogi: tau added to sqrt(v) (their adaptivity)")
 
     @cached_property
-    def outer(self) -> OuterOptimizer:
+    def outer(self) -> Outer:
         return check_outer(self.outer_optimizer, self.outer_lr, self.outer_momentum,
-                           ("outer_optimizer", "outer_lr", "outer_momentum"))
+                           ("outer_optimizer", "outer_lr", "outer_momentum"),
+                           beta2=self.outer_beta2, tau=self.outer_tau)

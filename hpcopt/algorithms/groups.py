@@ -18,8 +18,10 @@ node's only under block placement: where a numeric group spans nodes, or on seve
 node's ranks fall in several groups, rank 0 prints one warning line when the groups are made,
 and training goes on. A group round is a plain average of x only: the momentum policies, the batch-norm buffer
 policy and the outer optimizer's step are the global round's (the outer step's pseudo-gradient
-is anchor - the global mean, which group rounds leave unchanged). It keeps no state: whether a
-round is due follows from the state's ``steps_in_round``, so checkpoints are those of PR-SGD.
+is anchor - the global mean, which group rounds leave unchanged). With streaming fragments
+(``hpcopt.algorithms.streaming``) the group rounds come at the same steps, before the
+fragments' turn. It keeps no state: whether a round is due follows from the state's
+``steps_in_round``, so checkpoints are those of PR-SGD.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from .momentum import momentum_direction
 
 Array = Any
 
-INNER_OPTIMIZERS = ("sgd", "adamw")
+INNER_OPTIMIZERS = ("sgd", "adamw", "muon")  # muon: hpcopt.algorithms.muon
 #: AdamW's options and their defaults (PyTorch's): refused with sgd unless left at these.
 ADAMW_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8}
 #: Elements per block of a NumPy step: a block of each vector (256 KB in float32) stays in the

@@ -17,6 +17,11 @@ local as in the authors' code, ``average`` over S_r on the label "momentum", ``r
 decay enters the direction, not the norm (PyTorch's SGD after ``clip_grad_norm_``). A schedule
 decays gamma with eta: gamma_t = gamma * eta_t / eta_0.
 
+With ``group_size`` G and ``group_interval`` I1 (``hpcopt.algorithms.groups``), at the start of
+a step t % I1 == 0 that starts no round, x_i becomes its group's mean (all the group's ranks,
+whatever the participation of the global rounds; label "group_average"): local clipping inside
+two-level periods.
+
 The baseline (``NaiveParallelClip``) averages gradients every step (label "average") and takes
 the same clipped step on g = (1/N) sum_i g_i, so every rank holds the same model.
 
@@ -49,6 +54,7 @@ from ..rng import stream
 from .base import context, option
 from .buffers import sync_buffers
 from .data_parallel import DataParallelState, OuterOptions, ScheduledSGD
+from .groups import GroupRounds
 from .local_sgd import AVERAGE_LABEL
 from .state import AVERAGE, RESET, counter, flag, scalar
 
@@ -144,7 +150,7 @@ class _ClippedSGD(ScheduledSGD):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LocalClip(_ClippedSGD, OuterOptions):
+class LocalClip(_ClippedSGD, OuterOptions, GroupRounds):
     """CELGC hyper-parameters (see the module docstring), validated at construction."""
 
     name: ClassVar[str] = "celgc"
@@ -162,6 +168,7 @@ class LocalClip(_ClippedSGD, OuterOptions):
             raise HpcoptError(f"participation fraction must be in (0, 1], got {self.participation}")
         if self.seed < 0:
             raise HpcoptError(f"seed must be >= 0, got {self.seed}")
+        self.check_groups(self.interval, ())
 
     def participants(self, round_index: int, size: int) -> np.ndarray:
         """The sorted ranks whose models form round ``round_index``'s average: all of them, or
@@ -173,9 +180,12 @@ class LocalClip(_ClippedSGD, OuterOptions):
         return np.sort(chosen)
 
     def step(self, state: LocalClipState, oracle: Oracle, comm: Comm) -> Any:
-        """Average if t % I == 0, then one locally clipped step; returns the minibatch loss."""
+        """Average if t % I == 0 (else a group round when one is due), then one locally clipped
+        step; returns the minibatch loss."""
         if state.step % self.interval == 0:
             self.average(state, comm)
+        else:
+            self.group_round(state.x, state.steps_in_round, comm)
         loss = oracle(state.x, state.grad)
         norm = comm.backend.xp.linalg.norm(state.grad)  # on the GPU: stays there
         if self.clip_norm == "global":
@@ -220,8 +230,21 @@ class LocalClip(_ClippedSGD, OuterOptions):
         comm.allreduce_(buf, MPI.SUM, label=label)
         buf /= members.size
 
+    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> LocalClipState:
+        """_ClippedSGD's state; with groups, every rank makes its group's communicator now
+        (collective)."""
+        state = super().init(x0, comm, buffers)
+        self.open_groups(comm)
+        return state
+
+    def steps_for(self, total_steps: int, rank: int, size: int) -> int:
+        """Every rank runs all T steps; the groups must divide the ranks."""
+        self.check_world(size)
+        return total_steps
+
     def describe(self) -> str:
-        return f"I={self.interval}, gamma={self.gamma:g} ({self.clip_norm} norm){self.describe_optimizers()}"
+        return (f"I={self.interval}{self.describe_groups()}, gamma={self.gamma:g} ({self.clip_norm} norm)"
+                f"{self.describe_optimizers()}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,7 +28,8 @@ the plain average (the training loop's "final"), without an outer step. With ``f
 
 Between rounds, ``group_size`` and ``group_interval`` add averages within groups of ranks
 (``hpcopt.algorithms.groups``); ``wire`` sends the round's message cast or quantized, with
-error feedback (``hpcopt.comm.wire``).
+error feedback (``hpcopt.comm.wire``): the round's reducer (``hpcopt.algorithms.reducers``),
+for whole-model rounds and fragments alike.
 """
 
 from __future__ import annotations
@@ -38,14 +39,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..comm.wire import WIRES, check_wire, wire_average_
+from ..comm.wire import WIRES, check_wire
 from ..comm.wire_nodes import NODE_LABEL
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 from .groups import GROUP_LABEL, GroupRounds
-from .streaming import FRAGMENT_LABEL, PEAK_COLUMN, FragmentOptions, FragmentSchedule
+from .reducers import WHOLE, Reducer, reducer_of
+from .state import Declared
+from .streaming import FRAGMENT_FIELDS, FRAGMENT_LABEL, PEAK_COLUMN, FragmentOptions, FragmentSchedule
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -74,12 +77,17 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
             "second_moment_policy": self.second_moment_policy != "keep",
-            "wire": bool(self.wire), "group_interval": bool(self.group_interval)})
+            "wire": bool(self.wire) and self.overlap > 0})
 
     @cached_property
     def streamed(self) -> FragmentSchedule:
-        """When each fragment is sent and applied (streaming runs)."""
-        return self.fragment_schedule(self.interval)
+        """When each fragment is sent and applied, and how its mean is taken (streaming runs)."""
+        return self.fragment_schedule(self.interval, self.reducer)
+
+    @cached_property
+    def reducer(self) -> Reducer:
+        """How a round takes the ranks' mean: plain, or through the ``wire``."""
+        return reducer_of(self.wire)
 
     def interval_of(self, rank: int) -> int:
         """I_i: the local steps rank ``rank`` runs per round."""
@@ -116,14 +124,19 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         rank) is kept as ``state.buffers`` and synchronized at each round."""
         return self.new_state(x0, comm, buffers, DataParallelState)
 
+    def declared(self) -> tuple[Declared, ...]:
+        """Rounds' fields, the reducer's (the wire's error feedback e_i) and a streaming run's
+        fragments in flight (``streaming.FRAGMENT_FIELDS``)."""
+        return super().declared() + self.reducer.declared + (FRAGMENT_FIELDS if self.streaming else ())
+
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
         """The rounds' state; with groups, every rank makes its group's communicator now
         (collective); the wire's error feedback; a streaming run's vector of what it sent and
         its reductions."""
         state = super().new_state(x0, comm, buffers, state_type)
         self.open_groups(comm)
-        if self.wire:
-            state.wire_error = comm.backend.xp.zeros_like(x0)
+        for name, value in self.reducer.new_state(state.x).items():
+            setattr(state, name, value)
         if self.streaming:
             state.in_flight, state.reductions = self.streamed.new_in_flight(state.x)
         return state
@@ -138,6 +151,8 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         state.step += 1
         state.steps_in_round += 1
         if self.streaming:
+            if state.steps_in_round < self.interval:
+                self.group_round(state.x, state.steps_in_round, comm)
             self.stream(state, comm)
         elif state.steps_in_round == self.interval_of(comm.rank):
             self.average(state, comm)
@@ -159,19 +174,20 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
     round_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, GROUP_LABEL, NODE_LABEL)
 
     def trace_columns(self) -> tuple[str, ...]:
-        """A streaming run's peak_bytes_in_flight (``hpcopt.algorithms.streaming``)."""
-        return (PEAK_COLUMN,) if self.streaming else ()
+        """A streaming run's peak_bytes_in_flight (``hpcopt.algorithms.streaming``; through a
+        wire the fragments' rounds are blocking: none in flight, no column)."""
+        return (PEAK_COLUMN,) if self.streaming and self.reducer.in_flight else ()
 
     def trace_row(self, state: DataParallelState) -> dict[str, Any]:
         """peak_bytes_in_flight over the round up to ``state``'s step (streaming runs)."""
-        if not self.streaming:
+        if PEAK_COLUMN not in self.trace_columns():
             return {}
         return {PEAK_COLUMN: self.streamed.peak_bytes(state.step, state.x.itemsize)}
 
     def state_vectors(self) -> tuple[int, int]:
         """Rounds', the wire's error feedback and a streaming run's ``in_flight`` (per rank)."""
         per_rank, shared = super().state_vectors()
-        return per_rank + int(bool(self.wire)) + int(self.streaming), shared
+        return per_rank + len(self.reducer.declared) + int(self.streaming), shared
 
     def synchronized(self, state: DataParallelState) -> bool:
         """At a round's end; a streaming run only at its start (the fragments take turns)."""
@@ -183,14 +199,11 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
             self.streamed.drain(state, comm, self)
         super().finish(state, comm, label)
 
-    def average(self, state: DataParallelState, comm: Comm) -> None:
+    def average(self, state: Any, comm: Comm) -> None:
         """The round: x_i <- mean_j x_j, the buffer policy, the momentum policies, then the
-        outer step from the round's start. With ``wire`` the mean is taken through it."""
-        if self.wire:
-            assert state.wire_error is not None
-            wire_average_(state.x, state.anchor, state.wire_error, self.wire, comm, AVERAGE_LABEL)
-        else:
-            comm.average_(state.x, label=AVERAGE_LABEL)
+        outer step from the round's start. With ``wire`` the mean is taken through it (its
+        error feedback: the declared field ``wire_error``)."""
+        self.reducer.mean_(state.x, state, WHOLE, comm, AVERAGE_LABEL)
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
         self.round_policies(state, lambda buffer, label: comm.average_(buffer, label=label))

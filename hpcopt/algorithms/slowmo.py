@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .base import option
 from .data_parallel import DataParallelState
 from .local_sgd import RestartedSGD
-from .outer import OuterOptimizer, check_outer
+from .outer import Outer, check_outer
 from .state import shared
 
 if TYPE_CHECKING:
@@ -50,15 +50,14 @@ class SlowMo(RestartedSGD):
     """SlowMo hyper-parameters: PR-SGD's, and the slow momentum beta and step alpha."""
 
     name: ClassVar[str] = "slowmo"
-    outer_buffer_field: ClassVar[str] = "slow_buffer"
 
     slow_momentum: float = option(0.5, "slow momentum beta on the averaged model (0 = none)")
     slow_lr: float = option(1.0, "slow learning rate alpha (1, with slow_momentum 0: prsgd)")
 
     @cached_property
-    def outer(self) -> OuterOptimizer:
+    def outer(self) -> Outer:
         return check_outer("slowmo", self.slow_lr, self.slow_momentum,
-                           ("outer", "slow_lr", "slow_momentum"))
+                           ("outer", "slow_lr", "slow_momentum"), buffer_field="slow_buffer")
 
     def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> SlowMoState:
         return self.new_state(x0, comm, buffers, SlowMoState)

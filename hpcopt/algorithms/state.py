@@ -27,6 +27,7 @@ the same on every rank once averaged, so they carry over as they are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import field
 from typing import Any
 
@@ -84,6 +85,28 @@ def _policy(rescale: str) -> str:
 def scratch(default: Any = None) -> Any:
     """Working memory or run-time objects rebuilt at every start: never saved."""
     return field(default=default, metadata={KIND: SCRATCH})
+
+
+#: A field a piece of an algorithm declares: (name, kind, rescale policy: a vector's; else None).
+Declared = tuple[str, str, "str | None"]
+
+
+@functools.cache
+def declaring(state_type: type, declared: tuple[Declared, ...]) -> type:
+    """``state_type``, or where it lacks some of the ``declared`` fields (kinds ``shared``,
+    ``vector``, ``scratch``) a subclass that declares them: a piece's own state (an outer
+    optimizer's moments, the wire's error feedback, the fragments in flight), one class per
+    combination, so a checkpoint holds what the pieces declare."""
+    have = {f.name for f in dataclasses.fields(state_type)}
+    missing = []
+    for name, kind, rescale in dict.fromkeys(declared):
+        if name not in have:
+            have.add(name)
+            made = vector(rescale or "") if kind == VECTOR else {SHARED: shared, SCRATCH: scratch}[kind]()
+            missing.append((name, Any, made))
+    if not missing:
+        return state_type
+    return dataclasses.make_dataclass(state_type.__name__, missing, bases=(state_type,))
 
 
 def fields_of(state: Any, *kinds: str) -> tuple[str, ...]:

@@ -11,20 +11,25 @@ alpha = ``fragment_mix``, fragment p (offset o_p = floor(p H / P)) on every rank
         send_i,p <- x_i,p;  start the sum over ranks of send_i,p    (Iallreduce, label "fragments")
     after local step s + tau (the same step when tau = 0):
         xbar_p = (1/N) sum_j send_j,p
-        the outer step on (anchor_p, buffer_p) from xbar_p           (eta = lr_{s-1}; average: xbar_p)
+        the outer step on (anchor_p, its state_p) from xbar_p        (eta = lr_{s-1}; average: xbar_p)
         x_i,p <- (1 - alpha) x_i,p + alpha x0_p                      (x0_p the new anchor; 1: replace)
 
 Here alpha weights the global fragment; the paper's alpha, and torchft's
 ``fragment_update_alpha`` (``lerp`` of the global towards the local parameters), weight the
 local one: ``fragment_mix`` = 1 - their alpha (docs/algorithms.md).
 
-Each fragment has its own slice of the outer optimizer's anchor and buffer, so the outer step
-(``hpcopt.algorithms.outer``) applies per fragment (Nesterov per fragment, as the paper). The
+Each fragment has its own slice of the outer optimizer's state (anchor, buffer, moments), so the
+outer step (``hpcopt.algorithms.outer``) applies per fragment (Nesterov per fragment, as the
+paper), taken where every round takes it (``Rounds.outer_step``). The
 constraints: 1 <= P <= H (distinct offsets), 0 <= tau < H (a fragment's reduction lands before
 its next one starts; tau <= H // P keeps at most one fragment in flight, the paper's setting),
 0 < alpha <= 1. A round is still H steps: it counts ``rounds`` and synchronizes batch-norm
 statistics (``buffer_policy``), blocking. At the end of a run the reductions in flight are
 completed and applied, then the plain average ends it (``finish``).
+
+With a ``wire`` (``hpcopt.comm.wire``, tau = 0 only) a fragment's round is sent through it when
+it is due, blocking: of anchor_p - x_i,p (without an anchor: x_i,p), with the fragment's slice
+of the error feedback e_i, then the outer step and the mix above.
 
 Which fragment is in flight after which step is a function of the step alone, so a checkpoint
 holds only what each rank sent (``state.in_flight``, a per-rank vector); a resumed run posts the
@@ -42,6 +47,8 @@ import numpy as np
 
 from ..errors import HpcoptError
 from .base import context, option
+from .reducers import PLAIN, Reducer
+from .state import REFUSE, SCRATCH, VECTOR
 
 if TYPE_CHECKING:
     from ..comm import Comm, Reduction
@@ -49,9 +56,25 @@ if TYPE_CHECKING:
 Array = Any
 
 FRAGMENT_LABEL = "fragments"
+#: The state a streaming run keeps: what this rank sent of each fragment (meaningless on another
+#: number of ranks), and the reductions in flight (run-time objects, ``InFlight``).
+FRAGMENT_FIELDS = (("in_flight", VECTOR, REFUSE), ("reductions", SCRATCH, None))
 #: The trace column of a streaming run: the most bytes a rank had in flight at once over the
 #: round up to the row's step.
 PEAK_COLUMN = "peak_bytes_in_flight"
+
+
+#: Why each option refused with streaming stays refused, in one line.
+NOT_STREAMED = {
+    "local_steps": "every rank sends a fragment at the same step (ranks with their own round "
+                   "lengths would post different reductions)",
+    "momentum_policy": "it acts at a whole-model round's end, which streaming spreads over the "
+                       "fragments' steps",
+    "second_moment_policy": "it acts at a whole-model round's end, which streaming spreads over "
+                            "the fragments' steps",
+    "wire": "only with overlap 0: a compressed fragment's reduction is blocking, so there is no "
+            "reduction in flight to overlap (nor one a resumed run could post again)",
+}
 
 
 def streamed(options: Any) -> bool:
@@ -102,7 +125,7 @@ class FragmentOptions:
 
     def check_fragments(self, interval: int, refused: dict[str, bool]) -> None:
         """HpcoptError for values out of range, or for an option named in ``refused`` (True:
-        changed from what streaming builds) when streaming."""
+        changed from what streaming builds) when streaming, with the reason (``NOT_STREAMED``)."""
         if self.fragments < 1:
             raise HpcoptError(f"fragments must be >= 1, got {self.fragments}")
         if self.fragments > interval:
@@ -114,14 +137,16 @@ class FragmentOptions:
             raise HpcoptError(f"fragment_mix must be in (0, 1], got {self.fragment_mix}")
         for name, changed in refused.items():
             if self.streaming and changed:
-                raise HpcoptError(f"{name} is not built with fragments, overlap or fragment_mix")
+                raise HpcoptError(f"{name} is not built with fragments, overlap or fragment_mix: "
+                                  f"{NOT_STREAMED[name]}")
         if self.parameter_sizes:
             fragment_bounds(self.parameter_sizes, self.fragments)  # its check against the model
 
-    def fragment_schedule(self, interval: int) -> FragmentSchedule:
-        """When each fragment is sent and applied (``parameter_sizes`` must be known)."""
+    def fragment_schedule(self, interval: int, reducer: Reducer = PLAIN) -> FragmentSchedule:
+        """When each fragment is sent and applied (``parameter_sizes`` must be known), and how
+        its mean is taken."""
         return FragmentSchedule(fragment_bounds(self.parameter_sizes, self.fragments), interval,
-                                self.overlap, self.fragment_mix)
+                                self.overlap, self.fragment_mix, reducer)
 
 
 @dataclass
@@ -135,12 +160,15 @@ class InFlight:
 
 @dataclass(frozen=True)
 class FragmentSchedule:
-    """The fragments' (start, stop) in the flat vector, the interval H, overlap tau, mix alpha."""
+    """The fragments' (start, stop) in the flat vector, the interval H, overlap tau, mix alpha,
+    and the reducer of a fragment's round (``hpcopt.algorithms.reducers``: plain, in flight;
+    a wire, blocking, tau = 0)."""
 
     bounds: tuple[tuple[int, int], ...]
     interval: int
     overlap: int
     mix: float
+    reducer: Reducer = PLAIN
 
     def offset(self, p: int) -> int:
         return p * self.interval // len(self.bounds)
@@ -188,8 +216,8 @@ class FragmentSchedule:
 
     def step(self, state: Any, comm: Comm, rounds: Any) -> None:
         """After local step ``state.step``: apply the fragment due, then send the one due (tau
-        = 0: send it, then apply it). ``rounds`` is the algorithm: its ``outer`` optimizer,
-        ``outer_buffer_field`` and ``lr_at``."""
+        = 0: send it, then apply it). ``rounds`` is the algorithm: its ``outer_step`` and
+        ``lr_at``."""
         step, overlap = state.step, self.overlap
         done = self.sent_at(step - overlap)
         if done is not None and overlap > 0:  # first: it leaves the wire before the next starts
@@ -198,6 +226,9 @@ class FragmentSchedule:
         if p is not None:
             start, stop = self.bounds[p]
             state.in_flight[start:stop] = state.x[start:stop]
+            if not self.reducer.in_flight:
+                self._apply_blocking(p, step, state, comm, rounds)
+                return
             self._post(p, state, comm)
             if overlap == 0:
                 self._apply(p, step, state, comm, rounds)
@@ -224,10 +255,24 @@ class FragmentSchedule:
         mean = reductions.received[start:stop]
         if comm.size > 1:
             mean /= comm.size
-        anchor, buffer = state.anchor, getattr(state, rounds.outer_buffer_field)
-        rounds.outer.step(mean, None if anchor is None else anchor[start:stop],
-                   None if buffer is None else buffer[start:stop], state.grad[start:stop],
-                   rounds.lr_at(sent - 1))
+        self._mix(p, sent, mean, state, rounds)
+
+    def _apply_blocking(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
+        """Fragment p's round by a blocking reducer (a wire: of the pseudo-gradients anchor_p -
+        x_i,p, or without an anchor of x_i,p, with the slice of the error feedback e_i), then
+        its outer step and mix."""
+        start, stop = self.bounds[p]
+        part = slice(start, stop)
+        mean = state.reductions.received[part]
+        mean[...] = state.x[part]
+        self.reducer.mean_(mean, state, part, comm, FRAGMENT_LABEL)
+        self._mix(p, sent, mean, state, rounds)
+
+    def _mix(self, p: int, sent: int, mean: Array, state: Any, rounds: Any) -> None:
+        """Fragment p's outer step from its round's ``mean`` (sent after step ``sent``), then
+        x_i,p <- (1 - alpha) x_i,p + alpha x0_p."""
+        start, stop = self.bounds[p]
+        rounds.outer_step(state, rounds.lr_at(sent - 1), mean, slice(start, stop))
         x = state.x[start:stop]
         if self.mix == 1:
             x[...] = mean

@@ -15,7 +15,7 @@ from hpcopt.algorithms.groups import GROUP_LABEL
 from hpcopt.comm.costmodel import comm_modelled, get_profile
 from tests.conftest import host, on_devices
 from tests.mpi.test_optimizers import DILOCO, assert_shared, run_in_process, small_config, state_arrays
-from tests.reference import prsgd_reference
+from tests.reference import celgc_reference, prsgd_reference, streaming_reference, worker_parts
 
 pytestmark = pytest.mark.mpi
 
@@ -45,7 +45,60 @@ def test_two_level_periods_match_the_serial_reference(comm, overrides, device):
         assert comm.group(group_size(comm.size), GROUP_LABEL).averager is not None  # the node's window
 
 
+STREAMED = [
+    # DiLoCo per fragment with group rounds between, one fragment in flight at a time
+    {**DILOCO, "fragments": 3, "overlap": 1, "interval": 6, "group_interval": 2, "steps": 14},
+    # a group round after every step that ends no round, fragments applied within their step
+    {"momentum": 0.9, "fragments": 2, "fragment_mix": 0.5, "interval": 4, "group_interval": 1,
+     "steps": 13},
+]
+
+
+@pytest.mark.parametrize("overrides", STREAMED)
+def test_group_rounds_between_streamed_fragments_match_the_serial_reference(comm, overrides):
+    """Two-level periods with Streaming DiLoCo: each model its group's mean after steps
+    s % I1 == 0, s % I != 0, before the fragments' turn (tests/reference.py)."""
+    config = small_config(group_size=group_size(comm.size), **overrides)
+    _, state = train(config, comm, verbose=False)
+    np.testing.assert_allclose(host(state.x), streaming_reference(config, comm.size), rtol=1e-10,
+                               atol=1e-12)
+    assert_shared(comm, state)
+
+
 @pytest.mark.parametrize("overrides", [
+    {"momentum": 0.9, "interval": 4, "group_interval": 2},
+    {**DILOCO, "interval": 6, "group_interval": 3, "participation": 0.5, "clip_norm": "global",
+     "steps": 12},
+])
+def test_celgc_inside_two_level_periods_matches_the_serial_reference(comm, overrides):
+    """Local clipping with group rounds at the start of steps t % I1 == 0 that start no round
+    (every group member, whatever the global round's participation): tests/reference.py."""
+    config = small_config(algorithm="celgc", gamma=1.5 * float(overrides.get("lr", 0.1)),
+                          group_size=group_size(comm.size), **overrides)
+    summary, state = train(config, comm, verbose=False)
+    algo, parts = config.algorithm, worker_parts(config, comm.size)
+    inner = {key: getattr(algo, key) for key in (
+        "momentum", "nesterov", "weight_decay", "momentum_policy", "inner_optimizer")}
+    models, counts = celgc_reference(
+        parts[0].workload.x0, [p.workload.problem.oracle for p in parts], config.run.steps,
+        algo.interval, lr=parts[0].algorithm.lr_at, gamma=algo.gamma, base_lr=algo.lr,
+        participation=algo.participation, seed=config.run.seed, clip_norm=algo.clip_norm,
+        outer_optimizer=algo.outer_optimizer, outer_lr=algo.outer_lr,
+        outer_momentum=algo.outer_momentum, finish=True, group_size=algo.group_size,
+        group_interval=algo.group_interval, **inner)
+    np.testing.assert_allclose(host(state.x), models[comm.rank], rtol=1e-10, atol=1e-12)
+    assert int(state.clip_count) == counts[comm.rank]
+    assert 0 < summary.clip_fraction < 1
+    if group_size(comm.size) > 1:  # one group round at each step that starts none of the I rounds
+        steps, every = config.run.steps, algo.group_interval
+        expected = sum(1 for t in range(steps) if t % algo.interval and t % every == 0)
+        assert comm.stats.totals(GROUP_LABEL).calls == expected
+
+
+@pytest.mark.parametrize("overrides", [
+    {**STREAMED[0], "steps": 8},
+    {"algorithm": "celgc", "gamma": 0.15, "momentum": 0.9, "interval": 4, "group_interval": 2,
+     "steps": 7},  # group rounds and fragments in flight across the checkpoints
     # ticks after group rounds, at global rounds and mid-round after outer steps
     {**DILOCO, "second_moment_policy": "reset", "interval": 4, "group_interval": 2, "steps": 7},
     {"algorithm": "slowmo", "momentum": 0.9, "interval": 2, "group_interval": 1, "steps": 5},

@@ -39,7 +39,8 @@ def heterogeneous(size):
 
 def outer_state(state):
     """The outer optimizer's arrays (the round's start and its buffer), on the host."""
-    return [host(getattr(state, name)) for name in ("anchor", "outer_buffer", "slow_buffer")
+    return [host(getattr(state, name)) for name in ("anchor", "outer_buffer", "slow_buffer",
+                                                     "outer_exp_avg", "outer_exp_avg_sq")
             if getattr(state, name, None) is not None]
 
 
@@ -64,6 +65,15 @@ PRSGD_CASES = [
     {"algorithm": "slowmo", "inner_optimizer": "adamw", "lr": 0.01, "weight_decay": 0.1},
     {"algorithm": "diloco", "steps": 9},  # a partial last round: the plain average ends the run
     {"algorithm": "diloco", "schedule": "cosine", "warmup": 5},  # DiLoCo's inner schedule
+    # FedAdam and FedYogi (Reddi et al. 2021) over AdamW and momentum SGD
+    {"outer_optimizer": "fedadam", "outer_lr": 0.02, "outer_momentum": 0.8, "outer_beta2": 0.95,
+     "outer_tau": 1e-2, "inner_optimizer": "adamw", "lr": 0.01},
+    {"outer_optimizer": "fedyogi", "outer_lr": 0.03, "outer_momentum": 0.9, "outer_beta2": 0.9,
+     "outer_tau": 3e-3, "momentum": 0.9},
+    # Muon inside (MuLoCo: with DiLoCo's outer step), and with heavy ball and its buffer averaged
+    {"inner_optimizer": "muon", "lr": 0.02, "momentum": 0.95, "nesterov": "true",
+     "weight_decay": 0.01, "outer_optimizer": "nesterov", "outer_lr": 0.7, "outer_momentum": 0.9},
+    {"inner_optimizer": "muon", "lr": 0.02, "momentum": 0.9, "momentum_policy": "average"},
 ]
 
 
@@ -182,6 +192,7 @@ def run_in_process(config, comm, directory=None):
      "steps": 5},
     {"algorithm": "slowmo", "inner_optimizer": "adamw", "lr": 0.01, "slow_momentum": 0.7,
      "interval": 2, "steps": 4},
+    {"outer_optimizer": "fedyogi", "outer_lr": 0.03, "interval": 2, "steps": 5},
     # per-rank local steps: the clock ticks at rounds
     {"outer_optimizer": "sgd", "outer_momentum": 0.5, "momentum": 0.9, "local_steps": "heterogeneous",
      "interval": 2, "steps": 6},
@@ -197,7 +208,7 @@ def test_a_checkpoint_at_every_tick_changes_no_bit(comm, shared_dir, overrides):
                      else list(range(1, config.run.steps + 1)))
     expected, got = state_arrays(plain), state_arrays(state)
     assert sorted(got) == sorted(expected)
-    assert {"anchor", "exp_avg", "exp_avg_sq", "outer_buffer", "slow_buffer"} & set(got)
+    assert {"anchor", "exp_avg", "exp_avg_sq", "outer_buffer", "slow_buffer", "outer_exp_avg"} & set(got)
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
 

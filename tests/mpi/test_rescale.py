@@ -48,11 +48,13 @@ CHANGES = [(4, 2), (2, 4), (3, 4)]
 
 
 def algorithm_config(name: str, out: Path) -> Config:
-    """A run of ``name``: momentum 0.9 and I = 4 where it takes them (DiLoCo's AdamW takes no
-    momentum, naive_clip averages every step)."""
+    """A run of ``name`` (``algorithm+outer``: with that outer optimizer): momentum 0.9 and I = 4
+    where it takes them (DiLoCo's AdamW takes no momentum, naive_clip averages every step)."""
+    name, _, outer = name.partition("+")
+    chosen = {"algorithm": name, "out": str(out), **({"outer_optimizer": outer} if outer else {})}
     for extra in ({"momentum": "0.9", "interval": "4"}, {"interval": "4"}, {}):
         try:
-            return build_config(None, {**BASE, **extra, "algorithm": name, "out": str(out)})
+            return build_config(None, {**BASE, **extra, **chosen})
         except HpcoptError:
             continue
     raise AssertionError(f"no small run of {name}")
@@ -112,7 +114,7 @@ def reference_checkpoint(ckpt: Checkpoint, size: int, values: dict[str, Any],
 
 
 @pytest.mark.parametrize("old, new", CHANGES)
-@pytest.mark.parametrize("algorithm", names(DATA_PARALLEL))
+@pytest.mark.parametrize("algorithm", [*names(DATA_PARALLEL), "prsgd+fedadam"])  # an outer's moments
 def test_a_run_resumed_on_another_number_of_ranks_is_the_stated_reference(comm, shared_dir, algorithm,
                                                                            old, new):
     if comm.size != 4:

@@ -28,6 +28,9 @@ CASES = [
     # three fragments in flight at once (tau >= H / P), SlowMo's eta at each fragment's step
     {"algorithm": "slowmo", "slow_momentum": 0.6, "slow_lr": 0.9, "fragments": 4, "overlap": 3,
      "fragment_mix": 0.7, "schedule": "step", "milestones": "7", "decay": 0.5, "steps": 15},
+    # FedAdam per fragment (its two moments sliced like the anchor)
+    {"outer_optimizer": "fedadam", "outer_lr": 0.02, "outer_momentum": 0.9, "outer_tau": 1e-2, "fragments": 2,
+     "overlap": 1, "interval": 4, "steps": 13},
     # one fragment (the whole model), overlapped
     {"outer_optimizer": "sgd", "outer_lr": 1.1, "outer_momentum": 0.5, "overlap": 2, "steps": 11},
 ]

@@ -1,7 +1,8 @@
 """Compressed averaging (hpcopt/comm/wire.py, ``--wire``) under MPI at any world size: the
 serial reference of tests/reference.py (``wire_mean``: the same casts and quantization, error
 feedback, the float32 sum in rank order), a checkpoint at every tick changing no bit (the error
-feedback included), and the bytes a round sends, counted, traced and modelled."""
+feedback included), and the bytes a round sends, counted, traced and modelled; Streaming
+DiLoCo's fragments through a wire, each with its slice of the error feedback."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hpcopt.comm.costmodel import comm_modelled, get_profile
 from hpcopt.comm.wire import WIRES, message_bytes
 from hpcopt.io.trace import read_trace
 from tests.mpi.test_optimizers import DILOCO, assert_shared, run_in_process, small_config, state_arrays
-from tests.reference import prsgd_reference
+from tests.reference import prsgd_reference, streaming_reference
 
 pytestmark = pytest.mark.mpi
 
@@ -83,3 +84,35 @@ def test_a_round_sends_the_wire_bytes_and_the_trace_and_the_model_show_them(comm
         comm.stats.reset()
     assert sent["bfloat16"] == sent["float16"] == sent[""] // 2 and sent["float32"] == sent[""]
     assert 3.9 < sent[""] / sent["int8"] < 4
+
+
+STREAMED = [
+    {**DILOCO, "wire": "int8", "fragments": 3, "interval": 6, "steps": 14},
+    # plain averaging with a mix: the fragments of the models are sent
+    {"wire": "bfloat16", "fragments": 2, "fragment_mix": 0.5, "momentum": 0.9, "steps": 13},
+]
+
+
+@pytest.mark.parametrize("overrides", STREAMED)
+def test_fragments_through_a_wire_match_the_serial_reference(comm, overrides):
+    """Each fragment's round through the wire when it is due (tau = 0), with its slice of the
+    error feedback, then its outer step and mix; label "fragments" carries the messages."""
+    config = small_config(**overrides)
+    _, state = train(config, comm, verbose=False)
+    np.testing.assert_allclose(state.x, streaming_reference(config, comm.size), rtol=1e-10,
+                               atol=1e-10)
+    assert_shared(comm, state)
+    assert np.any(state.wire_error != 0)
+    if comm.size > 1:
+        assert comm.stats.totals("fragments", "allgather").calls > 0
+
+
+def test_fragments_through_a_wire_resume_at_every_tick_without_changing_a_bit(comm, shared_dir):
+    config = small_config(**{**STREAMED[0], "steps": 8})
+    state, ticks = run_in_process(config, comm, shared_dir)
+    plain, _ = run_in_process(config, comm)
+    assert ticks == list(range(1, 9))
+    expected, got = state_arrays(plain), state_arrays(state)
+    assert sorted(got) == sorted(expected) and "wire_error" in got
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)

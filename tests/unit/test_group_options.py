@@ -28,7 +28,8 @@ from tests.registered import refused
      "group_size must be a number of ranks or 'node', got 'nodes'"),
     ({"group_size": "2", "group_interval": "2", "local_steps": "4,8"},
      "group_interval applies only when every rank runs interval steps per round"),
-    ({"algorithm": "celgc", "group_size": "2", "group_interval": "2"}, refused("group_size", "celgc")),
+    ({"algorithm": "naive_clip", "group_size": "2", "group_interval": "2"},
+     refused("group_size", "naive_clip")),
 ])
 def test_options_that_make_no_two_level_schedule_are_refused(options, message):
     with pytest.raises(HpcoptError, match=message):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hpcopt.algorithms.inner import adamw_step
+from hpcopt.algorithms.muon import muon_step, newton_schulz5
 from hpcopt.algorithms.outer import OuterOptimizer
 from hpcopt.build import build_algorithm
 from hpcopt.config import build_config
@@ -48,7 +49,8 @@ def test_the_outer_step_is_pytorchs_sgd_on_the_pseudo_gradient(kind, nesterov):
     torch = pytest.importorskip("torch")
     x0 = np.linspace(-1, 1, 7)
     outer = OuterOptimizer(kind, lr=0.7, momentum=0.9)
-    anchor, buffer = outer.new_state(x0)
+    state = outer.new_state(x0)
+    anchor = state["anchor"]
     param = torch.nn.Parameter(torch.tensor(x0.copy()))
     reference = torch.optim.SGD([param], lr=0.7, momentum=0.9, nesterov=nesterov)
     for g in gradients(6):
@@ -56,7 +58,7 @@ def test_the_outer_step_is_pytorchs_sgd_on_the_pseudo_gradient(kind, nesterov):
         param.grad = torch.tensor(param.detach().numpy() - mean)
         reference.step()
         x = mean.copy()
-        outer.step(x, anchor, buffer, np.empty_like(x), eta=0.1)
+        outer.step(x, state, np.empty_like(x), eta=0.1)
         np.testing.assert_array_equal(x, anchor)  # every rank continues from the new anchor
         np.testing.assert_allclose(anchor, param.detach().numpy(), rtol=1e-13, atol=1e-15)
 
@@ -70,7 +72,8 @@ def test_the_outer_step_is_pytorchs_sgd_on_the_pseudo_gradient(kind, nesterov):
 ])
 def test_the_outer_state_is_allocated_only_where_it_is_used(kind, momentum, has_anchor, has_buffer):
     x = np.arange(4.0)
-    anchor, buffer = OuterOptimizer(kind, 1.0, momentum).new_state(x)
+    state = OuterOptimizer(kind, 1.0, momentum).new_state(x)
+    anchor, buffer = state["anchor"], state["outer_buffer"]
     assert (anchor is not None, buffer is not None) == (has_anchor, has_buffer)
     if anchor is not None:
         np.testing.assert_array_equal(anchor, x)
@@ -82,7 +85,8 @@ def test_the_outer_state_is_allocated_only_where_it_is_used(kind, momentum, has_
 def test_sgd_with_unit_lr_and_no_momentum_is_the_average_to_rounding():
     anchor, mean = np.linspace(-1, 1, 9), np.linspace(-0.5, 2, 9)
     x = mean.copy()
-    OuterOptimizer("sgd", 1.0, 0.0).step(x, anchor, None, np.empty_like(x), eta=0.1)
+    OuterOptimizer("sgd", 1.0, 0.0).step(x, {"anchor": anchor, "outer_buffer": None},
+                                         np.empty_like(x), eta=0.1)
     np.testing.assert_allclose(x, mean, rtol=0, atol=1e-15)
 
 
@@ -107,10 +111,79 @@ def test_nesterov_takes_dilocos_outer_step_where_its_options_are_left(options, l
     assert algorithm.describe_optimizers().endswith(f"outer nesterov (lr {lr:g}, mu {momentum:g})")
 
 
+@pytest.mark.parametrize("kind", ["fedadam", "fedyogi"])
+def test_fedadam_and_fedyogi_are_the_papers_update_with_their_defaults(kind):
+    """Reddi et al. 2021, Algorithm 2 (m from 0, v from tau^2, no bias correction), over six
+    rounds on an anchor that moves; left alone, the options give b1 0.9, b2 0.99, tau 1e-3 and
+    our lr 0.01."""
+    algorithm = build_algorithm(build_config(None, {"outer_optimizer": kind}), 2, 16)
+    outer = algorithm.outer
+    assert (outer.lr, outer.beta1, outer.beta2, outer.tau) == (0.01, 0.9, 0.99, 1e-3)
+    assert algorithm.describe_optimizers() == f", outer {kind} (lr 0.01, betas 0.9, 0.99, tau 0.001)"
+    assert algorithm.state_vectors() == (0, 3)
+    x0 = np.linspace(-1, 1, 7)
+    state = outer.new_state(x0)
+    anchor, m, v = x0.copy(), np.zeros(7), np.full(7, 1e-6)
+    for g in gradients(6):
+        mean = state["anchor"] - g * 1e-2
+        delta = anchor - mean
+        m = 0.9 * m + 0.1 * delta
+        v = (0.99 * v + 0.01 * delta ** 2 if kind == "fedadam"
+             else v - 0.01 * delta ** 2 * np.sign(v - delta ** 2))
+        anchor = anchor - 0.01 * m / (np.sqrt(v) + 1e-3)
+        outer.step(mean, state, np.empty(7), eta=0.1)
+        np.testing.assert_array_equal(mean, state["anchor"])
+        np.testing.assert_allclose(state["anchor"], anchor, rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(state["outer_exp_avg_sq"], v, rtol=1e-13)
+    assert not np.allclose(state["outer_exp_avg_sq"], 1e-6)
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (12, 5), (4, 9)])
+def test_newton_schulz_takes_the_singular_values_near_one_and_keeps_the_singular_vectors(shape):
+    """NS5 of G = U S V^T is about U V^T: its singular values within about [0.7, 1.2] (the
+    quintic's band, Jordan et al. 2024) and U^T NS5(G) V diagonal, whatever the scale of S."""
+    rng = np.random.default_rng(1)
+    g = rng.standard_normal(shape) * 1e-3
+    u, singular, vt = np.linalg.svd(g, full_matrices=False)
+    out = newton_schulz5(g)
+    assert out.shape == shape
+    values = np.linalg.svd(out, compute_uv=False)
+    assert values.min() > 0.6 and values.max() < 1.25, values
+    rotated = u.T @ out @ vt.T
+    np.testing.assert_allclose(rotated, np.diag(np.diag(rotated)), atol=1e-10)
+
+
+def test_muon_orthogonalises_the_matrices_and_steps_the_rest_with_sgd():
+    """One heavy-ball Muon step: the (3, 2) weight's direction is NS5(b) sqrt(3 / 2), the bias's
+    is b itself; the buffer is b = g (not the orthogonalised direction); decay is decoupled."""
+    rng = np.random.default_rng(2)
+    x, g = rng.standard_normal(8), rng.standard_normal(8)
+    buffer = np.zeros(8)
+    expected = x * (1 - 0.1 * 0.5)
+    expected[:6] -= 0.1 * newton_schulz5(g[:6].reshape(3, 2)).ravel() * np.sqrt(1.5)
+    expected[6:] -= 0.1 * g[6:]
+    muon_step(x, g.copy(), buffer, 0.1, shapes=((3, 2), (2,)), momentum=0.9, nesterov=False,
+              weight_decay=0.5)
+    np.testing.assert_allclose(x, expected, rtol=1e-14)
+    np.testing.assert_array_equal(buffer, g)
+
+
+def test_muon_needs_the_parameter_shapes():
+    algorithm = build_algorithm(build_config(None, {"inner_optimizer": "muon", "momentum": "0.9"}), 1, 8)
+    with pytest.raises(HpcoptError, match="inner_optimizer muon needs the shapes"):
+        algorithm.init(np.zeros(5), None)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"outer_optimizer": "adam"}, "unknown outer_optimizer 'adam' "
-                                  r"\(choose from average, sgd, nesterov, slowmo\)"),
-    ({"outer_lr": 0.7}, "outer_lr applies only to outer_optimizer sgd, nesterov, slowmo, not average"),
+                                  r"\(choose from average, sgd, nesterov, slowmo, fedadam, fedyogi\)"),
+    ({"outer_optimizer": "nesterov", "outer_beta2": 0.9},
+     "outer_beta2 applies only to outer_optimizer fedadam, fedyogi, not nesterov"),
+    ({"outer_tau": 0.1}, "outer_tau applies only to outer_optimizer fedadam, fedyogi, not average"),
+    ({"outer_optimizer": "fedadam", "outer_beta2": 1}, r"outer_beta2 must be in \[0, 1\), got 1.0"),
+    ({"outer_optimizer": "fedyogi", "outer_tau": 0}, "outer_tau must be > 0, got 0.0"),
+    ({"outer_lr": 0.7}, "outer_lr applies only to outer_optimizer sgd, nesterov, slowmo, fedadam, "
+                        "fedyogi, not average"),
     ({"outer_momentum": 0.9}, "outer_momentum applies only to outer_optimizer sgd, nesterov"),
     ({"outer_optimizer": "sgd", "outer_lr": 0}, "outer_lr must be > 0, got 0.0"),
     ({"outer_optimizer": "sgd", "outer_lr": "inf"}, "outer_lr must be > 0, got inf"),
@@ -120,7 +193,9 @@ def test_nesterov_takes_dilocos_outer_step_where_its_options_are_left(options, l
     ({"algorithm": "slowmo", "outer_lr": 2}, refused("outer_lr", "slowmo")),
     ({"algorithm": "naive_clip", "interval": 1, "outer_optimizer": "sgd"},
      refused("outer_optimizer", "naive_clip")),
-    ({"inner_optimizer": "adam"}, r"unknown inner_optimizer 'adam' \(choose from sgd, adamw\)"),
+    ({"inner_optimizer": "adam"}, r"unknown inner_optimizer 'adam' \(choose from sgd, adamw, muon\)"),
+    ({"inner_optimizer": "muon", "adam_beta1": 0.8},
+     "adam_beta1 applies only to inner_optimizer adamw, not muon"),
     ({"adam_beta1": 0.8}, "adam_beta1 applies only to inner_optimizer adamw, not sgd"),
     ({"algorithm": "celgc", "adam_eps": 1e-6}, "adam_eps applies only to inner_optimizer adamw"),
     ({"inner_optimizer": "adamw", "adam_beta2": 1}, r"adam_beta2 must be in \[0, 1\), got 1.0"),

@@ -72,7 +72,10 @@ def small(**overrides):
     ({"overlap": -1}, "overlap must be in [0, interval 4), got -1"),
     ({"fragment_mix": 0}, "fragment_mix must be in (0, 1], got 0"),
     ({"fragment_mix": 1.5}, "fragment_mix must be in (0, 1], got 1.5"),
-    ({"fragments": 2, "local_steps": "2,3"}, "local_steps is not built with fragments"),
+    ({"fragments": 2, "local_steps": "2,3"}, "local_steps is not built with fragments, overlap or "
+     "fragment_mix: every rank sends a fragment at the same step"),
+    ({"fragments": 2, "overlap": 1, "wire": "int8"}, "wire is not built with fragments, overlap or "
+     "fragment_mix: only with overlap 0: a compressed fragment's reduction is blocking"),
     ({"overlap": 1, "momentum": 0.9, "momentum_policy": "average"}, "momentum_policy is not built"),
     ({"algorithm": "diloco", "fragment_mix": 0.5, "second_moment_policy": "reset"},
      "second_moment_policy is not built"),
