@@ -51,7 +51,10 @@ STREAMING = ["--algorithm", "diloco", "--interval", "8", "--fragments", "4", "--
 PROGRESS = {"in MPI calls": {}, "progress thread": {"MPIR_CVAR_ASYNC_PROGRESS": "1"}}
 
 
-def _job(cluster: EmulatedCluster, *args: str, timeout: float, env: dict[str, str] | None = None) -> str:
+def hpcopt_job(cluster: EmulatedCluster, *args: str, timeout: float,
+               env: dict[str, str] | None = None) -> str:
+    """``python -m hpcopt ARGS`` on every rank of ``cluster`` (OFI netmod), this checkout first on
+    the path; its output (a failure ends the script with the job's)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, **(env or {}))
     job = cluster.mpiexec([sys.executable, "-m", "hpcopt", *args], "ofi", timeout, env, ROOT)
@@ -65,7 +68,7 @@ def fit(cluster: EmulatedCluster, tmp: Path, high: str, budget: float,
     """alpha and beta fitted to ``bench allreduce`` on ``cluster`` (ring form over ``ranks``:
     its nodes, or its ranks on one node), and the table of the fit."""
     path = tmp / f"allreduce-{cluster.nodes}.json"
-    _job(cluster, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
+    hpcopt_job(cluster, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
          "--budget", str(budget), "--json", str(path), timeout=1800)
     results = json.loads(path.read_text())["results"]
     sizes, seconds = [r["bytes"] for r in results], [r["seconds"]["auto"] for r in results]
@@ -104,9 +107,9 @@ def streaming_rows(cluster: EmulatedCluster, tmp: Path, spec: str, args: argpars
         runs = []
         for repeat in range(args.repeats):
             run = tmp / f"streaming-{len(lines)}-{repeat}"
-            _job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network", spec,
-                 "--trace-every", "4", "--progress", "false", "--out", str(run), *STREAMING, timeout=1800,
-                 env=env)
+            hpcopt_job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network",
+                       spec, "--trace-every", "4", "--progress", "false", "--out", str(run), *STREAMING,
+                       timeout=1800, env=env)
             runs.append((*comm_seconds(run / "trace.h5"), *hidden_fraction(run / "trace.h5", spec, layout)))
         measured, modelled, held, unhidden, hidden = (statistics.median(r[i] for r in runs) for i in range(5))
         each = ", ".join(f"{r[4]:.2f}" for r in runs)
@@ -150,8 +153,9 @@ def main() -> int:
             runs = []
             for repeat in range(args.repeats):
                 run = tmp / f"{len(out)}-{repeat}"
-                _job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network", spec,
-                     "--trace-every", "4", "--progress", "false", "--out", str(run), *flags, timeout=1800)
+                hpcopt_job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network",
+                           spec, "--trace-every", "4", "--progress", "false", "--out", str(run), *flags,
+                           timeout=1800)
                 runs.append(comm_seconds(run / "trace.h5"))
             measured = statistics.median(m for m, _ in runs)
             modelled = statistics.median(m for _, m in runs)
