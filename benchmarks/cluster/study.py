@@ -150,7 +150,7 @@ def cluster_runs(nodes: int, ppn: int, rate: str, memory: costmodel.NetworkProfi
     with EmulatedCluster(nodes, ppn, rate) as cluster:
         fitted = tmp / f"{label}-fit"
         fitted.mkdir(exist_ok=True)
-        network, fit_table = fit(cluster, fitted, args.max_bytes, args.bench_budget, nodes)
+        network, fit_table = fit(cluster, fitted, args.max_bytes, args.bench_budget, nodes, memory)
         spec = (f"alpha={network.alpha:.4g},beta={network.beta:.4g},"
                 f"memory_alpha={memory.alpha:.4g},memory_beta={memory.beta:.4g}")
         train = {"hidden": args.hidden, "steps": args.steps, "network": spec, "trace_every": 4,

@@ -202,7 +202,8 @@ def profile_attrs(profile: NetworkProfile, algorithm: str = "auto",
 
 
 def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
-                  name: str = "fitted", bandwidth_from: float = 0.0) -> NetworkProfile:
+                  name: str = "fitted", bandwidth_from: float = 0.0,
+                  layout: NodeLayout | None = None) -> NetworkProfile:
     """Least-squares alpha and beta from measured allreduce times (ring form, relative errors).
 
     Each measurement is weighted by 1/time so small and large messages count alike. With
@@ -210,10 +211,15 @@ def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
     dominates and the bandwidth is pinned down well, and alpha is then set from the smaller
     sizes: the median, over them, of (time - 2 (p-1)/p n beta) / (2 (p-1)). A fit over large
     sizes alone cannot resolve the latency (it comes out 0 and small messages are priced far
-    too low).
+    too low). With ``layout`` (allreduces over its nodes x per_node ranks, ``ranks`` its nodes),
+    the network level of ``NodeLayout.spanning``: each time less its in-node level (the
+    allreduce over per_node ranks on ``layout.memory``), which the model adds back.
     """
     n = np.asarray(list(sizes), dtype=float)
     t = np.asarray(list(seconds), dtype=float)
+    if layout is not None:
+        in_node = np.array([layout.memory.allreduce(size, layout.per_node) for size in n])
+        t = np.maximum(t - in_node, 1e-3 * t)
     if ranks < 2 or n.size != t.size or np.any(t <= 0) or np.count_nonzero(n >= bandwidth_from) < 2:
         raise HpcoptError("fitting needs >= 2 ranks and >= 2 positive (size, time) measurements"
                           + (f" from {bandwidth_from:g} bytes up" if bandwidth_from else ""))
