@@ -66,7 +66,8 @@ def test_a_fit_with_the_node_layout_leaves_the_in_node_level_to_the_model():
     sizes = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
     times = [memory.allreduce(n, 2) + network.allreduce(n, 4, "ring") for n in sizes]
     fitted = fit_allreduce(sizes, times, 4, bandwidth_from=256 << 10, layout=layout)
-    assert (fitted.alpha, fitted.beta) == (pytest.approx(network.alpha, rel=1e-6), pytest.approx(network.beta))
+    assert fitted.alpha == pytest.approx(network.alpha, rel=1e-6)
+    assert fitted.beta == pytest.approx(network.beta)
     assert layout.spanning("allreduce", 1, 4 << 20, 8, fitted) == pytest.approx(times[-1])
     whole = fit_allreduce(sizes, times, 4, bandwidth_from=256 << 10)
     assert layout.spanning("allreduce", 1, 4 << 20, 8, whole) > 1.1 * times[-1]
