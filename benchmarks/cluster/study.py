@@ -78,7 +78,9 @@ class Measured:
     to_target: float | None      # seconds to the target training loss (None: not reached)
     final_loss: float
     curve: tuple[list[float], list[float]]  # wall, training loss per trace row
-    hidden: float | None = None  # streaming: the fraction of its reductions hidden
+    in_node: tuple[float, float]  # measured and modelled seconds of the in-node labels
+    trace: tuple[float, float]    # measured and modelled seconds of the trace's gathers
+    hidden: float | None = None   # streaming: the fraction of its reductions hidden
 
     @property
     def ms_per_step(self) -> float:
@@ -133,7 +135,18 @@ def measure(name: str, run: Run, sent: float, target: float, spec: str,
     comm, modelled = comm_seconds(trace_path)
     hidden = hidden_fraction(trace_path, spec, layout)[2] if "fragments" in trace.comm else None
     return Measured(name, steps, wall[-1], sent / steps / 1e6, comm, modelled, reached, loss[-1],
-                    (wall, loss), hidden)
+                    (wall, loss), label_seconds(trace, in_node=True), label_seconds(trace, labels=("trace",)),
+                    hidden)
+
+
+def label_seconds(trace: Any, in_node: bool = False, labels: tuple[str, ...] = ()) -> tuple[float, float]:
+    """Measured and modelled seconds of the labels named, or (``in_node``) of those whose every
+    call was in-node."""
+    def all_in_node(f: dict[str, Any]) -> bool:
+        return "in_node_calls" in f and 0 < f["in_node_calls"][-1] == f["calls"][-1]
+
+    chosen = [f for label, f in trace.comm.items() if label in labels or (in_node and all_in_node(f))]
+    return (sum(float(f["seconds"][-1]) for f in chosen), sum(float(f["modelled"][-1]) for f in chosen))
 
 
 def grid(ranks: int, options: dict[str, Any]) -> dict[str, list[Any]]:
@@ -184,8 +197,10 @@ def cluster_runs(nodes: int, ppn: int, rate: str, memory: costmodel.NetworkProfi
 
 def loaded(clusters: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The clusters as saved (JSON), their runs as ``Measured``."""
-    return [{**c, "runs": {n: Measured(**{**m, "curve": tuple(m["curve"])}) for n, m in c["runs"].items()}}
-            for c in clusters]
+    def measured(m: dict[str, Any]) -> Measured:
+        return Measured(**{**m, **{key: tuple(m[key]) for key in ("curve", "in_node", "trace")}})
+
+    return [{**c, "runs": {n: measured(m) for n, m in c["runs"].items()}} for c in clusters]
 
 
 # -- the page ---------------------------------------------------------------------------------
@@ -333,87 +348,132 @@ def findings(clusters: list[dict[str, Any]]) -> list[str]:
 
 
 def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[str, Any]) -> str:
-    first = clusters[0]
+    labels = ", ".join(c["label"] for c in clusters)
     out = ["# Emulated clusters: the papers' wall-clock claims, measured", "",
-           "<!-- docs-check", "skip: benchmarks.cluster.study -- needs root (ip netns add) and about 20 minutes",
-           "-->", "```bash", "python -m benchmarks.cluster.study            # as root; writes this page", "```", "",
-           "Written by `benchmarks/cluster/study.py` (its `--quick` is a 3-minute smoke run). Clusters of "
-           "network namespaces with `tbf`-shaped links ([docs/clusters.md](../clusters.md)): "
-           + ", ".join(c["label"] for c in clusters) + " (nodes x ranks per node, link rate). Per cluster, "
-           "alpha and beta fitted to `hpcopt bench allreduce` across its nodes and the in-node profile to it "
-           "in one node of 2 ranks, then one study: `hpcopt sweep` writes it, every task runs as its array "
-           "task would (`python -m hpcopt.study.task INDEX LAUNCHER`, the cluster's `mpiexec` as the "
-           "launcher), `hpcopt collect` gathers it. Every run: MLP "
-           f"{args.hidden} on mnist5k (1,863,690 parameters, 7.45 MB a round), batch 32 per rank, "
-           f"{args.steps} steps, a trace row every 4, `--network` the cluster's fit, MPICH's OFI netmod over "
-           "TCP. The runs differ only in the options the algorithm names (`ALGORITHMS` in the script; "
-           "CELGC and naive clipping with gamma 1, DiLoCo and streaming with their defaults, AdamW inner "
-           "steps).", "",
-           f"Measured {meta['date']} in {meta['minutes']:.0f} minutes on a machine with {meta['cores']} cores, "
-           f"shared with other work (load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} "
-           "after; up to 7 other jobs ran beside the study). The 4-node clusters put 8 ranks on the 2 cores. "
-           "Single runs: each number is one run, so differences under about 10% are noise; ratios compare "
-           "runs of one cluster, measured minutes apart.", "",
-           f"The target loss is a training loss of {args.target_loss} (the trace's mean over ranks of a row's "
-           "local losses); \"seconds to target\" is the wall clock of the first trace row at or below it.", ""]
-    out += ["## Steps per second and time to the target loss", "",
-            "![ms per step](clusters/ms-per-step.png)", "", "![loss against wall time](clusters/loss-wall.png)", ""]
+           "<!-- docs-check", "skip: benchmarks.cluster.study -- needs root (ip netns add) and 25 minutes",
+           "-->", "```bash", "python -m benchmarks.cluster.study      # as root: this page and clusters/",
+           "python -m benchmarks.cluster.study --quick --runs /tmp/smoke   # 2x2 nodes, 16 steps: ~4 minutes",
+           "```", "",
+           "Written by `benchmarks/cluster/study.py`. Clusters of network namespaces with `tbf`-shaped links "
+           f"([docs/clusters.md](../clusters.md)): {labels} (nodes x ranks per node, link rate). Per "
+           "cluster: the in-node profile fitted to `hpcopt bench allreduce` in one node of 2 ranks, the "
+           "network to it across the nodes (less the in-node level); then one study: `hpcopt sweep` "
+           "writes it, every task runs as its array task would (`python -m hpcopt.study.task INDEX "
+           "LAUNCHER`, the cluster's `mpiexec` as the launcher), `hpcopt collect` gathers it. Every run: "
+           f"MLP {args.hidden} on mnist5k (1,863,690 parameters, 7.45 MB a round), batch 32 per rank, "
+           f"{args.steps} steps, a trace row every 4, `--network` the cluster's fit, MPICH's OFI netmod "
+           "over TCP. The runs differ only in the options of `ALGORITHMS` in the script (CELGC and naive "
+           "clipping with gamma 1, SlowMo, DiLoCo and streaming with their defaults).", "",
+           f"Measured {meta['date']} in {meta['minutes']:.0f} minutes on a machine of {meta['cores']} cores "
+           f"shared with other work: load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} "
+           "after (up to 7 other jobs ran beside the study). The 4-node clusters are 4 x 2 ranks, 8 ranks "
+           "on the 2 cores. Each number is one run, so differences under about 10-20% are noise here; "
+           "ratios compare runs of one cluster, measured minutes apart. The target loss is a training "
+           f"loss of {args.target_loss} (the trace's mean over ranks of a row's local losses); \"s to "
+           "target\" is the wall clock of the first trace row at or below it.", "",
+           "## In short", "", *meta["short"], "",
+           "## Findings against the papers", "", *findings(clusters), "",
+           "Why it holds or not on this machine:", "", *meta["holds"], "",
+           "## Steps per second and time to the target loss", "",
+           "![ms per step](clusters/ms-per-step.png)", "",
+           "![loss against wall time](clusters/loss-wall.png)", ""]
     for c in clusters:
         out += [f"### {c['label']}: {c['nodes']} nodes x {c['ppn']} ranks, {c['rate']}", "",
                 f"Fitted network: {c['bandwidth_mbit']:.0f} Mbit/s, alpha {c['alpha_us']:.0f} us "
                 f"(`--network {c['spec']}`).", "", *runs_table(c), ""]
-    out += ["\"MB / link / step\": what a node's link sent (the kernel's counters, mean over nodes, set-up "
-            "included) per step. \"measured comm s\": rank 0's seconds in communication calls (set-up "
-            "labels left out); \"modelled s\": the cost model's for the same calls on the fitted profile.", "",
-            "## Findings against the papers", "", *findings(clusters), "", *meta["holds"], "",
-            "## Node-aware rounds against flat ones", "", "![flat against node-aware](clusters/flat-vs-node.png)",
-            "", "One compressed round of 7.45 MB of float32 (`benchmarks/cluster/wire_rounds.py`, median-free: "
-            f"the mean of {first['wire']['rounds']} rounds after one untimed, the slowest rank), per variant: "
-            "ms a round and MB a node's link sent a round. \"flat\": the one-node round (one Allgather of "
-            "every rank's payload); \"hierarchical\": the several-node round (float32 in the node, a "
-            "reduce-scatter and allgather of compressed chunks among the node leaders).", "",
+    out += ["\"MB / link / step\": what a node's link sent per step (the kernel's counters, mean over "
+            "nodes, set-up included). \"measured comm s\": rank 0's seconds in communication calls, set-up "
+            "labels left out; \"modelled s\": the cost model's for the same calls on the cluster's fit.", "",
+            "## Node-aware rounds against flat ones", "",
+            "![flat against node-aware](clusters/flat-vs-node.png)", "",
+            "One averaging round of the MLP's 1,863,690 values (`benchmarks/cluster/wire_rounds.py`: the "
+            "mean "
+            f"of {clusters[0]['wire']['rounds']} rounds after one untimed, the slowest rank's time) per "
+            "variant, ms a round (MB a node's link sent a round). \"flat\": the one-node compressed round, "
+            "one "
+            "Allgather of every rank's payload; \"hierarchical\": the several-node round, float32 inside a "
+            "node, a reduce-scatter and allgather of compressed chunks among the node leaders "
+            "([algorithms.md](../algorithms.md#on-several-nodes--hpcoptcommwire_nodespy)).", "",
             *wire_table(clusters), "", *meta["flat"], "",
             "## The cost model on these links", "", "![cost model](clusters/cost-model.png)", "",
             *meta["model"], "", "## Overlap: MPICH's progress thread", "", *meta["overlap"], ""]
     return "\n".join(out)
 
 
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}"
+
+
+def _versus(res: dict[str, Any], a: str, b: str) -> str:
+    """Round ``a`` against round ``b`` of a ``wire_rounds`` result: time and link bytes."""
+    return (f"{_ratio(res[a]['seconds'], res[b]['seconds'])} of the time, "
+            f"{_ratio(link_mb(res[a]), link_mb(res[b]))} of the bytes")
+
+
 def summaries(clusters: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """The page's computed statements: flat against node-aware, the cost model, overlap."""
-    flat, model, overlap = [], [], []
+    """The page's computed statements."""
+    flat, holds, overlap = [], [], []
     for c in clusters:
         res, runs = c["wire"]["results"], c["runs"]
-        flat.append(f"- {c['label']}: hierarchical against flat round, time (link bytes): bfloat16 "
-                    f"{res['bfloat16 hierarchical']['seconds'] / res['bfloat16 flat']['seconds']:.2f} "
-                    f"({statistics.mean(res['bfloat16 hierarchical']['link_bytes']) / statistics.mean(res['bfloat16 flat']['link_bytes']):.2f}), "
-                    f"int8 {res['int8 hierarchical']['seconds'] / res['int8 flat']['seconds']:.2f} "
-                    f"({statistics.mean(res['int8 hierarchical']['link_bytes']) / statistics.mean(res['int8 flat']['link_bytes']):.2f}); "
-                    f"against float32, int8 hierarchical {res['int8 hierarchical']['seconds'] / res['float32']['seconds']:.2f}; "
-                    f"two-level training against flat I=2, ms per step "
-                    f"{runs['two-level (node 2, all 8)'].ms_per_step / runs['flat I=2'].ms_per_step:.2f}.")
-    holds = []
-    for c in clusters:
-        sync, long = c["runs"]["synchronous SGD"], c["runs"]["PR-SGD I=32"]
+
+        two_level, flat2 = runs["two-level (node 2, all 8)"], runs["flat I=2"]
+        flat.append(f"- {c['label']}: hierarchical against flat, bfloat16 "
+                    f"{_versus(res, 'bfloat16 hierarchical', 'bfloat16 flat')}; int8 "
+                    f"{_versus(res, 'int8 hierarchical', 'int8 flat')}; int8 hierarchical against float32 "
+                    f"{_versus(res, 'int8 hierarchical', 'float32')}. Training with an average every 2 "
+                    "steps, two-level "
+                    f"(in the node every 2, all every 8) against flat (all every 2): "
+                    f"{_ratio(two_level.ms_per_step, flat2.ms_per_step)} of the time per step, "
+                    f"{_ratio(two_level.link_mb, flat2.link_mb)} of the link bytes.")
+        sync, long = runs["synchronous SGD"], runs["PR-SGD I=32"]
         line_ms = 1e3 * sync.link_mb * 8e6 / rate_bits(c["rate"])
         bound = "link-bound" if line_ms > 0.5 * sync.ms_per_step else "CPU-bound"
-        holds.append(f"- {c['label']}: a synchronous step took {sync.ms_per_step:.0f} ms, of which the "
+        holds.append(f"- {c['label']}: a synchronous step took {sync.ms_per_step:.0f} ms; the "
                      f"{sync.link_mb:.1f} MB its node's link sent need {line_ms:.0f} ms at the link's rate "
-                     f"({line_ms / sync.ms_per_step:.0%}): {bound}; PR-SGD I=32's step, nearly all "
-                     f"computation, took {long.ms_per_step:.0f} ms, so no interval can be faster than "
+                     f"({line_ms / sync.ms_per_step:.0%} of the step): {bound}. PR-SGD I=32's step, nearly "
+                     f"all computation, took {long.ms_per_step:.0f} ms: no interval can be much faster than "
                      f"{sync.ms_per_step / long.ms_per_step:.1f}x synchronous here.")
-    ratios = [(c["label"], n, r.modelled / r.comm) for c in clusters for n, r in c["runs"].items()]
-    inside = [x for x in ratios if 0.75 <= x[2] <= 1.25]
-    model.append(f"{len(inside)} of {len(ratios)} runs model their communication seconds within 25% "
-                 f"(modelled / measured from {min(r for *_, r in ratios):.2f} to {max(r for *_, r in ratios):.2f}, "
-                 f"median {statistics.median(r for *_, r in ratios):.2f}). Outside [0.75, 1.25]:")
-    model += [f"- {label}, {name}: {r:.2f}" for label, name, r in ratios if not 0.75 <= r <= 1.25] or ["- none"]
+        s, t = runs[STREAMING], runs[THREAD]
+        overlap.append(f"- {c['label']}: hidden in MPI calls {s.hidden:.2f}, with the progress thread "
+                       f"{t.hidden:.2f}; ms per step {s.ms_per_step:.0f} without the thread, "
+                       f"{t.ms_per_step:.0f} with it ({_ratio(t.ms_per_step, s.ms_per_step)}x); modelled / "
+                       f"measured {_ratio(s.modelled, s.comm)} and {_ratio(t.modelled, t.comm)}.")
+    ratios = [(c["label"], n, r) for c in clusters for n, r in c["runs"].items()]
+    inside = [r for *_, r in ratios if 0.75 <= r.modelled / r.comm <= 1.25]
+    model = [f"{len(inside)} of {len(ratios)} runs model their communication seconds within 25% "
+             f"(modelled / measured {min(r.modelled / r.comm for *_, r in ratios):.2f} to "
+             f"{max(r.modelled / r.comm for *_, r in ratios):.2f}, median "
+             f"{statistics.median(r.modelled / r.comm for *_, r in ratios):.2f}). Outside [0.75, 1.25], with "
+             "the seconds of their in-node labels (measured against modelled) and of the trace's gathers:",
+             ""]
+    model += [f"- {label}, {name}: {_ratio(r.modelled, r.comm)} ({r.comm:.2f} s measured, {r.modelled:.2f} "
+              f"modelled; in-node {r.in_node[0]:.2f} against {r.in_node[1]:.2f}, trace {r.trace[0]:.2f} "
+              f"against {r.trace[1]:.2f})" for label, name, r in ratios if r not in inside]
+    model += ["", *MODEL_NOTES]
+    overlap += ["", *OVERLAP_NOTES]
+    return {"flat": flat, "model": model, "overlap": overlap, "holds": holds, "short": short(clusters)}
+
+
+def short(clusters: list[dict[str, Any]]) -> list[str]:
+    """The page's first bullets: the headline ratios per cluster."""
+    out = []
     for c in clusters:
-        s, t = c["runs"][STREAMING], c["runs"][THREAD]
-        overlap.append(f"- {c['label']}: hidden fraction in MPI calls {s.hidden:.2f}, with the progress thread "
-                       f"{t.hidden:.2f}; ms per step {s.ms_per_step:.0f} and {t.ms_per_step:.0f} "
-                       f"({t.ms_per_step / s.ms_per_step:.2f}x); modelled / measured {s.modelled / s.comm:.2f} "
-                       f"and {t.modelled / t.comm:.2f}.")
-    return {"flat": flat, "model": model, "overlap": overlap, "holds": holds}
+        runs, res = c["runs"], c["wire"]["results"]
+        sync, prsgd, naive, celgc = (runs[n] for n in ("synchronous SGD", "PR-SGD I=8", "naive clipping",
+                                                       "CELGC I=16"))
+        two_level, flat = runs["two-level (node 2, all 8)"], runs["flat I=2"]
+        out.append(f"- {c['label']}: PR-SGD I=8 at {_speedup(sync, prsgd)} synchronous steps/s, CELGC I=16 "
+                   f"at {_speedup(naive, celgc)} naive clipping's; the hierarchical int8 round "
+                   f"{_ratio(res['int8 hierarchical']['seconds'], res['int8 flat']['seconds'])} of the flat "
+                   f"one's time, two-level averaging {_ratio(two_level.ms_per_step, flat.ms_per_step)} of "
+                   "flat averaging's time per step.")
+    return out
+
+
+#: What the cost model section says beyond its numbers (why runs fall outside the band).
+MODEL_NOTES: list[str] = []
+#: What the overlap section says beyond its numbers.
+OVERLAP_NOTES: list[str] = []
 
 
 CONFIGS = [(2, 2, "100mbit"), (2, 2, "1gbit"), (4, 2, "100mbit"), (4, 2, "1gbit")]
@@ -430,8 +490,8 @@ def main() -> int:
     p.add_argument("--wire-rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=900, help="seconds a job may take")
     p.add_argument("--runs", type=Path, help="keep the studies here (default: a temporary directory)")
-    p.add_argument("--page", type=Path, help="the page (default: docs/results/clusters.md; --quick: in --runs "
-                   "or the working directory)")
+    p.add_argument("--page", type=Path, help="the page (default: docs/results/clusters.md; --quick: in "
+                   "--runs or the working directory)")
     p.add_argument("--from-json", type=Path, help="only write the page from a saved results.json")
     args = p.parse_args()
     configs = [(2, 2, "100mbit")] if args.quick else CONFIGS
