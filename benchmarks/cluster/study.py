@@ -486,7 +486,7 @@ def main() -> int:
     p.add_argument("--hidden", default="1024,1024")
     p.add_argument("--target-loss", type=float, default=0.7)
     p.add_argument("--max-bytes", default="4M", help="largest size of the allreduce fit")
-    p.add_argument("--bench-budget", type=float, default=0.3, help="seconds per size of the fit")
+    p.add_argument("--bench-budget", type=float, default=0.2, help="seconds per size of the fit")
     p.add_argument("--wire-rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=900, help="seconds a job may take")
     p.add_argument("--runs", type=Path, help="keep the studies here (default: a temporary directory)")
