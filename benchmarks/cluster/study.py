@@ -394,7 +394,7 @@ def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[st
             "Allgather of every rank's payload; \"hierarchical\": the several-node round, float32 inside a "
             "node, a reduce-scatter and allgather of compressed chunks among the node leaders "
             "([algorithms.md](../algorithms.md#on-several-nodes--hpcoptcommwire_nodespy)).", "",
-            *wire_table(clusters), "", *meta["flat"], "",
+            *wire_table(clusters), "", *meta["flat"], "", *FLAT_NOTES, "",
             "## The cost model on these links", "", "![cost model](clusters/cost-model.png)", "",
             *meta["model"], "", "## Overlap: MPICH's progress thread", "", *meta["overlap"], ""]
     return "\n".join(out)
@@ -449,6 +449,9 @@ def summaries(clusters: list[dict[str, Any]]) -> dict[str, list[str]]:
     model += [f"- {label}, {name}: {_ratio(r.modelled, r.comm)} ({r.comm:.2f} s measured, {r.modelled:.2f} "
               f"modelled; in-node {r.in_node[0]:.2f} against {r.in_node[1]:.2f}, trace {r.trace[0]:.2f} "
               f"against {r.trace[1]:.2f})" for label, name, r in ratios if r not in inside]
+    for rate in sorted({c["rate"] for c in clusters}, key=rate_bits):
+        at = [r for c in clusters if c["rate"] == rate for r in c["runs"].values()]
+        model.append(f"- at {rate}: {sum(r in inside for r in at)} of {len(at)} runs within 25%")
     model += ["", *MODEL_NOTES]
     overlap += ["", *OVERLAP_NOTES]
     return {"flat": flat, "model": model, "overlap": overlap, "holds": holds, "short": short(clusters)}
@@ -471,9 +474,56 @@ def short(clusters: list[dict[str, Any]]) -> list[str]:
 
 
 #: What the cost model section says beyond its numbers (why runs fall outside the band).
-MODEL_NOTES: list[str] = []
+MODEL_NOTES = [
+    "Why: the model prices transfers, and a rank's seconds in a call also hold its wait for the "
+    "other ranks to arrive. Where the link sets the pace (100 Mbit/s) the transfer dominates and the "
+    "model holds, except for the int8 round on 4 nodes, which sends so little (under 1 MB a step) "
+    "that its waits are a large share of its seconds. Where the 2 cores set the pace (1 Gbit/s), the "
+    "waits are a large share everywhere, and they land in "
+    "whichever call comes first in a round: the in-node sum of the int8 round and two-level's in-node "
+    "average wait for the node's other rank to finish its local steps (their in-node seconds above, "
+    "measured against modelled), streaming's waits for the other ranks' inner steps, and the trace's "
+    "gathers for the slowest rank. Scheduler waits on an oversubscribed machine are not an alpha-beta "
+    "quantity, so the model is left as it is there; on a cluster each node has cores of its own.",
+    "",
+    "What was fixed: the network fit. It was fitted to the whole time of `bench allreduce` across the "
+    "nodes, in-node level included, while the node-aware model adds the in-node level to a spanning "
+    "call again: +5% on a 7.45 MB average at 100 Mbit/s, about +20% at 1 Gbit/s (the first run of "
+    "this study: 2x2 at 1 Gbit/s modelled 1.24-2.1x the measured seconds of synchronous, PR-SGD and "
+    "flat runs). `costmodel.fit_allreduce(..., layout=)` fits the network level alone; this page's "
+    "fits are made so.",
+]
+#: What the node-aware section says beyond its numbers.
+FLAT_NOTES = [
+    "Two-level averaging beats flat averaging on every cluster: the in-node averages stay off the "
+    "links. The hierarchical compressed round sends a fraction of the flat round's bytes everywhere, "
+    "and beats it in time at 100 Mbit/s; at 1 Gbit/s it can lose (2x2 in this run): the leader's "
+    "float32 sum and broadcast in the node and its two quantizations run on the 2 shared cores, and "
+    "at that rate the 7.5 MB (bfloat16) or 3.8 MB (int8) a node's link no longer carries were worth "
+    "only about 60 or 30 ms. The flat round's bytes grow with the ranks (26 MB a node at 4x2 for bfloat16, "
+    "against 11 MB at 2x2), the hierarchical one's stay near one message.",
+]
 #: What the overlap section says beyond its numbers.
-OVERLAP_NOTES: list[str] = []
+OVERLAP_NOTES = [
+    "The hidden fraction is OSU's overlap measure for streaming DiLoCo's fragments (`--fragments 4 "
+    "--overlap 2`): 1 - held / unhidden, held the seconds rank 0 spent in the fragments' posts and "
+    "waits, unhidden the model's seconds for the same calls as blocking ones on the cluster's fit "
+    "(so where the model is off, this is too). Negative: the fragments held the rank longer than "
+    "their transfer alone would.",
+    "",
+    "`costmodel.HIDDEN` ({'calls': 0.0, 'thread': 0.24}) comes from such measurements at 100 Mbit/s: "
+    "nothing hidden in MPI calls; with the thread the median of docs/results/costmodel.md's 0.20 and "
+    "0.27 and this study's first run, 0.68 (2x2) and 0.15 (4x2). The rows above are a later run and "
+    "show how far one run moves: the thread's fraction is not a stable property of this machine. At "
+    "1 Gbit/s it ranged from -1.4 to 0.23 over the two runs; where negative the thread slowed the "
+    "fragments, which a hidden fraction cannot express.",
+    "",
+    "The progress thread is not worth turning on by default here: in both runs of this study it made "
+    "streaming DiLoCo slower per step on every cluster (first run 1.15x, 3.8x, 1.32x and 1.76x), "
+    "since each rank's thread polls a core and 4 to 8 ranks share 2. Where every rank has a core to "
+    "spare and links are slow it may hide a share of the transfer; measure before turning it on "
+    "(`MPIR_CVAR_ASYNC_PROGRESS=1`; the trace's `comm_progress` records it).",
+]
 
 
 CONFIGS = [(2, 2, "100mbit"), (2, 2, "1gbit"), (4, 2, "100mbit"), (4, 2, "1gbit")]
