@@ -4,13 +4,14 @@
 
 On an ``EmulatedCluster`` (benchmarks/cluster/emulated.py):
 
-1. Fit: ``hpcopt bench allreduce`` (Comm.average_ with averaging auto) across the nodes, alpha
-   and beta fitted in the ring form over the nodes (``fit_allreduce`` with ranks = nodes: the
-   node-aware model prices a spanning call as its in-node part plus the nodes' part on the
-   network); and in one node (a cluster of one), fitted over its ranks: ``memory_alpha`` and
-   ``memory_beta``, what in-node calls cost here (the nominal ``shm`` profile, measured on an
-   idle machine, is 20-40 times faster than the in-node averages of 4 busy ranks on 2 shared
-   cores).
+1. Fit: ``hpcopt bench allreduce`` (Comm.average_ with averaging auto) in one node (a cluster
+   of one), fitted over its ranks: ``memory_alpha`` and ``memory_beta``, what in-node calls
+   cost here (the nominal ``shm`` profile, measured on an idle machine, is 20-40 times faster
+   than the in-node averages of 4 busy ranks on 2 shared cores); then across the nodes, alpha
+   and beta fitted in the ring form over the nodes to each time less its in-node level
+   (``fit_allreduce`` with ranks = nodes and the layout: the node-aware model prices a spanning
+   call as its in-node level plus the nodes' level on the network, so a fit to the whole time
+   counted the in-node level twice: 5% of a 7.45 MB average at 100 Mbit/s, 20% at 1 Gbit/s).
 2. Validate: training runs whose round is link-bound (an MLP of a few MB), one per algorithm
    (synchronous, PR-SGD, two-level, an int8 round), each with ``--network alpha=..,beta=..``
    from the fit: per run, the measured communication seconds of rank 0 (all labels but the
@@ -51,7 +52,10 @@ STREAMING = ["--algorithm", "diloco", "--interval", "8", "--fragments", "4", "--
 PROGRESS = {"in MPI calls": {}, "progress thread": {"MPIR_CVAR_ASYNC_PROGRESS": "1"}}
 
 
-def _job(cluster: EmulatedCluster, *args: str, timeout: float, env: dict[str, str] | None = None) -> str:
+def hpcopt_job(cluster: EmulatedCluster, *args: str, timeout: float,
+               env: dict[str, str] | None = None) -> str:
+    """``python -m hpcopt ARGS`` on every rank of ``cluster`` (OFI netmod), this checkout first on
+    the path; its output (a failure ends the script with the job's)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, **(env or {}))
     job = cluster.mpiexec([sys.executable, "-m", "hpcopt", *args], "ofi", timeout, env, ROOT)
@@ -60,20 +64,24 @@ def _job(cluster: EmulatedCluster, *args: str, timeout: float, env: dict[str, st
     return job.stdout
 
 
-def fit(cluster: EmulatedCluster, tmp: Path, high: str, budget: float,
-        ranks: int) -> tuple[costmodel.NetworkProfile, list[str]]:
+def fit(cluster: EmulatedCluster, tmp: Path, high: str, budget: float, ranks: int,
+        memory: costmodel.NetworkProfile | None = None) -> tuple[costmodel.NetworkProfile, list[str]]:
     """alpha and beta fitted to ``bench allreduce`` on ``cluster`` (ring form over ``ranks``:
-    its nodes, or its ranks on one node), and the table of the fit."""
+    its nodes, or its ranks on one node), and the table of the fit. With ``memory`` (the in-node
+    profile), each time less the in-node level the node-aware model adds to a spanning call
+    (``fit_allreduce``'s ``layout``): the table's modelled times are both levels."""
     path = tmp / f"allreduce-{cluster.nodes}.json"
-    _job(cluster, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
-         "--budget", str(budget), "--json", str(path), timeout=1800)
+    hpcopt_job(cluster, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
+               "--budget", str(budget), "--json", str(path), timeout=1800)
     results = json.loads(path.read_text())["results"]
     sizes, seconds = [r["bytes"] for r in results], [r["seconds"]["auto"] for r in results]
-    fitted = costmodel.fit_allreduce(sizes, seconds, ranks, "fitted", bandwidth_from=256 << 10)
+    layout = None if memory is None else costmodel.NodeLayout(cluster.nodes, cluster.ranks_per_node, memory)
+    fitted = costmodel.fit_allreduce(sizes, seconds, ranks, "fitted", bandwidth_from=256 << 10, layout=layout)
     lines = [f"alpha {1e6 * fitted.alpha:.1f} us, bandwidth {8 * fitted.bandwidth / 1e6:.1f} Mbit/s", "",
              "| size | measured ms | modelled ms | modelled / measured |", "|---:|---:|---:|---:|"]
     for n, t in zip(sizes, seconds):
-        m = fitted.allreduce(n, ranks, "ring")
+        m = (fitted.allreduce(n, ranks, "ring") if layout is None else
+             layout.memory.allreduce(n, layout.per_node) + fitted.allreduce(n, ranks, "ring"))
         lines.append(f"| {n >> 10} KB | {1e3 * t:.2f} | {1e3 * m:.2f} | {m / t:.2f} |")
     return fitted, lines
 
@@ -104,9 +112,9 @@ def streaming_rows(cluster: EmulatedCluster, tmp: Path, spec: str, args: argpars
         runs = []
         for repeat in range(args.repeats):
             run = tmp / f"streaming-{len(lines)}-{repeat}"
-            _job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network", spec,
-                 "--trace-every", "4", "--progress", "false", "--out", str(run), *STREAMING, timeout=1800,
-                 env=env)
+            hpcopt_job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network",
+                       spec, "--trace-every", "4", "--progress", "false", "--out", str(run), *STREAMING,
+                       timeout=1800, env=env)
             runs.append((*comm_seconds(run / "trace.h5"), *hidden_fraction(run / "trace.h5", spec, layout)))
         measured, modelled, held, unhidden, hidden = (statistics.median(r[i] for r in runs) for i in range(5))
         each = ", ".join(f"{r[4]:.2f}" for r in runs)
@@ -135,9 +143,9 @@ def main() -> int:
               if not args.only or any(name.startswith(prefix) for prefix in args.only)}
     with tempfile.TemporaryDirectory() as name, EmulatedCluster(args.nodes, args.ppn, args.rate) as cluster:
         tmp = Path(name)
-        network, table = fit(cluster, tmp, args.max_bytes, args.bench_budget, args.nodes)
         with EmulatedCluster(1, args.ppn, args.rate) as node:
             memory, node_table = fit(node, tmp, args.max_bytes, args.bench_budget, args.ppn)
+        network, table = fit(cluster, tmp, args.max_bytes, args.bench_budget, args.nodes, memory)
         spec = (f"alpha={network.alpha:.4g},beta={network.beta:.4g},"
                 f"memory_alpha={memory.alpha:.4g},memory_beta={memory.beta:.4g}")
         out += [f"## Fit: bench allreduce across {args.nodes} nodes x {args.ppn} ranks, {args.rate}", "",
@@ -150,8 +158,9 @@ def main() -> int:
             runs = []
             for repeat in range(args.repeats):
                 run = tmp / f"{len(out)}-{repeat}"
-                _job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network", spec,
-                     "--trace-every", "4", "--progress", "false", "--out", str(run), *flags, timeout=1800)
+                hpcopt_job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network",
+                           spec, "--trace-every", "4", "--progress", "false", "--out", str(run), *flags,
+                           timeout=1800)
                 runs.append(comm_seconds(run / "trace.h5"))
             measured = statistics.median(m for m, _ in runs)
             modelled = statistics.median(m for _, m in runs)

@@ -202,7 +202,8 @@ def profile_attrs(profile: NetworkProfile, algorithm: str = "auto",
 
 
 def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
-                  name: str = "fitted", bandwidth_from: float = 0.0) -> NetworkProfile:
+                  name: str = "fitted", bandwidth_from: float = 0.0,
+                  layout: NodeLayout | None = None) -> NetworkProfile:
     """Least-squares alpha and beta from measured allreduce times (ring form, relative errors).
 
     Each measurement is weighted by 1/time so small and large messages count alike. With
@@ -210,10 +211,15 @@ def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
     dominates and the bandwidth is pinned down well, and alpha is then set from the smaller
     sizes: the median, over them, of (time - 2 (p-1)/p n beta) / (2 (p-1)). A fit over large
     sizes alone cannot resolve the latency (it comes out 0 and small messages are priced far
-    too low).
+    too low). With ``layout`` (allreduces over its nodes x per_node ranks, ``ranks`` its nodes),
+    the network level of ``NodeLayout.spanning``: each time less its in-node level (the
+    allreduce over per_node ranks on ``layout.memory``), which the model adds back.
     """
     n = np.asarray(list(sizes), dtype=float)
     t = np.asarray(list(seconds), dtype=float)
+    if layout is not None:
+        in_node = np.array([layout.memory.allreduce(size, layout.per_node) for size in n])
+        t = np.maximum(t - in_node, 1e-3 * t)
     if ranks < 2 or n.size != t.size or np.any(t <= 0) or np.count_nonzero(n >= bandwidth_from) < 2:
         raise HpcoptError("fitting needs >= 2 ranks and >= 2 positive (size, time) measurements"
                           + (f" from {bandwidth_from:g} bytes up" if bandwidth_from else ""))
@@ -308,10 +314,14 @@ def comm_modelled(counters: Mapping[tuple[str, str], CallCounter], ranks: int, p
 
 
 #: The fraction of a non-blocking allreduce's seconds the computation between its post and its
-#: wait hid, per ``progress_mode``: measured on emulated links (benchmarks/cluster/costmodel_links.py
-#: --streaming, docs/results/costmodel.md): progressed only inside MPI calls nothing (-0.04 and
-#: -0.06: the transfer waits for the wait), with MPICH's progress thread 0.20.
-HIDDEN = {"calls": 0.0, "thread": 0.2}
+#: wait hid, per ``progress_mode``: streaming DiLoCo's fragments measured on emulated 100 Mbit/s
+#: links, OSU's overlap 1 - held / unhidden. Progressed only inside MPI calls nothing (-0.15 to
+#: 0.06: the transfer waits for the wait); with MPICH's progress thread the median, 0.24, of
+#: 0.20 and 0.27 (2 x 2 ranks, medians of 3 runs: docs/results/costmodel.md) and 0.68 and 0.15
+#: (2 x 2 and 4 x 2 ranks: benchmarks/cluster/study.py's first run, docs/results/clusters.md).
+#: At 1 Gbit/s on 2 shared cores the thread slowed the fragments instead (held longer than
+#: unhidden), which a hidden fraction cannot express.
+HIDDEN = {"calls": 0.0, "thread": 0.24}
 
 
 def main_ops(counters: Mapping[tuple[str, str], CallCounter]) -> dict[str, str]:

@@ -56,6 +56,23 @@ def test_fit_recovers_the_parameters_of_synthetic_measurements():
         fit_allreduce([1], [1e-6], ranks=2)
 
 
+def test_a_fit_with_the_node_layout_leaves_the_in_node_level_to_the_model():
+    """Allreduces across 4 nodes of 2 ranks timed as the node-aware model prices them (in-node
+    level on memory + nodes' level on the network): fitted with the layout, the network's alpha
+    and beta come back and the model gives the times again; fitted without, the in-node level is
+    counted in the network's beta and the model prices it twice."""
+    network, memory = NetworkProfile("n", alpha=20e-6, beta=8e-9), NetworkProfile("m", 1e-3, 2e-9)
+    layout = NodeLayout(4, 2, memory)
+    sizes = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+    times = [memory.allreduce(n, 2) + network.allreduce(n, 4, "ring") for n in sizes]
+    fitted = fit_allreduce(sizes, times, 4, bandwidth_from=256 << 10, layout=layout)
+    assert fitted.alpha == pytest.approx(network.alpha, rel=1e-6)
+    assert fitted.beta == pytest.approx(network.beta)
+    assert layout.spanning("allreduce", 1, 4 << 20, 8, fitted) == pytest.approx(times[-1])
+    whole = fit_allreduce(sizes, times, 4, bandwidth_from=256 << 10)
+    assert layout.spanning("allreduce", 1, 4 << 20, 8, whole) > 1.1 * times[-1]
+
+
 def test_fitting_bandwidth_on_large_sizes_takes_the_latency_from_the_small_ones():
     """Large messages that show no latency (the pattern measured here: a shared-memory MPI
     switches protocol) and small ones that do: the two-stage fit keeps the large sizes'
