@@ -207,8 +207,8 @@ class LocalClip(_ClippedSGD, OuterOptions, GroupRounds):
         state.steps_in_round = 0
         if state.step > 0:
             self.outer_step(state, eta=self.lr_at(state.step - 1))
-        elif state.anchor is not None:  # the common start: the first round begins here
-            state.anchor[...] = state.x
+        elif (anchor := getattr(state, "anchor", None)) is not None:  # the first round's start
+            anchor[...] = state.x
 
     def finish(self, state: DataParallelState, comm: Comm, label: str) -> None:
         """The training loop's final average; after a complete round also its outer step."""
