@@ -62,6 +62,10 @@ MATRIX: dict[str, dict[str, str]] = {
     "celgc-global": {"algorithm": "celgc", "gamma": "0.05", "clip_norm": "global"},
     "naive-clip": {"algorithm": "naive_clip", "gamma": "0.05", "inner_optimizer": "adamw",
                    "lr": "0.01"},
+    "prsgd-muon": {"inner_optimizer": "muon", "momentum": "0.9", "nesterov": "true",
+                   "weight_decay": "1e-3", "lr": "0.02"},
+    "prsgd-fedadam": {"outer_optimizer": "fedadam", "outer_lr": "2", "inner_optimizer": "adamw",
+                      "lr": "0.01", "second_moment_policy": "reset"},
     "float32-diloco": {**DILOCO, "dtype": "float32"},
     "float32-stream": {"fragments": "2", "overlap": "1", "dtype": "float32", **DILOCO},
 }

@@ -3,9 +3,10 @@ options, the rounds (interval, what a round does to the inner optimizer's state,
 optimizer), the checks of momentum and batch-norm policy, and the end of a run.
 
 A data-parallel rank holds its own model x_i in one flat buffer; ranks agree at averaging
-rounds. The local step is the inner optimizer's (``hpcopt.algorithms.inner``: sgd or adamw);
-a round's average is followed by the outer optimizer's step (``hpcopt.algorithms.outer``). The
-state's fields declare what a checkpoint holds (``hpcopt.algorithms.state``).
+rounds. The local step is the inner optimizer's (``hpcopt.algorithms.inner``: sgd, adamw or
+muon, each a piece with its own moments); a round's average is followed by the outer
+optimizer's step (``hpcopt.algorithms.outer``). The state's fields declare what a checkpoint
+holds (``hpcopt.algorithms.state``), the pieces' among them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -22,7 +23,7 @@ from ..errors import HpcoptError
 from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
 from .fedopt import FEDOPT_BETA2, FEDOPT_TAU
-from .inner import ADAMW_DEFAULTS, INNER_OPTIMIZERS, adamw_step, blockwise, check_adamw, sgd_step
+from .inner import ADAMW_DEFAULTS, INNER_OPTIMIZERS, AdamW, Inner, Sgd, declared
 from .momentum import (
     MOMENTUM_LABEL,
     MOMENTUM_POLICIES,
@@ -30,22 +31,11 @@ from .momentum import (
     apply_momentum_policy,
     check_momentum_policy,
 )
-from .muon import muon_step
+from .muon import Muon
 from .outer import OUTER_OPTIMIZERS, Outer, check_outer
 from .reducers import WHOLE
 from .schedules import SCHEDULES, Schedule
-from .state import (
-    AVERAGE,
-    SAME,
-    SHARED,
-    Declared,
-    counter,
-    declaring,
-    model,
-    scratch,
-    shared,
-    vector,
-)
+from .state import AVERAGE, SAME, SHARED, Declared, counter, declaring, model, scratch, vector
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -62,17 +52,13 @@ class DataParallelState:
 
     x: Array = model()
     grad: Array = scratch()
-    momentum: Array | None = vector(AVERAGE)  # None without momentum
     step: int = counter(SAME)            # local steps taken on this rank
     rounds: int = counter(SAME)          # averaging rounds completed
     steps_in_round: int = counter(SAME)  # local steps since the last averaging
     buffers: Array | None = vector(AVERAGE)  # batch-norm running statistics (None: the model has none)
-    exp_avg: Array | None = vector(AVERAGE)     # AdamW's first moment m (None: inner sgd)
-    exp_avg_sq: Array | None = vector(AVERAGE)  # AdamW's second moment v (None: inner sgd)
-    anchor: Array | None = shared()        # the round's start x_0 (None: outer average)
-    outer_buffer: Array | None = shared()  # the outer optimizer's momentum (None: it has none)
-    # the pieces of a round add their own fields (``Rounds.declared``): the wire's error
-    # feedback, the fragments in flight, an outer optimizer's moments
+    # the pieces add their own fields (``ScheduledSGD.declared``): the inner optimizer's
+    # moments, the outer optimizer's anchor and moments, the wire's error feedback, the
+    # fragments in flight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,8 +114,8 @@ class ScheduledSGD:
                               f"(choose from {', '.join(INNER_OPTIMIZERS)})")
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
             raise HpcoptError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        self.inner  # noqa: B018 - its checks
         if self.adamw:
-            check_adamw(self.adam_beta1, self.adam_beta2, self.adam_eps)
             if self.momentum:
                 raise HpcoptError("momentum applies only to inner_optimizer sgd or muon "
                                   "(adamw's first moment decays with adam_beta1)")
@@ -140,6 +126,19 @@ class ScheduledSGD:
     @property
     def adamw(self) -> bool:
         return self.inner_optimizer == "adamw"
+
+    @cached_property
+    def inner(self) -> Inner:
+        """The inner optimizer the options name."""
+        if self.adamw:
+            return AdamW(self.adam_beta1, self.adam_beta2, self.adam_eps, self.weight_decay)
+        if self.inner_optimizer == "muon":
+            return Muon(self.momentum, self.nesterov, self.weight_decay, shapes=self.parameter_shapes)
+        return Sgd(self.momentum, self.nesterov, self.weight_decay)
+
+    def declared(self) -> tuple[Declared, ...]:
+        """The state fields the pieces keep besides ``state_type``'s: the inner optimizer's."""
+        return declared(self.inner)
 
     @cached_property
     def lr_schedule(self) -> Schedule:
@@ -154,35 +153,18 @@ class ScheduledSGD:
         """``state_type`` from x0, broadcast from rank 0 so every rank starts from the same model;
         ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``.
         ``state.x`` holds x0's values in node-shared memory where the averaging can reduce it
-        there in place (``Comm.shared_like``); the model is bound to it at its first step."""
-        if self.inner_optimizer == "muon" and sum(map(math.prod, self.parameter_shapes)) != x0.size:
-            raise HpcoptError("inner_optimizer muon needs the shapes of the model's parameters "
-                              "(a workload with a parameter layout)")
+        there in place (``Comm.shared_like``); the model is bound to it at its first step.
+        ``state_type`` gains the fields the pieces declare (``declared``) where it lacks them."""
+        moments = self.inner.new_state(x0)
         comm.bcast_(x0, root=0, label="init")
         x = comm.shared_like(x0)
-        xp = comm.backend.xp
-        momentum = xp.zeros_like(x0) if self.momentum > 0 else None
-        moments = ({"exp_avg": xp.zeros_like(x0), "exp_avg_sq": xp.zeros_like(x0)}
-                   if self.adamw else {})
-        return state_type(x=x, grad=xp.zeros_like(x0), momentum=momentum, buffers=buffers,
-                          **moments)
+        return declaring(state_type, self.declared())(
+            x=x, grad=comm.backend.xp.zeros_like(x0), buffers=buffers, **moments)
 
     def inner_step(self, state: DataParallelState, lr: Any) -> None:
         """x <- the inner optimizer's step from the gradient in ``state.grad`` (overwritten)
-        with step size ``lr``: a float, or a 0-d device array in x's dtype; block by block
-        (``blockwise``), one read and one write of each vector."""
-        if self.adamw:
-            k1, k2 = self.moment_steps(state)
-            blockwise(partial(adamw_step, lr=lr, beta1=self.adam_beta1, beta2=self.adam_beta2,
-                              eps=self.adam_eps, weight_decay=self.weight_decay, k1=k1, k2=k2),
-                      state.x, state.grad, state.exp_avg, state.exp_avg_sq)
-            return
-        if self.inner_optimizer == "muon":
-            muon_step(state.x, state.grad, state.momentum, lr, shapes=self.parameter_shapes,
-                      momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.weight_decay)
-            return
-        blockwise(partial(sgd_step, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
-                          weight_decay=self.weight_decay), state.x, state.grad, state.momentum)
+        with step size ``lr``: a float, or a 0-d device array in x's dtype."""
+        self.inner.step(state, lr, self.moment_steps(state))
 
     def moment_steps(self, state: DataParallelState) -> tuple[int, int]:
         """AdamW's k1, k2: the steps its moments m, v have accumulated, this one included
@@ -190,9 +172,9 @@ class ScheduledSGD:
         return state.step + 1, state.step + 1
 
     def state_vectors(self) -> tuple[int, int]:
-        """(per-rank, shared) vectors of d values the state holds besides x: the momentum
-        buffer or AdamW's two moments."""
-        return (2 if self.adamw else int(self.momentum > 0)), 0
+        """(per-rank, shared) vectors of d values the state holds besides x: the inner
+        optimizer's moments."""
+        return self.inner.vectors, 0
 
     def steps_for(self, total_steps: int, rank: int, size: int) -> int:
         """Every rank runs all T steps."""
@@ -246,13 +228,9 @@ class ScheduledSGD:
         return {}, []
 
     def describe_inner(self) -> str:
-        """The inner optimizer, for ``describe`` (empty for plain sgd)."""
-        if self.inner_optimizer == "muon":
-            nesterov = ", nesterov" if self.nesterov else ""
-            return f", muon (mu {self.momentum:g}{nesterov}, wd {self.weight_decay:g})"
-        if not self.adamw:
-            return ""
-        return f", adamw (betas {self.adam_beta1:g}, {self.adam_beta2:g}, wd {self.weight_decay:g})"
+        """The inner optimizer, for ``describe`` (empty for sgd)."""
+        inner = self.inner.describe()
+        return f", {inner}" if inner else ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,10 +265,9 @@ class Rounds(ScheduledSGD):
         ``state_type`` where it lacks them). The moments that a policy averages at the rounds
         live in node-shared memory where the averaging can reduce them there
         (``Comm.shared_like``), like x."""
-        state = super().new_state(x0, comm, buffers, declaring(state_type, self.declared()))
-        for name, policy in (("momentum", self.momentum_policy), ("exp_avg", self.momentum_policy),
-                             ("exp_avg_sq", self.second_moment_policy)):
-            moment = getattr(state, name, None)
+        state = super().new_state(x0, comm, buffers, state_type)
+        for name, policy in zip(self.inner.fields, self.moment_policies):
+            moment = getattr(state, name)
             if moment is not None and policy == "average":
                 setattr(state, name, comm.shared_like(moment))
         for name, value in self.outer.new_state(state.x).items():
@@ -298,17 +275,21 @@ class Rounds(ScheduledSGD):
         return state
 
     def declared(self) -> tuple[Declared, ...]:
-        """The state fields the round's pieces keep: the outer optimizer's (shared)."""
-        return tuple((name, SHARED, None) for name in self.outer.fields)
+        """The inner optimizer's fields and the outer optimizer's (shared)."""
+        return super().declared() + tuple((name, SHARED, None) for name in self.outer.fields)
+
+    @property
+    def moment_policies(self) -> tuple[str, str]:
+        """The policies of the inner optimizer's first and second moment at a round."""
+        return self.momentum_policy, self.second_moment_policy
 
     def round_policies(self, state: DataParallelState, average: Callable[[Array, str], Any]) -> None:
-        """``momentum_policy`` on the first moment (sgd's b or adamw's m, label "momentum") and
-        ``second_moment_policy`` on adamw's v (label "second_moment"); ``average(buffer,
-        label)`` averages a buffer in place."""
-        first = state.momentum if state.momentum is not None else state.exp_avg
-        apply_momentum_policy(first, self.momentum_policy, lambda b: average(b, MOMENTUM_LABEL))
-        apply_momentum_policy(state.exp_avg_sq, self.second_moment_policy,
-                              lambda b: average(b, SECOND_MOMENT_LABEL))
+        """``momentum_policy`` on the inner optimizer's first moment (sgd's b or adamw's m,
+        label "momentum") and ``second_moment_policy`` on its second (adamw's v, label
+        "second_moment"); ``average(buffer, label)`` averages a buffer in place."""
+        for name, policy, label in zip(self.inner.fields, self.moment_policies,
+                                       (MOMENTUM_LABEL, SECOND_MOMENT_LABEL)):
+            apply_momentum_policy(getattr(state, name), policy, average, label)
 
     def moment_steps(self, state: DataParallelState) -> tuple[int, int]:
         """A moment reset at each round has accumulated this round's steps, another all of them."""

@@ -15,6 +15,10 @@ inner optimizer (Douillard et al., arXiv 2311.08105). m and v are per rank; k1 a
 the steps since each was last zeroed (at the start, and at each round when its policy is
 ``reset``), this one included, so the bias correction is that of a fresh AdamW after a reset.
 
+Each inner optimizer is a piece (``Inner``): its options, the per-rank moments it keeps
+(declared state, rescaled by their average) and its step; ``ScheduledSGD.inner`` makes the
+one the options name, ``hpcopt.algorithms.muon.Muon`` is a third.
+
 Both steps are elementwise, so ``blockwise`` runs them on NumPy vectors block by block: each
 block's slices stay in cache from one operation to the next, and every vector is read from
 memory once and written once per step, with the bits of the whole-vector operations
@@ -25,13 +29,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..backend import array_module
 from ..errors import HpcoptError
 from .momentum import momentum_direction
+from .state import AVERAGE, VECTOR, Declared
 
 Array = Any
 
@@ -41,6 +48,94 @@ ADAMW_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8}
 #: Elements per block of a NumPy step: a block of each vector (256 KB in float32) stays in the
 #: core's cache between the step's operations.
 BLOCK = 1 << 16
+
+
+class Inner(Protocol):
+    """An inner optimizer: the local step and the per-rank moments it keeps.
+
+    ``fields`` names its moments, the first moment first (a round applies ``momentum_policy``
+    to it and ``second_moment_policy`` to a second); ``new_state`` makes them (None: this run
+    keeps none); ``step`` takes one step on ``state.x`` from ``state.grad`` (overwritten) with
+    step size ``lr`` (a float, or a 0-d device array in x's dtype); ``k`` is the steps each
+    moment has accumulated, this one included (AdamW's bias correction)."""
+
+    @property
+    def fields(self) -> tuple[str, ...]: ...
+
+    @property
+    def vectors(self) -> int:
+        """How many of ``fields`` this run keeps (vectors like x)."""
+        ...
+
+    def new_state(self, x0: Array) -> dict[str, Array | None]: ...
+
+    def step(self, state: Any, lr: Any, k: tuple[int, int]) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+def declared(inner: Inner) -> tuple[Declared, ...]:
+    """The state fields ``inner`` keeps: per-rank vectors, averaged on another number of ranks."""
+    return tuple((name, VECTOR, AVERAGE) for name in inner.fields)
+
+
+@dataclass(frozen=True)
+class Sgd:
+    """sgd: heavy-ball or Nesterov momentum mu (its buffer b: ``momentum``; none at mu = 0)
+    and L2 weight decay wd (module docstring)."""
+
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    fields: tuple[str, ...] = ("momentum",)
+
+    def new_state(self, x0: Array) -> dict[str, Array | None]:
+        return {"momentum": array_module(x0).zeros_like(x0) if self.vectors else None}
+
+    @property
+    def vectors(self) -> int:
+        return int(self.momentum > 0)
+
+    def step(self, state: Any, lr: Any, k: tuple[int, int]) -> None:
+        """Block by block (``blockwise``): one read and one write of each vector."""
+        blockwise(partial(sgd_step, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
+                          weight_decay=self.weight_decay), state.x, state.grad, state.momentum)
+
+    def describe(self) -> str:
+        return ""
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """adamw: moments m (``exp_avg``) and v (``exp_avg_sq``), decoupled weight decay wd
+    (module docstring)."""
+
+    beta1: float = ADAMW_DEFAULTS["adam_beta1"]
+    beta2: float = ADAMW_DEFAULTS["adam_beta2"]
+    eps: float = ADAMW_DEFAULTS["adam_eps"]
+    weight_decay: float = 0.0
+    fields: tuple[str, ...] = ("exp_avg", "exp_avg_sq")
+
+    def __post_init__(self) -> None:
+        check_adamw(self.beta1, self.beta2, self.eps)
+
+    def new_state(self, x0: Array) -> dict[str, Array | None]:
+        xp = array_module(x0)
+        return {"exp_avg": xp.zeros_like(x0), "exp_avg_sq": xp.zeros_like(x0)}
+
+    @property
+    def vectors(self) -> int:
+        return 2
+
+    def step(self, state: Any, lr: Any, k: tuple[int, int]) -> None:
+        """Block by block (``blockwise``): one read and one write of each vector."""
+        k1, k2 = k
+        blockwise(partial(adamw_step, lr=lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                          weight_decay=self.weight_decay, k1=k1, k2=k2),
+                  state.x, state.grad, state.exp_avg, state.exp_avg_sq)
+
+    def describe(self) -> str:
+        return f"adamw (betas {self.beta1:g}, {self.beta2:g}, wd {self.weight_decay:g})"
 
 
 def check_adamw(beta1: float, beta2: float, eps: float) -> None:

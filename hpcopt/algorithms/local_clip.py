@@ -44,18 +44,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ..backend import array_module
 from ..errors import HpcoptError
-from ..rng import stream
 from .base import context, option
 from .buffers import sync_buffers
 from .data_parallel import DataParallelState, OuterOptions, ScheduledSGD
 from .groups import GroupRounds
 from .local_sgd import AVERAGE_LABEL
+from .reducers import WHOLE, SubsetMean
 from .state import AVERAGE, RESET, counter, flag, scalar
 
 if TYPE_CHECKING:
@@ -170,14 +171,10 @@ class LocalClip(_ClippedSGD, OuterOptions, GroupRounds):
             raise HpcoptError(f"seed must be >= 0, got {self.seed}")
         self.check_groups(self.interval, ())
 
-    def participants(self, round_index: int, size: int) -> np.ndarray:
-        """The sorted ranks whose models form round ``round_index``'s average: all of them, or
-        ceil(p N) drawn without replacement from ``stream(seed, "participation", round)``."""
-        if self.participation == 1:
-            return np.arange(size)
-        count = max(1, math.ceil(self.participation * size - 1e-9))  # 0.7 * 10 is 7.000000000000001
-        chosen = stream(self.seed, "participation", round_index).choice(size, count, replace=False)
-        return np.sort(chosen)
+    @cached_property
+    def reducer(self) -> SubsetMean:
+        """How a round takes the mean: over its participants (all of them at participation 1)."""
+        return SubsetMean(self.participation, self.seed)
 
     def step(self, state: LocalClipState, oracle: Oracle, comm: Comm) -> Any:
         """Average if t % I == 0 (else a group round when one is due), then one locally clipped
@@ -198,17 +195,19 @@ class LocalClip(_ClippedSGD, OuterOptions, GroupRounds):
     def average(self, state: LocalClipState, comm: Comm) -> None:
         """x_i <- mean of x_j over this round's participants, the momentum policies, and (after
         the first) the outer step from the round's start."""
-        members = self.participants(state.rounds, comm.size)
-        self._mean_over(state.x, members, comm, AVERAGE_LABEL)
-        self.round_policies(state, lambda buffer, label: self._mean_over(buffer, members, comm, label))
+        def mean_(buffer: Array, label: str) -> None:
+            self.reducer.mean_(buffer, state, WHOLE, comm, label)
+
+        mean_(state.x, AVERAGE_LABEL)
+        self.round_policies(state, mean_)
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
         state.rounds += 1
         state.steps_in_round = 0
         if state.step > 0:
             self.outer_step(state, eta=self.lr_at(state.step - 1))
-        elif state.anchor is not None:  # the common start: the first round begins here
-            state.anchor[...] = state.x
+        elif (anchor := getattr(state, "anchor", None)) is not None:  # the first round's start
+            anchor[...] = state.x
 
     def finish(self, state: DataParallelState, comm: Comm, label: str) -> None:
         """The training loop's final average; after a complete round also its outer step."""
@@ -216,19 +215,6 @@ class LocalClip(_ClippedSGD, OuterOptions, GroupRounds):
         super().finish(state, comm, label)
         if complete:
             self.outer_step(state, eta=self.lr_at(state.step - 1))
-
-    @staticmethod
-    def _mean_over(buf: Array, members: np.ndarray, comm: Comm, label: str) -> None:
-        """buf <- (1/|S|) sum_{j in S} buf_j on every rank: one allreduce of the buffer."""
-        from mpi4py import MPI
-
-        if members.size == comm.size:
-            comm.average_(buf, label=label)
-            return
-        if comm.rank not in members:
-            buf[...] = 0
-        comm.allreduce_(buf, MPI.SUM, label=label)
-        buf /= members.size
 
     def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> LocalClipState:
         """_ClippedSGD's state; with groups, every rank makes its group's communicator now

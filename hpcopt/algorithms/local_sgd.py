@@ -24,7 +24,8 @@ default, is the restart above; ``nesterov`` with AdamW inside is DiLoCo (``--alg
 diloco``), ``slowmo`` is SlowMo (``--algorithm slowmo``). A run that ends mid-round ends with
 the plain average (the training loop's "final"), without an outer step. With ``fragments``,
 ``overlap`` or ``fragment_mix`` the rounds are streamed, fragment by fragment
-(``hpcopt.algorithms.streaming``: Streaming DiLoCo).
+(``hpcopt.algorithms.streaming``: Streaming DiLoCo). Which of the two a run has is its
+timing (``hpcopt.algorithms.when``), the piece that decides what follows each local step.
 
 Between rounds, ``group_size`` and ``group_interval`` add averages within groups of ranks
 (``hpcopt.algorithms.groups``); ``wire`` sends the round's message cast or quantized, with
@@ -47,8 +48,9 @@ from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 from .groups import GROUP_LABEL, GroupRounds
 from .reducers import WHOLE, Reducer, reducer_of
-from .state import Declared
-from .streaming import FRAGMENT_FIELDS, FRAGMENT_LABEL, PEAK_COLUMN, FragmentOptions, FragmentSchedule
+from .state import VECTOR, Declared
+from .streaming import FRAGMENT_LABEL, FragmentOptions
+from .when import EveryInterval, Timing
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -80,18 +82,16 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
             "wire": bool(self.wire) and self.overlap > 0})
 
     @cached_property
-    def streamed(self) -> FragmentSchedule:
-        """When each fragment is sent and applied, and how its mean is taken (streaming runs)."""
-        return self.fragment_schedule(self.interval, self.reducer)
+    def timing(self) -> Timing:
+        """When a round synchronises: every I_i steps, or the fragments in turn (streaming)."""
+        if self.streaming:
+            return self.fragment_schedule(self.interval, self.reducer)
+        return EveryInterval(self.interval, self.local_steps)
 
     @cached_property
     def reducer(self) -> Reducer:
         """How a round takes the ranks' mean: plain, or through the ``wire``."""
         return reducer_of(self.wire)
-
-    def interval_of(self, rank: int) -> int:
-        """I_i: the local steps rank ``rank`` runs per round."""
-        return self.local_steps[rank] if self.local_steps else self.interval
 
     def steps_for(self, total_steps: int, rank: int, size: int) -> int:
         """Local steps rank ``rank`` runs so that every rank completes floor(T/I) rounds.
@@ -101,8 +101,9 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         if self.local_steps and len(self.local_steps) != size:
             raise HpcoptError(f"local_steps has {len(self.local_steps)} entries for {size} ranks")
         self.check_world(size)
-        rounds, rest = divmod(total_steps, self.interval)
-        return rounds * self.interval_of(rank) + (0 if self.local_steps else rest)
+        if not self.local_steps:
+            return total_steps
+        return total_steps // self.interval * self.local_steps[rank]
 
     def clock(self, state: DataParallelState) -> int | None:
         """A counter every rank passes through in the same order, or None between its ticks.
@@ -125,24 +126,23 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         return self.new_state(x0, comm, buffers, DataParallelState)
 
     def declared(self) -> tuple[Declared, ...]:
-        """Rounds' fields, the reducer's (the wire's error feedback e_i) and a streaming run's
-        fragments in flight (``streaming.FRAGMENT_FIELDS``)."""
-        return super().declared() + self.reducer.declared + (FRAGMENT_FIELDS if self.streaming else ())
+        """Rounds' fields, the reducer's (the wire's error feedback e_i) and the timing's (a
+        streaming run's fragments in flight)."""
+        return super().declared() + self.reducer.declared + self.timing.declared
 
     def new_state(self, x0: Array, comm: Comm, buffers: Array | None, state_type: type) -> Any:
         """The rounds' state; with groups, every rank makes its group's communicator now
-        (collective); the wire's error feedback; a streaming run's vector of what it sent and
-        its reductions."""
+        (collective); the reducer's (the wire's error feedback) and the timing's (a streaming
+        run's vector of what it sent and its reductions)."""
         state = super().new_state(x0, comm, buffers, state_type)
         self.open_groups(comm)
-        for name, value in self.reducer.new_state(state.x).items():
+        for name, value in {**self.reducer.new_state(state.x), **self.timing.new_state(state.x)}.items():
             setattr(state, name, value)
-        if self.streaming:
-            state.in_flight, state.reductions = self.streamed.new_in_flight(state.x)
         return state
 
     def step(self, state: DataParallelState, oracle: Oracle, comm: Comm) -> Any:
-        """One local step, then the averaging round if this rank's I_i steps are done.
+        """One local step, then what the timing says is due (a round, a group round, a
+        fragment's turn).
 
         Returns the minibatch loss at the point where the gradient was taken.
         """
@@ -150,53 +150,40 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         self.inner_step(state, self.lr_at(state.step))
         state.step += 1
         state.steps_in_round += 1
-        if self.streaming:
-            if state.steps_in_round < self.interval:
-                self.group_round(state.x, state.steps_in_round, comm)
-            self.stream(state, comm)
-        elif state.steps_in_round == self.interval_of(comm.rank):
-            self.average(state, comm)
-        else:
-            self.group_round(state.x, state.steps_in_round, comm)
+        self.timing.after_step(state, comm, self)
         return loss
 
-    def stream(self, state: DataParallelState, comm: Comm) -> None:
-        """A streaming step's fragments, and every interval steps the round's end: the
-        batch-norm statistics by their policy, the round counted."""
-        self.streamed.step(state, comm, self)
-        if state.steps_in_round == self.interval:
-            if state.buffers is not None:
-                sync_buffers(state.buffers, self.buffer_policy, comm)
-            state.rounds += 1
-            state.steps_in_round = 0
+    def end_round(self, state: DataParallelState, comm: Comm) -> None:
+        """The end of a streamed round, whose fragments took their turns: the batch-norm
+        statistics by their policy, the round counted."""
+        if state.buffers is not None:
+            sync_buffers(state.buffers, self.buffer_policy, comm)
+        state.rounds += 1
+        state.steps_in_round = 0
 
     averaged_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, FRAGMENT_LABEL, NODE_LABEL)
     round_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, GROUP_LABEL, NODE_LABEL)
 
     def trace_columns(self) -> tuple[str, ...]:
-        """A streaming run's peak_bytes_in_flight (``hpcopt.algorithms.streaming``; through a
-        wire the fragments' rounds are blocking: none in flight, no column)."""
-        return (PEAK_COLUMN,) if self.streaming and self.reducer.in_flight else ()
+        """The timing's (a streaming run's peak_bytes_in_flight)."""
+        return self.timing.trace_columns()
 
     def trace_row(self, state: DataParallelState) -> dict[str, Any]:
-        """peak_bytes_in_flight over the round up to ``state``'s step (streaming runs)."""
-        if PEAK_COLUMN not in self.trace_columns():
-            return {}
-        return {PEAK_COLUMN: self.streamed.peak_bytes(state.step, state.x.itemsize)}
+        return self.timing.trace_row(state)
 
     def state_vectors(self) -> tuple[int, int]:
-        """Rounds', the wire's error feedback and a streaming run's ``in_flight`` (per rank)."""
+        """Rounds', and the per-rank vectors the reducer and the timing declare (the wire's
+        error feedback, a streaming run's ``in_flight``)."""
         per_rank, shared = super().state_vectors()
-        return per_rank + len(self.reducer.declared) + int(self.streaming), shared
+        pieces = self.reducer.declared + self.timing.declared
+        return per_rank + sum(kind == VECTOR for _, kind, _ in pieces), shared
 
     def synchronized(self, state: DataParallelState) -> bool:
-        """At a round's end; a streaming run only at its start (the fragments take turns)."""
-        return state.step == 0 if self.streaming else super().synchronized(state)
+        return self.timing.synchronized(state)
 
     def finish(self, state: DataParallelState, comm: Comm, label: str) -> None:
-        """A streaming run first completes and applies its reductions in flight."""
-        if self.streaming:
-            self.streamed.drain(state, comm, self)
+        """The timing first completes what is in flight (a streaming run's reductions)."""
+        self.timing.drain(state, comm, self)
         super().finish(state, comm, label)
 
     def average(self, state: Any, comm: Comm) -> None:

@@ -36,12 +36,13 @@ def momentum_direction(grad: Array, buffer: Array | None, mu: float, nesterov: b
     return grad
 
 
-def apply_momentum_policy(buffer: Array | None, policy: str, average: Callable[[Array], Any]) -> None:
+def apply_momentum_policy(buffer: Array | None, policy: str, average: Callable[[Array, str], Any],
+                          label: str) -> None:
     """At an averaging round: ``keep`` the local buffer (None: this run has none), ``average``
-    it (with the given averaging function, one allreduce) or ``reset`` it to zero."""
+    it (``average(buffer, label)``: one allreduce) or ``reset`` it to zero."""
     if buffer is None:
         return
     if policy == "average":
-        average(buffer)
+        average(buffer, label)
     elif policy == "reset":
         buffer[...] = 0

@@ -24,9 +24,12 @@ is 0.95 with Nesterov), ``weight_decay``, ``lr``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from ..backend import array_module
+from ..errors import HpcoptError
+from .inner import Sgd
 from .momentum import momentum_direction
 
 Array = Any
@@ -67,3 +70,25 @@ def muon_step(x: Array, grad: Array, buffer: Array | None, lr: Any, *,
             matrix[...] = newton_schulz5(matrix) * math.sqrt(max(1.0, shape[0] / shape[1]))
         start = stop
     x -= xp.multiply(grad, lr, out=grad)
+
+
+@dataclass(frozen=True)
+class Muon(Sgd):
+    """The inner optimizer Muon: sgd's options and momentum buffer, the step of each weight
+    matrix orthogonalised; ``shapes``: the model's parameters in the flat vector."""
+
+    shapes: tuple[tuple[int, ...], ...] = ()
+
+    def new_state(self, x0: Array) -> dict[str, Array | None]:
+        if sum(map(math.prod, self.shapes)) != x0.size:
+            raise HpcoptError("inner_optimizer muon needs the shapes of the model's parameters "
+                              "(a workload with a parameter layout)")
+        return super().new_state(x0)
+
+    def step(self, state: Any, lr: Any, k: tuple[int, int]) -> None:
+        muon_step(state.x, state.grad, state.momentum, lr, shapes=self.shapes,
+                  momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.weight_decay)
+
+    def describe(self) -> str:
+        nesterov = ", nesterov" if self.nesterov else ""
+        return f"muon (mu {self.momentum:g}{nesterov}, wd {self.weight_decay:g})"

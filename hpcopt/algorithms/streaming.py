@@ -41,14 +41,14 @@ holds none of it and the resumed run counts it once, as the uninterrupted run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ..errors import HpcoptError
 from .base import context, option
 from .reducers import PLAIN, Reducer
-from .state import REFUSE, SCRATCH, VECTOR
+from .state import REFUSE, SCRATCH, VECTOR, Declared
 
 if TYPE_CHECKING:
     from ..comm import Comm, Reduction
@@ -209,10 +209,38 @@ class FragmentSchedule:
         start, stop = self.bounds[p]
         return stop - start
 
-    def new_in_flight(self, x: Array) -> tuple[Array, InFlight]:
+    # -- the timing of a round (``hpcopt.algorithms.when.Timing``) --------------------------------
+
+    declared: ClassVar[tuple[Declared, ...]] = FRAGMENT_FIELDS
+
+    def new_state(self, x: Array) -> dict[str, Any]:
         """The state's ``in_flight`` vector and the run-time buffers, for a model like ``x`` (on
         the host: ``Config`` refuses streaming on a GPU)."""
-        return np.zeros_like(x), InFlight(np.zeros_like(x))
+        return {"in_flight": np.zeros_like(x), "reductions": InFlight(np.zeros_like(x))}
+
+    def after_step(self, state: Any, comm: Comm, rounds: Any) -> None:
+        """A group round when one is due (not at a round's end), the fragments' turn, and every
+        interval steps the round's end (``rounds.end_round``)."""
+        if state.steps_in_round < self.interval:
+            rounds.group_round(state.x, state.steps_in_round, comm)
+        self.step(state, comm, rounds)
+        if state.steps_in_round == self.interval:
+            rounds.end_round(state, comm)
+
+    def synchronized(self, state: Any) -> bool:
+        """Only at the start: the fragments take turns."""
+        return state.step == 0
+
+    def trace_columns(self) -> tuple[str, ...]:
+        """peak_bytes_in_flight (through a wire the fragments' rounds are blocking: none in
+        flight, no column)."""
+        return (PEAK_COLUMN,) if self.reducer.in_flight else ()
+
+    def trace_row(self, state: Any) -> dict[str, Any]:
+        """peak_bytes_in_flight over the round up to ``state``'s step."""
+        if not self.trace_columns():
+            return {}
+        return {PEAK_COLUMN: self.peak_bytes(state.step, state.x.itemsize)}
 
     def step(self, state: Any, comm: Comm, rounds: Any) -> None:
         """After local step ``state.step``: apply the fragment due, then send the one due (tau

@@ -103,7 +103,7 @@ def test_every_fragment_takes_the_algorithms_own_outer_step(comm):
     each through ``outer_step``, on its fragment's slice."""
     config = small_config(fragments=3, interval=6, steps=14, outer_optimizer="nesterov")
     algorithm, _ = run(config, comm, CountingOuterSteps)
-    bounds = algorithm.streamed.bounds
+    bounds = algorithm.timing.bounds
     assert algorithm.taken == [bounds[p] for p in (1, 2, 0, 1, 2, 0, 1)]
 
 

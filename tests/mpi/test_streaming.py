@@ -67,7 +67,7 @@ def test_a_checkpoint_at_every_tick_changes_no_bit(comm, shared_dir, case):
 def config_schedule(config, comm):
     from hpcopt.build import build_run
 
-    return build_run(config, comm).algorithm.streamed
+    return build_run(config, comm).algorithm.timing
 
 
 def test_fragments_traffic_matches_the_formulas(comm):

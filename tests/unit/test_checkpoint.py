@@ -78,11 +78,13 @@ def test_newest_complete_checkpoint_is_found_and_old_ones_pruned(tmp_path):
 def test_a_failed_restore_changes_nothing(tmp_path):
     """The sampler is checked before anything is written into the state."""
     from hpcopt.algorithms.data_parallel import DataParallelState
+    from hpcopt.algorithms.inner import Sgd, declared
+    from hpcopt.algorithms.state import declaring
     from hpcopt.backend import CPU
     from hpcopt.data.sampler import MinibatchSampler
 
     ckpt = synthetic()
-    state = DataParallelState(x=np.zeros(6), momentum=np.zeros(6))
+    state = declaring(DataParallelState, declared(Sgd(momentum=0.9)))(x=np.zeros(6), momentum=np.zeros(6))
     sampler = MinibatchSampler(np.arange(700), 8, seed=1, rank=0)  # the checkpoint has seed 0
     with pytest.raises(HpcoptError, match="seed"):
         restore(ckpt, 0, state, sampler, CPU)

@@ -66,10 +66,10 @@ def test_a_device_norm_gives_the_same_step_size_without_leaving_the_device(xp, n
                                                    (0.01, 5, 1), (1.0, 6, 6), (0.99, 6, 6)])
 def test_participants_are_ceil_fraction_n_distinct_ranks(fraction, size, count):
     algorithm = LocalClip(**LR, gamma=1.0, participation=fraction, seed=3)
-    draws = [algorithm.participants(r, size) for r in range(20)]
+    draws = [algorithm.reducer.participants(r, size) for r in range(20)]
     assert all(d.size == count and np.unique(d).size == count for d in draws)
     assert all(0 <= d.min() and d.max() < size and np.all(np.diff(d) > 0) for d in draws)
     again = LocalClip(**LR, gamma=1.0, participation=fraction, seed=3)
-    assert all(np.array_equal(d, again.participants(r, size)) for r, d in enumerate(draws))
+    assert all(np.array_equal(d, again.reducer.participants(r, size)) for r, d in enumerate(draws))
     if 0 < count < size:
         assert len({tuple(d) for d in draws}) > 1  # a new subset each round

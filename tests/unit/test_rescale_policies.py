@@ -11,6 +11,7 @@ import pytest
 
 from hpcopt.algorithms import state as fields
 from hpcopt.algorithms.data_parallel import DataParallelState
+from hpcopt.algorithms.inner import Sgd, declared
 from hpcopt.errors import HpcoptError
 from hpcopt.io.data_parallel_checkpoint import HIDDEN, read_checkpoint
 from hpcopt.io.rescale import rescaled
@@ -29,7 +30,7 @@ def test_a_per_rank_field_must_declare_a_known_rescale_policy():
 
     with pytest.raises(TypeError, match="Undeclared.velocity is per rank but declares no rescale policy"):
         fields.rescale_policies(Undeclared)
-    assert fields.rescale_policies(DataParallelState)["momentum"] == fields.AVERAGE
+    assert fields.rescale_policies(SgdState)["momentum"] == fields.AVERAGE
 
 
 @pytest.fixture
@@ -46,8 +47,12 @@ def two_ranks(tmp_path):
                                window=np.concatenate([ckpt.window, ckpt.window]))
 
 
+#: The state of a run with inner sgd: DataParallelState and sgd's momentum buffer it declares.
+SgdState = fields.declaring(DataParallelState, declared(Sgd(momentum=0.9)))
+
+
 def fresh_state(ckpt):
-    return DataParallelState(x=np.zeros_like(ckpt.model), momentum=np.zeros_like(ckpt.model))
+    return SgdState(x=np.zeros_like(ckpt.model), momentum=np.zeros_like(ckpt.model))
 
 
 def sampler_row(ckpt):

@@ -1,0 +1,82 @@
+"""When PR-SGD's rounds synchronise: a piece (``Timing``) called after every local step.
+
+    every I_i   after rank i's I_i-th local step of a round: the round (``Rounds.average``:
+                the mean, the policies, the outer step); after the other steps a group
+                round when one is due (two-level, ``hpcopt.algorithms.groups``)
+    fragments   fragment p in turn, every I steps at offset p I / P, with group rounds
+                between (Streaming DiLoCo: ``hpcopt.algorithms.streaming.FragmentSchedule``)
+
+Each declares the state it keeps (the fragments' in flight), as the other pieces do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from .state import Declared
+
+if TYPE_CHECKING:
+    from ..comm import Comm
+
+
+class Timing(Protocol):
+    """When a round's model synchronises. ``rounds`` is the algorithm: its ``average``,
+    ``group_round``, ``end_round``, ``outer_step`` and ``lr_at``."""
+
+    declared: ClassVar[tuple[Declared, ...]]
+
+    def new_state(self, x: Any) -> dict[str, Any]:
+        """Each of ``declared`` at the start."""
+        ...
+
+    def after_step(self, state: Any, comm: Comm, rounds: Any) -> None:
+        """What follows local step ``state.step`` (``state.steps_in_round`` of its round)."""
+        ...
+
+    def synchronized(self, state: Any) -> bool:
+        """Whether every rank holds the same x."""
+        ...
+
+    def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
+        """Complete what is still in flight (the end of a run)."""
+        ...
+
+    def trace_columns(self) -> tuple[str, ...]: ...
+
+    def trace_row(self, state: Any) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class EveryInterval:
+    """The whole model every I_i local steps: ``local_steps`` (I_i per rank), else ``interval``."""
+
+    interval: int
+    local_steps: tuple[int, ...] = ()
+    declared: ClassVar[tuple[Declared, ...]] = ()
+
+    def interval_of(self, rank: int) -> int:
+        """I_i: the local steps rank ``rank`` runs per round."""
+        return self.local_steps[rank] if self.local_steps else self.interval
+
+    def new_state(self, x: Any) -> dict[str, Any]:
+        return {}
+
+    def after_step(self, state: Any, comm: Comm, rounds: Any) -> None:
+        if state.steps_in_round == self.interval_of(comm.rank):
+            rounds.average(state, comm)
+        else:
+            rounds.group_round(state.x, state.steps_in_round, comm)
+
+    def synchronized(self, state: Any) -> bool:
+        """At a round's end."""
+        return state.steps_in_round == 0
+
+    def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
+        """Nothing is in flight."""
+
+    def trace_columns(self) -> tuple[str, ...]:
+        return ()
+
+    def trace_row(self, state: Any) -> dict[str, Any]:
+        return {}
