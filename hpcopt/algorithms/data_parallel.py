@@ -35,6 +35,7 @@ from .muon import Muon
 from .outer import OUTER_OPTIMIZERS, Outer, check_outer
 from .reducers import WHOLE
 from .schedules import SCHEDULES, Schedule
+from .schedules import describe as describe_schedule
 from .state import AVERAGE, SAME, SHARED, Declared, counter, declaring, model, scratch, vector
 
 if TYPE_CHECKING:
@@ -202,6 +203,10 @@ class ScheduledSGD:
     def describe(self) -> str:
         """The settings that matter, for the run's header."""
         return f"lr {self.lr:g}"
+
+    def describe_schedule(self) -> str:
+        """The lr schedule beyond a constant lr, for the run's header ("" for none)."""
+        return describe_schedule(self.schedule, self.warmup)
 
     # -- what the algorithm reports besides the loss (the session names no algorithm) ----------
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..comm.core import NODE, node_indices
+from ..comm.core import GROUP_LABEL, NODE, node_indices
 from ..errors import HpcoptError
 from .base import option
 
@@ -39,9 +39,6 @@ if TYPE_CHECKING:
     from ..comm import Comm
 
 Array = Any
-
-GROUP_LABEL = "group_average"
-
 
 @dataclass(frozen=True, kw_only=True)
 class GroupRounds:

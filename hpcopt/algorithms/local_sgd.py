@@ -40,13 +40,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..comm.core import GROUP_LABEL
 from ..comm.wire import WIRES, check_wire
 from ..comm.wire_nodes import NODE_LABEL
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
-from .groups import GROUP_LABEL, GroupRounds
+from .groups import GroupRounds
 from .reducers import WHOLE, Reducer, reducer_of
 from .state import VECTOR, Declared
 from .streaming import FRAGMENT_LABEL, FragmentOptions

@@ -10,6 +10,7 @@
 from .core import (
     ALLREDUCE_SLICE_BYTES,
     AVERAGING_MODES,
+    GROUP_LABEL,
     IN_FLIGHT,
     Comm,
     CommStats,
@@ -20,4 +21,4 @@ from .core import (
 )
 
 __all__ = ["Comm", "CommStats", "OpCounter", "Reduction", "IN_FLIGHT", "agreed", "node_layout",
-           "AVERAGING_MODES", "ALLREDUCE_SLICE_BYTES"]
+           "AVERAGING_MODES", "ALLREDUCE_SLICE_BYTES", "GROUP_LABEL"]

@@ -43,6 +43,9 @@ AVERAGING_MODES = ("auto", "mpi", "shm")
 #: (``Comm.complete``; no calls, no bytes: those are its operation's). They overlap computation,
 #: so ``CommStats.totals`` and the trace leave them out of the seconds spent communicating.
 IN_FLIGHT = "in_flight"
+#: The label of the group averages of two-level rounds (``hpcopt.algorithms.groups``), which a
+#: run's summary reports on a line of their own.
+GROUP_LABEL = "group_average"
 
 #: ``Comm._groups``' keys of the node's Comm (``Comm.node_group``) and the leaders' (``Comm.node_leaders``).
 NODE = "node"

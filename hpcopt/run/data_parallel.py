@@ -28,10 +28,8 @@ from mpi4py import MPI
 
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
-from ..algorithms.groups import GROUP_LABEL
-from ..algorithms.schedules import describe as describe_schedule
 from ..build import RunParts, build_run
-from ..comm import Comm
+from ..comm import GROUP_LABEL, Comm
 from ..comm.core import node_indices, progress_mode
 from ..comm.costmodel import (
     HIDDEN,
@@ -276,7 +274,7 @@ class DataParallelSession:
     def header(self, threads: ThreadChoice) -> str:
         cfg, parts = self.config, self.parts
         settings = self.algorithm.describe()
-        schedule = describe_schedule(cfg.algorithm.schedule, cfg.algorithm.warmup)
+        schedule = self.algorithm.describe_schedule()
         if schedule:
             settings += f", {schedule}"
         if self.workload.buffers is not None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hpcopt import train
-from hpcopt.algorithms.groups import GROUP_LABEL
+from hpcopt.comm import GROUP_LABEL
 from hpcopt.comm.costmodel import comm_modelled, get_profile
 from tests.conftest import host, on_devices
 from tests.mpi.test_optimizers import DILOCO, assert_shared, run_in_process, small_config, state_arrays
