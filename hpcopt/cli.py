@@ -240,13 +240,16 @@ def run(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path}", flush=True)
         return 0
     from .run import train
+    from .run.rank_loss import EXIT_CONTINUED
     from .run.signals import exit_code
 
     summary, _ = train(config, comm, resume=args.resume, faults=args.faults,
                        ranks_changed=getattr(args, "ranks_changed", False))
     # stopped (143 for SIGTERM, 130 for SIGINT): the run is not finished, so job chains must not
-    # take it for done
-    return exit_code(signal.Signals[summary.stop_signal]) if summary.stopped else 0
+    # take it for done; finished on the survivors of a lost rank: 5 (mpirun itself exits 0)
+    if summary.stopped:
+        return exit_code(signal.Signals[summary.stop_signal])
+    return EXIT_CONTINUED if getattr(summary, "rank_losses", None) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
