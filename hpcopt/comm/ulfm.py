@@ -25,9 +25,11 @@ from .mpi_support import mpi_library, open_mpi
 #: What Open MPI's ``mpirun --with-ft ulfm`` sets in every rank's environment.
 FT_VARIABLE = "OMPI_MCA_mpi_ft_enable"
 #: The error classes by which a call reports a lost rank: failed, failed with a receive from
-#: any source pending, or revoked by a survivor that saw the failure first.
+#: any source pending, or revoked by a survivor that saw the failure first; and a wait on several
+#: requests, whose statuses hold those (``shrink`` then finds whether a rank was lost).
 LOSS_CLASSES = tuple(getattr(MPI, name) for name in
-                     ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, name))
+                     ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED", "ERR_IN_STATUS")
+                     if hasattr(MPI, name))
 
 
 def unavailable() -> str:

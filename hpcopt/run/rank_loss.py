@@ -134,6 +134,8 @@ class RankLossRecovery:
         cannot go on."""
         started, step = time.perf_counter(), session.state.step
         shrunk = ulfm.shrink(session.comm.mpi)
+        if not shrunk.lost:  # an error of some other kind in a wait on several requests
+            raise exc
         survivors = Comm(shrunk.mpi, averaging="mpi")  # RMA windows do not survive a lost rank
         survivors.stats = session.comm.stats  # the counters go on (and the delay, the spans)
         lost = ", ".join(map(str, shrunk.lost))
@@ -216,6 +218,7 @@ def _gathered(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> c
 def _error_name(exc: BaseException) -> str:
     """The MPI error class of a lost rank's report, by name."""
     if isinstance(exc, MPI.Exception):
-        return next((name for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+        return next((name for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED",
+                                       "ERR_IN_STATUS")
                      if getattr(MPI, name, None) == exc.Get_error_class()), "an MPI error")
     return type(exc).__name__
