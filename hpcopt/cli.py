@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import traceback
@@ -255,11 +256,18 @@ def run(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: user errors exit 2 with one line from rank 0; crashes abort every rank;
     SIGTERM and SIGINT stop the run at a checkpoint or end the job (``hpcopt.run.signals``)."""
+    from .run.rank_loss import EXIT_CONTINUED
     from .run.signals import JobSignals
 
     with JobSignals() as signals:
         try:
-            return signals.exit_code(run(argv))
+            code = signals.exit_code(run(argv))
+            if code == EXIT_CONTINUED:  # survivors of a lost rank: no MPI_Finalize, which can wait
+                # a minute or more on the lost rank's communicators (docs/failures.md)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            return code
         except HpcoptError as exc:
             if exc.everywhere or _world_size() == 1:
                 if _rank() == 0:
