@@ -1,7 +1,7 @@
 """Going on without a lost rank (``--on-rank-loss continue``; Open MPI's ULFM, hpcopt.comm.ulfm).
 
-At every round's end with nothing in flight (a data-parallel run at a round boundary; a
-streaming run at the end of a round whose reductions have all landed) each rank keeps a
+At every round's end (every I ticks) with nothing in flight (a streaming run's fragments
+all landed) each rank keeps a
 **snapshot** in host memory: what a checkpoint would hold of it (the model, its per-rank state
 as the algorithm declares it, its sampler position, the trace window) and the trace's row
 count. The last two are kept: survivors differ by at most the one collective in which the
@@ -11,7 +11,8 @@ rank was lost. When a collective reports a lost rank, the survivors:
    of them hold (``ulfm.agree_min``): the last round every survivor completed;
 2. gather their snapshots of that round and carry them over to the survivors exactly as
    ``resume --ranks-changed`` carries a checkpoint (``hpcopt.io.rescale.rescaled``): the
-   round's averaged model (a streaming run's: the survivors' models averaged, in float64, on
+   round's averaged model (where the ranks' models differ at the round's end, as CELGC's and a
+   streaming run's: the survivors' models averaged, in float64, on
    every rank alike), per-rank state by each field's policy over the survivors (the lost
    rank's optimizer state is gone), the data partitioned anew for the survivors and the
    samplers re-seeded, a streaming run's (idle) ``in_flight`` reset;
@@ -94,18 +95,19 @@ class RankLossRecovery:
 
     snapshots: list[Snapshot] = field(default_factory=list)
     losses: list[RankLoss] = field(default_factory=list)
-    rounds: int = -1  # the rounds count of the newest snapshot
 
-    def due(self, session: DataParallelSession) -> bool:
-        """Whether the run stands at a round's end (or its start) with nothing in flight, and
-        no snapshot was taken in this round yet (the same answer on every rank)."""
+    def due(self, session: DataParallelSession, tick: int) -> bool:
+        """Whether ``tick`` ends a round (a multiple of the interval I; without one, a tick where
+        the ranks' models agree) with nothing in flight, and no snapshot holds it yet (the same
+        answer on every rank)."""
         state, algorithm = session.state, session.algorithm
-        if state.rounds == self.rounds:
+        if self.snapshots and self.snapshots[-1].tick == tick:
             return False
         schedule = getattr(algorithm, "streamed", None) if getattr(algorithm, "streaming", False) else None
-        if schedule is not None:  # a streaming run: no fragment in flight
-            return not schedule.in_flight(state.step)
-        return algorithm.synchronized(state)
+        if schedule is not None and schedule.in_flight(state.step):  # a fragment in flight
+            return False
+        interval = getattr(algorithm, "interval", None)
+        return tick % interval == 0 if interval else algorithm.synchronized(state)
 
     def snapshot(self, session: DataParallelSession, tick: int) -> None:
         """Keep this rank's state at ``tick`` (after the runner finished the rows in flight)."""
@@ -125,7 +127,6 @@ class RankLossRecovery:
                      "reals": np.array(list(reals.values()), np.float64)},
             window=session.window.fold(),
             shared={n: to_host(getattr(state, n)).copy() for n in fields.present(state, fields.SHARED)})]
-        self.rounds = state.rounds
 
     def recover(self, session: DataParallelSession,
                 exc: BaseException) -> tuple[DataParallelSession, int]:

@@ -261,7 +261,7 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
         if timeline is not None:  # spans of every step, evaluation, checkpoint and counted call
             timeline.start(files.started - files.wall_before, session.progress())
             comm.stats.spans = timeline.communicated
-        if recovery is not None and recovery.due(session):
+        if recovery is not None and recovery.due(session, tick):
             recovery.snapshot(session, tick)
         while True:
             try:
@@ -304,7 +304,7 @@ def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal
         evaluation = evaluate(tick) if ticks.evaluation_due(tick) else None
         rows = session.row(tick, evaluation, stop_signal.raised) if ticks.row_due(tick) else []
         checkpoint = files.out is not None and ticks.checkpoint_due(tick)
-        snapshot = recovery is not None and recovery.due(session)
+        snapshot = recovery is not None and recovery.due(session, tick)
         if checkpoint or snapshot or _stop(rows):
             rows += session.finish_rows()
         stop = _stop(rows) if tick < ticks.total else 0  # rows finished just now count too
