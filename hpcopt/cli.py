@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import traceback
@@ -242,23 +243,33 @@ def run(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path}", flush=True)
         return 0
     from .run import train
+    from .run.rank_loss import EXIT_CONTINUED
     from .run.signals import exit_code
 
     summary, _ = train(config, comm, resume=args.resume, faults=args.faults,
                        ranks_changed=getattr(args, "ranks_changed", False))
     # stopped (143 for SIGTERM, 130 for SIGINT): the run is not finished, so job chains must not
-    # take it for done
-    return exit_code(signal.Signals[summary.stop_signal]) if summary.stopped else 0
+    # take it for done; finished on the survivors of a lost rank: 5 (mpirun itself exits 0)
+    if summary.stopped:
+        return exit_code(signal.Signals[summary.stop_signal])
+    return EXIT_CONTINUED if getattr(summary, "rank_losses", None) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: user errors exit 2 with one line from rank 0; crashes abort every rank;
     SIGTERM and SIGINT stop the run at a checkpoint or end the job (``hpcopt.run.signals``)."""
+    from .run.rank_loss import EXIT_CONTINUED
     from .run.signals import JobSignals
 
     with JobSignals() as signals:
         try:
-            return signals.exit_code(run(argv))
+            code = signals.exit_code(run(argv))
+            if code == EXIT_CONTINUED:  # survivors of a lost rank: no MPI_Finalize, which can wait
+                # a minute or more on the lost rank's communicators (docs/failures.md)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            return code
         except HpcoptError as exc:
             if exc.everywhere or _world_size() == 1:
                 if _rank() == 0:

@@ -40,6 +40,7 @@ CONV_MODELS = ("resnet", "plain_cnn")  # image models (NCHW input)
 DTYPES = ("float32", "float64")
 #: hpcopt.run.nonfinite: a NaN/Inf loss or model stops the run, or drops the step
 NONFINITE_MODES = ("stop", "skip")
+RANK_LOSS_MODES = ("abort", "continue")
 #: ``[model]`` keys of one kind of model -> the models they apply to.
 MODEL_KEYS = {"hidden": ("mlp", "lstm"), "activation": ("mlp",), "depth": ("resnet",),
               "width": ("resnet",), "channels": ("plain_cnn",), "batch_norm": ("plain_cnn",)}
@@ -318,8 +319,12 @@ class RunConfig:
                             "speed, sleeping (1/FACTOR - 1) x each gradient's measured time; '' = "
                             "none (hpcopt.run.fault_schedule)")
     fault: str = option("", "RANK:STEP: kill -9 of rank RANK at its local step STEP, once per run "
-                        "(resume goes on past it); needs checkpoint_every below STEP; '' = none "
+                        "(resume goes on past it); needs checkpoint_every below STEP (unless "
+                        "on_rank_loss continue); '' = none "
                         "(hpcopt.run.fault_schedule)")
+    on_rank_loss: str = option("abort", "abort | continue: a lost rank ends the job, or the survivors "
+                                        "go on from the last round (Open MPI's ULFM: mpirun --with-ft "
+                                        "ulfm; hpcopt.run.rank_loss)")
 
     def __post_init__(self) -> None:
         preset_values(self.preset)  # HpcoptError for an unknown name
@@ -354,6 +359,9 @@ class RunConfig:
         if self.on_nonfinite not in NONFINITE_MODES:
             raise HpcoptError(f"on_nonfinite must be one of {', '.join(NONFINITE_MODES)}, "
                             f"got {self.on_nonfinite!r}")
+        if self.on_rank_loss not in RANK_LOSS_MODES:
+            raise HpcoptError(f"on_rank_loss must be one of {', '.join(RANK_LOSS_MODES)}, "
+                            f"got {self.on_rank_loss!r}")
 
 
 @dataclass(frozen=True)
@@ -395,6 +403,9 @@ class Config:
             raise HpcoptError("on_nonfinite skip applies only to the data-parallel algorithms (a "
                             "pipeline iteration is full-batch: no minibatch to drop), "
                             f"not {self.algorithm.algorithm}")
+        if self.algorithm.algorithm in pipeline_algorithms() and self.run.on_rank_loss == "continue":
+            raise HpcoptError("on_rank_loss continue applies only to the data-parallel algorithms "
+                              f"(a pipeline's stages are its ranks), not {self.algorithm.algorithm}")
         if (self.algorithm.buffer_policy != algorithm_options()["buffer_policy"].default
                 and not self.model.keeps_buffers and not self.model.torch):
             raise HpcoptError("buffer_policy applies only to models with batch norm "
@@ -589,10 +600,10 @@ def config_from_stored(values: dict[str, Any]) -> Config:
 #: Options a resumed run may change: where files go and how often, what is printed, evaluation,
 #: and the length of the run (not with the sqrt_nt and cosine schedules, whose step size depends on it),
 #: and the device (a GPU run's checkpoint resumes on CPU and vice versa: to float tolerance),
-#: and the failure handling (stall_timeout, on_nonfinite: docs/failures.md).
+#: and the failure handling (stall_timeout, on_nonfinite, on_rank_loss: docs/failures.md).
 RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_every", "timeline",
                "timeline_max_spans", "progress", "eval_every", "steps", "epochs", "device", "stall_timeout",
-               "on_nonfinite", "straggler", "fault")
+               "on_nonfinite", "straggler", "fault", "on_rank_loss")
 
 
 def check_resume(stored: Config, config: Config) -> None:

@@ -153,6 +153,7 @@ class DataParallelAlgorithm(Protocol):
     def finish(self, state: Any, comm: Comm, label: str) -> None: ...
     def describe(self) -> str: ...
     def describe_schedule(self) -> str: ...  # the lr schedule beyond a constant lr ("" for none)
+    def in_flight(self, state: Any) -> bool: ...  # a reduction is in flight after the last step
     def state_vectors(self) -> tuple[int, int]: ...  # (per-rank, shared) d-vectors besides x
     # what it reports besides the loss: the session asks, and names no algorithm
     averaged_labels: ClassVar[tuple[str, ...]]  # its averaging's labels (the summary's bytes)

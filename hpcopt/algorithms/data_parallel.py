@@ -204,6 +204,10 @@ class ScheduledSGD:
         """The settings that matter, for the run's header."""
         return f"lr {self.lr:g}"
 
+    def in_flight(self, state: Any) -> bool:
+        """Whether a reduction is still in flight after the last step: none (blocking rounds)."""
+        return False
+
     def describe_schedule(self) -> str:
         """The lr schedule beyond a constant lr, for the run's header ("" for none)."""
         return describe_schedule(self.schedule, self.warmup)

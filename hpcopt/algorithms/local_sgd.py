@@ -89,6 +89,10 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
             return self.fragment_schedule(self.interval, self.reducer)
         return EveryInterval(self.interval, self.local_steps)
 
+    def in_flight(self, state: Any) -> bool:
+        """Whether a fragment's reduction is still in flight after the last step."""
+        return bool(self.timing.in_flight(state.step))
+
     @cached_property
     def reducer(self) -> Reducer:
         """How a round takes the ranks' mean: plain, or through the ``wire``."""

@@ -38,6 +38,10 @@ class Timing(Protocol):
         """Whether every rank holds the same x."""
         ...
 
+    def in_flight(self, step: int) -> list[tuple[int, int]]:
+        """(fragment, step it was sent) of the reductions still in flight after ``step``."""
+        ...
+
     def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
         """Complete what is still in flight (the end of a run)."""
         ...
@@ -71,6 +75,10 @@ class EveryInterval:
     def synchronized(self, state: Any) -> bool:
         """At a round's end."""
         return state.steps_in_round == 0
+
+    def in_flight(self, step: int) -> list[tuple[int, int]]:
+        """Nothing is in flight: every round is blocking."""
+        return []
 
     def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
         """Nothing is in flight."""

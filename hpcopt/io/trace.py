@@ -21,9 +21,9 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,10 +35,17 @@ from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_r
 from .structure import check_structure
 from .writing import HDF5Writing
 
+if TYPE_CHECKING:
+    from ..run.rank_loss import RankLoss
+
 FORMAT = "hpcopt-trace"
 VERSION = 1
 FILE_NAME = "trace.h5"
 FILE_KIND = "trace"  # in messages
+#: The group of the ranks lost and survived (--on-rank-loss continue), one entry per lost rank.
+RANK_LOSSES = "rank_losses"
+RANK_LOSS_COLUMNS = {"step": "int64", "rank": "int64", "recover_seconds": "float64",
+                     "round_step": "int64"}
 #: (ratio, slack) of the data a trace may declare to its size (``structure.check_structure``):
 #: a label first used late leaves the counters' chunks of the earlier rows unwritten (read as
 #: zeros), and a run killed mid-append can leave a chunk declared but unwritten.
@@ -294,6 +301,7 @@ class TraceWriter:
 
             def reopen(f: Any) -> None:
                 self._truncate(resume_at[0])
+                self._forget_rank_losses_after(resume_at[1])
                 f.attrs["resumed_at"] = _resumed(f.attrs.get("resumed_at"), resume_at[1])
                 f.attrs["config"] = attrs["config"]  # a resumed run may run longer
 
@@ -397,6 +405,39 @@ class TraceWriter:
             self.writing.attempt(lambda _: self._write())
         self.writing.close()
 
+    def roll_back(self, rows: int) -> None:
+        """Cut the trace back to its first ``rows`` rows (the survivors of a lost rank go on
+        from an earlier round: hpcopt.run.rank_loss); the buffered rows are written first."""
+        self.flush()
+        self._attempt(lambda _: self._truncate(rows))
+
+    def record_rank_loss(self, loss: RankLoss) -> None:
+        """Append one lost rank (``hpcopt.run.rank_loss.RankLoss``) to ``/rank_losses``
+        (a dataset per field: docs/formats.md), made at the first loss."""
+        def write(f: Any) -> None:
+            group = f.require_group(RANK_LOSSES)
+            for name, dtype in RANK_LOSS_COLUMNS.items():
+                if name not in group:
+                    group.create_dataset(name, (0,), maxshape=(None,), dtype=dtype, chunks=(64,))
+            at = group["step"].shape[0]
+            for name in RANK_LOSS_COLUMNS:
+                group[name].resize((at + 1,))
+                group[name][at] = getattr(loss, name)
+            f.flush()
+
+        self._attempt(write)
+
+    def _forget_rank_losses_after(self, step: int) -> None:
+        """Drop the losses recorded after ``step`` (a resumed run's checkpoint came before them)."""
+        group = self.file.get(RANK_LOSSES)
+        if group is None:
+            return
+        keep = group["step"][()] <= step
+        for name in RANK_LOSS_COLUMNS:
+            values = group[name][()][keep[:group[name].shape[0]]]
+            group[name].resize((values.size,))
+            group[name][:] = values
+
     def _truncate(self, rows: int) -> None:
         self.file["rows"].resize((rows,))
         for name in self.comm_columns:
@@ -440,6 +481,8 @@ class Trace:
     comm: dict[str, dict[str, np.ndarray]]
     summary: dict[str, Any] | None
     ops: dict[str, str] | None = None  # label -> operation (traces written with --network)
+    #: /rank_losses (--on-rank-loss continue): step, rank, recover_seconds, round_step; empty: none lost
+    rank_losses: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -479,6 +522,8 @@ def read_trace(path: str | Path) -> Trace:
             counters = {name: _dataset(f, f"comm/{name}", path, 2)[()] for name in names}
             summary = {k: _plain(v) for k, v in f["summary"].attrs.items()} if "summary" in f else None
             ops = json_attr(f["comm"].attrs, "ops", path) if "ops" in f["comm"].attrs else None
+            losses = {name: _dataset(f, f"{RANK_LOSSES}/{name}", path, 1)[()]
+                      for name in RANK_LOSS_COLUMNS} if RANK_LOSSES in f else {}
         except READ_ERRORS as exc:
             raise HpcoptError(f"{path} is a damaged trace ({type(exc).__name__}: {exc})") from None
     rows = min(table_rows, *(c.shape[0] for c in counters.values()))
@@ -486,7 +531,8 @@ def read_trace(path: str | Path) -> Trace:
     columns = {name: column[:rows] for name, column in data.items()}
     comm = {label: {name: counters[name][:rows, j] for name in counters}
             for j, label in enumerate(labels[:width])}
-    return Trace(path, attrs, config, columns, comm, summary, ops if isinstance(ops, dict) else None)
+    return Trace(path, attrs, config, columns, comm, summary, ops if isinstance(ops, dict) else None,
+                 losses)
 
 
 def _read_columns(table: Any, names: Sequence[str]) -> dict[str, np.ndarray]:

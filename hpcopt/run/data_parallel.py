@@ -42,6 +42,7 @@ from ..comm.costmodel import (
     node_layout_of,
     profile_attrs,
 )
+from ..comm.ulfm import unavailable
 from ..config import Config, check_resume
 from ..errors import HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
@@ -52,6 +53,7 @@ from .fault_schedule import Schedule, check_ranks
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
+from .rank_loss import RankLoss, RankLossRecovery
 from .runner import RunFiles, Ticks, run
 from .threads import ThreadChoice
 
@@ -93,6 +95,7 @@ class Summary:
     group_rounds: int = 0
     group_bytes_per_rank: float = 0.0
     group_in_node_bytes_per_rank: float = 0.0
+    rank_losses: list[RankLoss] = field(default_factory=list)  # --on-rank-loss continue: survived
 
     def lines(self) -> list[str]:
         comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
@@ -110,6 +113,7 @@ class Summary:
             f"train loss        {self.train_loss:.4f} (last trace row, mean over ranks)",
             f"steps             {self.steps} per rank, {self.rounds} averaging rounds",
             *self.reported,
+            *self._losses(),
             f"communicated      {self._communicated()}",
             *self._group_averages(),
             f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
@@ -118,6 +122,14 @@ class Summary:
             f"threads           {self.threads.describe()}",
             f"files             {self.out or 'none'} (checkpoint {self.checkpoint or 'none'})",
         ]
+
+    def _losses(self) -> list[str]:
+        """The line of the ranks lost and survived (none without a loss)."""
+        if not self.rank_losses:
+            return []
+        each = "; ".join(f"rank {loss.rank} at step {loss.step}, {loss.recover_seconds:.3f} s to recover"
+                         for loss in self.rank_losses)
+        return [f"ranks lost        {len(self.rank_losses)} ({each}); finished on {self.workers}"]
 
     def _communicated(self) -> str:
         if self.workers == 1:  # the counters hold the messages' sizes, but nothing leaves the rank
@@ -220,6 +232,8 @@ class DataParallelSession:
         self.resumed_from = ""  # the checkpoint this run continues (for a NaN/Inf message)
         self.files: RunFiles | None = None
         self.tracing = False
+        #: --on-rank-loss continue: the snapshots and the losses survived (hpcopt.run.rank_loss)
+        self.rank_loss = RankLossRecovery() if run.on_rank_loss == "continue" else None
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -423,7 +437,8 @@ class DataParallelSession:
                        modelled_seconds=local[4] / size, modelled_per_round=per_round,
                        group_rounds=group_rounds,
                        group_bytes_per_rank=local[6] / size, group_in_node_bytes_per_rank=local[7] / size,
-                       reported=reported, **figures)
+                       reported=reported, rank_losses=self.rank_loss.losses if self.rank_loss else [],
+                       **figures)
 
     def trace_summary(self, final: ModelEvaluation, summary: Summary) -> dict[str, Any]:
         state = self.state
@@ -445,6 +460,12 @@ def train_data_parallel(config: Config, comm: Comm, verbose: bool = True,
                         workload: Workload | None = None,
                         ranks_changed: bool = False) -> tuple[Summary, State]:
     """``hpcopt.train`` for the data-parallel algorithms (see there)."""
+    if config.run.on_rank_loss == "continue":
+        why = unavailable() or ("the survivors rebuild the workload the config describes, not a "
+                                "Workload given in code" if workload is not None else "")
+        if why:
+            raise HpcoptError(f"--on-rank-loss continue: {why} (--on-rank-loss abort, the default, "
+                              "ends the job at a lost rank; resume its last checkpoint)", everywhere=True)
     comm.averaging = config.run.averaging
     if config.run.network_delay:  # sleep what the modelled network would take, after every call
         comm.stats.delay = network_delay(get_profile(config.run.network), comm.size)

@@ -106,11 +106,12 @@ def parse_fault(text: str) -> tuple[int, int] | None:
 def check_schedule(run: Any, pipeline: bool) -> None:
     """The config's checks of ``[run] fault`` and ``straggler`` (``run``: its RunConfig; whether the
     algorithm is a pipeline's): they parse, apply to the data-parallel algorithms, and a fault has
-    a checkpoint before it to resume from."""
+    a checkpoint before it to resume from (unless the survivors go on: ``on_rank_loss
+    continue``)."""
     fault, stragglers = parse_fault(run.fault), parse_stragglers(run.straggler)
     if pipeline and (fault or stragglers):
         raise HpcoptError("fault and straggler apply only to the data-parallel algorithms")
-    if fault is not None and not 0 < run.checkpoint_every < fault[1]:
+    if fault is not None and run.on_rank_loss != "continue" and not 0 < run.checkpoint_every < fault[1]:
         raise HpcoptError(f"--fault {run.fault}: the job ends at the fault and is resumed from its "
                           f"newest checkpoint: pass --checkpoint-every C with 0 < C < {fault[1]}")
 

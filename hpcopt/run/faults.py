@@ -7,7 +7,8 @@ in the rank's STEP-th step, before its gradient); for ``checkpoint`` it is the c
 checkpoint being written. Kinds:
 
 - ``raise``: a RuntimeError (the crash path: traceback prefixed with the rank, MPI_Abort);
-- ``kill``: the rank sends itself SIGKILL (as ``kill -9`` from outside would);
+- ``kill``: the rank sends itself SIGKILL (as ``kill -9`` from outside would; with
+  ``--on-rank-loss continue`` the survivors' rebuilt run has no fault plan: it fires once);
 - ``sigterm``, ``sigint``: the rank sends itself SIGTERM or SIGINT (as ``kill -TERM PID`` or
   ``kill -INT PID`` would; ``hpcopt.run.signals``) and goes on;
 - ``hang``: the rank sleeps for ever (what the stall watchdog is for);

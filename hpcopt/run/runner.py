@@ -27,6 +27,7 @@ uninterrupted run performs after it, so its results are bitwise the same.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -39,6 +40,7 @@ import numpy as np
 from ..backend import CPU
 from ..comm import Comm, agreed, node_layout
 from ..comm.staging import prepare_gpu
+from ..comm.ulfm import is_rank_loss
 from ..config import Config
 from ..io import timeline as timeline_io
 from ..io import trace as trace_io
@@ -90,6 +92,7 @@ class Session(Protocol):
     called on every rank in the same order."""
 
     ticks: Ticks
+    comm: Comm       # the communicator it runs on (after a lost rank, the survivors')
     state: Any       # the algorithm's state on this rank, from start() (``hpcopt.train`` returns it)
     checkpoint: str  # the newest checkpoint written ("" for none)
 
@@ -215,9 +218,8 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
         elif resumed and verbose and comm.rank == 0:  # without progress lines, still say what resumed
             print(f"hpcopt: resuming from {resumed} (run directory {out})", flush=True)
         with StopSignal(out is not None) as stop_signal, \
-                watching(comm, config.run.stall_timeout, session.progress), \
                 np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # NaN/Inf: nonfinite.py
-            summary = _loop(session, files, comm, ckpt, stop_signal, threads, show)
+            summary, session = _loop(session, files, comm, ckpt, stop_signal, threads, show)
     finally:
         comm.stats.delay = comm.stats.spans = None  # the network delay mode and the timeline end
         if writer is not None:
@@ -226,6 +228,7 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
             lock.release()
     if show:
         print("summary\n  " + "\n  ".join(summary.lines()), flush=True)
+    comm = session.comm  # the survivors' after a lost rank (hpcopt.run.rank_loss)
     if summary.stopped and verbose and comm.rank == 0:
         print(f"hpcopt: {summary.stop_signal}: stopped at {builder.noun} {session.progress()} "
               f"after writing {summary.checkpoint}; continue with: mpiexec -n {comm.size} "
@@ -240,20 +243,54 @@ def _named_model(config: Config) -> str:
 
 
 def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal: StopSignal,
-          threads: ThreadChoice, show: bool) -> Any:
-    ticks = session.ticks
-    progress = Progress(ticks.total, show)
-    train_loss, report_due, stop = math.nan, False, 0
+          threads: ThreadChoice, show: bool) -> tuple[Any, Session]:
+    """Train to the end under the stall watchdog; the summary and the session. With a session's
+    ``rank_loss`` (``--on-rank-loss continue``, hpcopt.run.rank_loss) it keeps a snapshot at
+    every round's end, and a lost rank makes the survivors go on from the last one."""
+    progress = Progress(session.ticks.total, show)
     tick = ckpt.tick if ckpt else 0
-    comm.barrier(label="start")
-    session.begin(files, ckpt)
-    files.started = time.perf_counter()
-    progress.start -= files.wall_before
+    recovery = getattr(session, "rank_loss", None)
+    stall_timeout = files.config.run.stall_timeout
+    with contextlib.ExitStack() as watch:
+        watch.enter_context(watching(comm, stall_timeout, session.progress))
+        comm.barrier(label="start")
+        session.begin(files, ckpt)
+        files.started = time.perf_counter()
+        progress.start -= files.wall_before
+        timeline = files.timeline
+        if timeline is not None:  # spans of every step, evaluation, checkpoint and counted call
+            timeline.start(files.started - files.wall_before, session.progress())
+            comm.stats.spans = timeline.communicated
+        if recovery is not None and recovery.due(session, tick):
+            recovery.snapshot(session, tick)
+        while True:
+            try:
+                final, stop, train_loss = _ticks(session, files, comm, tick, stop_signal, progress)
+                break
+            except Exception as exc:
+                if recovery is None or not is_rank_loss(exc):
+                    raise
+                session, tick = recovery.recover(session, exc)
+                comm = session.comm
+                watch.close()  # the watchdog of the old communicator, then one of the survivors'
+                watch.enter_context(watching(comm, stall_timeout, session.progress))
+        summary = session.summarize(final, train_loss, threads, signal_name(stop) if stop else "", show)
+        if timeline is not None:
+            timeline.gather(comm)
+        if files.writer is not None and final is not None:
+            files.writer.finish(session.trace_summary(final, summary))
+    return summary, session
+
+
+def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal: StopSignal,
+           progress: Progress) -> tuple[Any, int, float]:
+    """The steps from ``tick`` to the end (or a stop signal), the last rows and the final
+    evaluation: (the final evaluation or None when stopped, the stop signal, the train loss)."""
+    ticks, recovery = session.ticks, getattr(session, "rank_loss", None)
+    train_loss, report_due, stop = math.nan, False, 0
     step, evaluate, save, final_of = session.step, session.evaluate, session.save, session.final
     timeline = files.timeline
-    if timeline is not None:  # spans of every step, evaluation, checkpoint and counted call
-        timeline.start(files.started - files.wall_before, session.progress())
-        comm.stats.spans = timeline.communicated
+    if timeline is not None:
         step = timeline.stepping(step, session.progress)
         evaluate = timeline.timed("evaluation", "evaluation", evaluate)
         save = timeline.timed("checkpoint", "checkpoint", save)
@@ -267,7 +304,8 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
         evaluation = evaluate(tick) if ticks.evaluation_due(tick) else None
         rows = session.row(tick, evaluation, stop_signal.raised) if ticks.row_due(tick) else []
         checkpoint = files.out is not None and ticks.checkpoint_due(tick)
-        if checkpoint or _stop(rows):
+        snapshot = recovery is not None and recovery.due(session, tick)
+        if checkpoint or snapshot or _stop(rows):
             rows += session.finish_rows()
         stop = _stop(rows) if tick < ticks.total else 0  # rows finished just now count too
         session.check_rows(rows, tick)
@@ -280,22 +318,16 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
             timeline.rows_finished(len(rows), comm, due=checkpoint or bool(stop))
         if checkpoint or stop:
             save(tick)
+        if snapshot and recovery is not None:
+            recovery.snapshot(session, tick)
         if stop:
             stop_signal.settle()
-            break
-    final = None
-    if not stop:
-        rows = session.last_rows(tick)
-        session.check_rows(rows, tick)
-        for row in rows:
-            train_loss = _stats(row).loss_mean
-        final = final_of()
-    summary = session.summarize(final, train_loss, threads, signal_name(stop) if stop else "", show)
-    if timeline is not None:
-        timeline.gather(comm)
-    if files.writer is not None and final is not None:
-        files.writer.finish(session.trace_summary(final, summary))
-    return summary
+            return None, stop, train_loss
+    rows = session.last_rows(tick)
+    session.check_rows(rows, tick)
+    for row in rows:
+        train_loss = _stats(row).loss_mean
+    return final_of(), 0, train_loss
 
 
 def _stop(rows: list[trace_io.Row]) -> int:

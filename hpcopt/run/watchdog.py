@@ -18,6 +18,7 @@ later. Needs MPI_THREAD_MULTIPLE (mpi4py asks for it by default).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..comm.ulfm import is_rank_loss
 from ..errors import HpcoptError, abort_job
 
 EXIT_CODE = 4
@@ -74,7 +76,8 @@ class Watchdog:
         """End the thread and free the watchdog's communicator."""
         self._stop.set()
         self._thread.join()
-        self.mpi.Free()
+        with contextlib.suppress(MPI.Exception):  # a communicator with a lost rank in it
+            self.mpi.Free()
 
     # -- where this rank is -----------------------------------------------------------------
 
@@ -100,6 +103,8 @@ class Watchdog:
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """Answer and watch until stopped; a lost rank (``--on-rank-loss continue``) ends the
+        watching quietly: the survivors start a watchdog of their own communicator."""
         query = np.zeros(2, dtype=np.int64)
         request = self.mpi.Irecv(query, source=MPI.ANY_SOURCE, tag=_QUERY_TAG)
         try:
@@ -108,10 +113,14 @@ class Watchdog:
                 mine = self.status()
                 if mine.get("waited", 0.0) >= self.timeout and time.monotonic() >= self._deferred_until:
                     request = self._investigate(mine, request, query)
+        except MPI.Exception as exc:
+            if not is_rank_loss(exc):
+                raise
         finally:
-            request.Cancel()
-            request.Wait()
-            MPI.Request.Waitall(self._sends)
+            with contextlib.suppress(MPI.Exception):  # a lost rank's requests fail here too
+                request.Cancel()
+                request.Wait()
+                MPI.Request.Waitall(self._sends)
 
     def _answer(self, request: MPI.Request, query: np.ndarray) -> MPI.Request:
         """Answer every query that has arrived with this rank's status; the re-posted receive."""

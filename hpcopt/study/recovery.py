@@ -8,10 +8,10 @@ Two ways a run goes on after losing a rank, and where each leaves its account:
   seconds those from the kill to the resumed job's first step (launch, set-up and the checkpoint's
   read included: what a requeue costs beyond the scheduler's wait);
 - continue without the rank (``--on-rank-loss continue``, Open MPI's ULFM): the trace holds the
-  group ``/rank_losses``, 1-D datasets ``step``, ``rank`` (int64) and ``recover_seconds``
-  (float64), one entry per loss. Seconds: the sum of ``recover_seconds``. Steps lost: the sum of
-  ``step - round_step`` when the group also holds ``round_step`` (the step of the round the
-  survivors rolled back to), else not known (empty).
+  group ``/rank_losses``, 1-D datasets ``step``, ``rank``, ``round_step`` (int64) and
+  ``recover_seconds`` (float64), one entry per loss (docs/formats.md). Seconds: the sum of
+  ``recover_seconds``. Steps lost: the sum of ``step - round_step`` (``round_step``: the step of
+  the round the survivors went on from).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from ..errors import HpcoptError
 
 GROUP = "rank_losses"
 #: The datasets of ``/rank_losses`` and their kinds (NumPy's: integer, float).
-DATASETS = {"step": "i", "rank": "i", "recover_seconds": "f"}
-ROUND_STEP = "round_step"  # optional: the step of the round the survivors rolled back to
+DATASETS = {"step": "i", "rank": "i", "recover_seconds": "f", "round_step": "i"}
 COLUMNS = ("rank_losses", "steps_lost", "recovery_seconds")
 
 
@@ -56,8 +55,7 @@ def rank_losses(trace: Path) -> Recovery | None:
             group = f[GROUP]
             if not hasattr(group, "keys"):
                 raise HpcoptError(f"{trace}: /{GROUP} must be a group of 1-D datasets")
-            kinds = {**DATASETS, **({ROUND_STEP: "i"} if ROUND_STEP in group else {})}
-            values = {name: _column(group, name, kind, trace) for name, kind in kinds.items()}
+            values = {name: _column(group, name, kind, trace) for name, kind in DATASETS.items()}
         except READ_ERRORS as exc:
             raise HpcoptError(f"{trace}: /{GROUP} cannot be read ({type(exc).__name__}: {exc})") from None
     if len({v.size for v in values.values()}) > 1:
@@ -65,9 +63,7 @@ def rank_losses(trace: Path) -> Recovery | None:
     seconds = values["recover_seconds"]
     if not np.isfinite(seconds).all() or (seconds < 0).any():
         raise HpcoptError(f"{trace}: /{GROUP}/recover_seconds holds negative or non-finite seconds")
-    lost = None
-    if ROUND_STEP in values:
-        lost = int(np.maximum(values["step"] - values[ROUND_STEP], 0).sum())
+    lost = int(np.maximum(values["step"] - values["round_step"], 0).sum())
     return Recovery(int(seconds.size), lost, float(seconds.sum()))
 
 

@@ -119,22 +119,21 @@ def write_rank_losses(path: Path, **datasets: np.ndarray) -> None:
 
 
 LOSSES = {"step": np.array([13, 30], np.int64), "rank": np.array([2, 1], np.int64),
-          "recover_seconds": np.array([0.05, 0.25], np.float64)}
+          "recover_seconds": np.array([0.05, 0.25], np.float64),
+          "round_step": np.array([8, 24], np.int64)}
 
 
 def test_rank_losses_are_read_from_the_traces_group(tmp_path):
     trace = tmp_path / "trace.h5"
     write_rank_losses(trace, **LOSSES)
     found = rank_losses(trace)
-    assert found is not None and found.losses == 2 and found.steps_lost is None
+    assert found is not None and found.losses == 2 and found.steps_lost == (13 - 8) + (30 - 24)
     assert found.seconds == pytest.approx(0.30)
-    other = tmp_path / "rolled.h5"
-    write_rank_losses(other, **LOSSES, round_step=np.array([8, 24], np.int64))
-    assert rank_losses(other).steps_lost == (13 - 8) + (30 - 24)
     for name, bad in (("short", {**LOSSES, "rank": np.array([2], np.int64)}),
                       ("float-step", {**LOSSES, "step": np.array([1.0, 2.0])}),
                       ("negative", {**LOSSES, "recover_seconds": np.array([-1.0, 0.0])}),
-                      ("missing", {"step": LOSSES["step"]})):
+                      ("missing", {"step": LOSSES["step"]}),
+                      ("no-round-step", {k: v for k, v in LOSSES.items() if k != "round_step"})):
         path = tmp_path / f"{name}.h5"
         write_rank_losses(path, **bad)
         with pytest.raises(HpcoptError, match="rank_losses"):
@@ -159,7 +158,7 @@ def test_collect_reports_losses_from_the_trace_and_from_a_fault_record(run, tmp_
     (runs["resumed"] / RECORD).write_text(json.dumps(FaultRecord("r", 1, 7, 50.0, 53.0, 4).__dict__))
     rows = collect.columns(collect.gather(list(runs.values())), tmp_path)
     got = [(row["rank_losses"], row["steps_lost"], row["recovery_seconds"]) for row in rows]
-    assert got == [(0, None, None), (2, None, pytest.approx(0.30)), (1, 2, 3.0)]
+    assert got == [(0, None, None), (2, 11, pytest.approx(0.30)), (1, 2, 3.0)]
     assert "rank_losses" not in collect.columns(collect.gather([runs["plain"]]), tmp_path)[0]
     assert recovery(runs["plain"], runs["plain"] / "trace.h5") is None
 
