@@ -30,6 +30,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from benchmarks.common.launch import ROOT
 from benchmarks.common.study import sweep_file
@@ -178,8 +181,8 @@ lost rank), so the fault-free eval loss here can differ from the abort table's i
 - **quality cost**: the final evaluation loss minus this study's fault-free run's. Not zero:
   after the loss each round averages 3 ranks' models instead of 4, with the data of 3 ranks
   (3/4 of the samples per round), and the rolled-back steps are redone with other samples.
-  Negative means the faulty run ended with a lower eval loss: at this size the difference is of
-  the order of what another seed gives, not a gain from losing a rank.
+  Negative means the faulty run ended with a lower eval loss. One seed per run: how much of
+  each difference is the seed's and not the loss's is not measured here.
 """
 
 
@@ -191,14 +194,15 @@ def _shown(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def figure(lines: list[dict[str, object]], path: Path) -> None:
+def figure(lines: list[dict[str, object]], continued: list[dict[str, object]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = [str(line["algorithm"]) for line in lines]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 3 if continued else 2, figsize=(15 if continued else 10, 3.6))
+    left, right = axes[0], axes[-1]
     xs = range(len(names))
     recovery = [float(line["recovery"] or 0) for line in lines]  # type: ignore[arg-type]
     redo = [float(line["redo_seconds"]) for line in lines]  # type: ignore[arg-type]
@@ -206,8 +210,10 @@ def figure(lines: list[dict[str, object]], path: Path) -> None:
     left.bar(xs, redo, bottom=recovery, label="steps redone (at the fault-free step time)")
     left.set_ylim(0, 1.4 * max(r + d for r, d in zip(recovery, redo)))  # room for the legend
     left.set_ylabel("seconds")
-    left.set_title("a lost rank (rank 2)")
+    left.set_title("a lost rank (rank 2): abort and resume")
     left.legend(fontsize=8)
+    if continued:
+        _recovery_panel(axes[1], recovery, [float(line["recovery"] or 0) for line in continued])  # type: ignore[arg-type]
     ratio = [float(line["straggler_wall"]) / float(line["wall"]) for line in lines]  # type: ignore[arg-type]
     right.bar(xs, ratio, color="tab:red")
     right.axhline(1 / 0.6, color="black", linestyle="--", linewidth=1,
@@ -217,11 +223,23 @@ def figure(lines: list[dict[str, object]], path: Path) -> None:
     right.set_ylabel("wall time / fault-free run's")
     right.set_title(f"a straggler ({STRAGGLER}: rank 1 at 0.6x)")
     right.legend(fontsize=8)
-    for axis in (left, right):
+    for axis in axes:
         axis.set_xticks(list(xs), names, rotation=20, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _recovery_panel(axis: Any, abort: list[float], survived: list[float]) -> None:
+    """Recovery seconds side by side: abort and resume (a new job) against continue (in the job)."""
+    xs = np.arange(len(abort))
+    axis.bar(xs - 0.2, abort, width=0.4, label="abort: kill to the resumed job's first step (MPICH)")
+    axis.bar(xs + 0.2, survived, width=0.4, label="continue: failed collective to the rebuilt run (ULFM)")
+    axis.set_yscale("log")
+    axis.set_ylim(min(*abort, *survived) / 3, 30 * max(*abort, *survived))  # room for the legend
+    axis.set_ylabel("recovery seconds (log)")
+    axis.set_title("recovery: abort and resume vs continue at 3 ranks")
+    axis.legend(fontsize=8)
 
 
 def page(lines: list[dict[str, object]], args: argparse.Namespace, load: tuple[float, float],
@@ -316,16 +334,17 @@ def main(argv: list[str] | None = None) -> int:
     abort = args.runs / "abort"
     study(abort, study_text(args, "abort"), shlex.split(args.launcher), sys.executable, (0,))
     lines = table(abort)
-    continued = ""
+    continued, survivors = "", []
     if args.ulfm_python:
         from hpcopt.run.rank_loss import EXIT_CONTINUED
 
         survived = args.runs / "continue"
         study(survived, study_text(args, "continue"), shlex.split(args.ulfm_launcher), args.ulfm_python,
               (0, EXIT_CONTINUED))
-        continued = continue_section(continue_table(survived), args)
+        survivors = continue_table(survived)
+        continued = continue_section(survivors, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    figure(lines, args.out / "elastic.png")
+    figure(lines, survivors, args.out / "elastic.png")
     (args.out / "elastic.md").write_text(page(lines, args, (load_before, os.getloadavg()[0]), continued))
     print(f"wrote {args.out / 'elastic.md'} and elastic.png ({time.monotonic() - start:.0f} s of runs)")
     return 0
