@@ -172,9 +172,11 @@ lost rank), so the fault-free eval loss here can differ from the abort table's i
 
 {chr(10).join(head + body)}
 
-- **recovery s**: within the job, from the survivors' failed collective to the rebuilt run
-  (`/rank_losses/recover_seconds`): detection, agreement, shrink, rebuilding the run. No new
-  launch, no checkpoint read: compare the abort table's recovery s.
+- **recovery s**: within the job, from the survivors' failed collective (the loss detected) to
+  the rebuilt run (`/rank_losses/recover_seconds`): revoke, agreement on the round, shrink,
+  rollback, rebuilding the run. No new launch, no checkpoint read. The time from the kill to
+  the next collective's failure is not in it (the survivors compute on meanwhile: those steps are
+  the steps lost), while the abort table's recovery s starts at the kill; both are in the figure.
 - **steps lost per survivor**: the steps between the round the survivors went back to and the
   step at which they noticed the loss (`step - round_step`), done again at 3 ranks. Rank 2's
   own steps since the round, its optimizer state and its share of the remaining samples are lost.
