@@ -466,7 +466,14 @@ def train_data_parallel(config: Config, comm: Comm, verbose: bool = True,
         if why:
             raise HpcoptError(f"--on-rank-loss continue: {why} (--on-rank-loss abort, the default, "
                               "ends the job at a lost rank; resume its last checkpoint)", everywhere=True)
-    comm.averaging = config.run.averaging
+        if config.run.averaging == "shm":
+            raise HpcoptError("--on-rank-loss continue: --averaging shm's RMA windows do not survive a "
+                              "lost rank (a loss in their barrier ends the job); use --averaging mpi "
+                              "or auto, which is mpi under continue", everywhere=True)
+    # under continue, auto is the plain MPI path from the start: a rank lost inside a shared-memory
+    # window's barrier is reported as MPI_ERR_OTHER, not as a failed process, and ends the job
+    comm.averaging = ("mpi" if config.run.on_rank_loss == "continue" and config.run.averaging == "auto"
+                      else config.run.averaging)
     if config.run.network_delay:  # sleep what the modelled network would take, after every call
         comm.stats.delay = network_delay(get_profile(config.run.network), comm.size)
     builder = DataParallelSessionBuilder(workload, faults, ranks_changed)

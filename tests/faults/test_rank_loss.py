@@ -100,3 +100,25 @@ def test_continue_is_refused_in_one_line_without_ulfm(tmp_path: Path) -> None:
     lines = job.hpcopt_lines()
     assert len(lines) == 1 and lines[0].startswith("hpcopt: error: --on-rank-loss continue: "), lines
     assert ("MPICH" in lines[0] or "mpirun --with-ft ulfm" in lines[0]), lines
+
+
+@needs_ulfm
+def test_a_scheduled_fault_is_survived_once_and_collect_counts_the_steps_since_the_round(
+        tmp_path: Path) -> None:
+    """``--fault`` with continue needs no checkpoint before it, fires once (the rebuilt run has no
+    fault plan) and collect's steps_lost is ``step - round_step`` of ``/rank_losses``."""
+    from hpcopt.study.recovery import recovery
+
+    run = tmp_path / "run"
+    job = run_job([*ARGS, "--steps", "16", "--checkpoint-every", "0", "--out", str(run),
+                   "--on-rank-loss", "continue", "--fault", f"{LOST}:6"], ranks=4,
+                  mpiexec_args=("--with-ft", "ulfm"))
+    assert job.returncode == EXIT_CONTINUED, job.describe()
+    assert (job.stdout + job.stderr).count("--fault: killing rank") == 1, job.describe()
+    with h5py.File(run / "trace.h5", "r") as f:
+        step, round_step = int(f["rank_losses/step"][0]), int(f["rank_losses/round_step"][0])
+        assert f["rows"]["step"][-1] == 16  # the run finished, at 3 ranks
+    assert round_step == 4 and step > round_step  # the round before the kill at step 6
+    found = recovery(run, run / "trace.h5")
+    assert found is not None and found.losses == 1 and found.steps_lost == step - round_step
+    assert found.seconds is not None and 0 < found.seconds < 30
