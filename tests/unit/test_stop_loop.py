@@ -40,6 +40,9 @@ class Session:
     def steps_left(self) -> int:
         return self.ticks.total
 
+    def progress(self) -> int:
+        return self.tick
+
     def step(self) -> int:
         self.tick += 1
         if self.tick == self.signal_step:
@@ -85,8 +88,8 @@ def run_loop(ce: int, te: int, ev: int, signal_step: int, deferred: bool):
     stop = StopSignal(True)
     session = Session(ticks, deferred, signal_step, stop)
     files = RunFiles(Config(), Path("run"), "id", None, 0.0)
-    summary = _loop(session, files, SimpleNamespace(barrier=lambda label: None), None, stop,
-                    ThreadChoice(1, "test"), False)
+    summary, _ = _loop(session, files, SimpleNamespace(barrier=lambda label: None), None, stop,
+                       ThreadChoice(1, "test"), False)
     return summary, session
 
 
