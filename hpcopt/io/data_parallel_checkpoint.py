@@ -483,6 +483,17 @@ class Position:
     wall_seconds: float
 
 
+def rank_numbers(state: Any, sampler_state: dict[str, int],
+                 config: Config) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    """This rank's numbers as a checkpoint stores them: the names of its counters and of its
+    scalars and flags, then its counters and sampler row (int64) and its scalars and flags
+    (float64), in the order of the names."""
+    counters = fields.numbers(state, fields.COUNTER)
+    reals = {**fields.numbers(state, fields.SCALAR), **fields.numbers(state, fields.FLAG)}
+    ints = np.array([*counters.values(), *(sampler_state[k] for k in sampler_columns(config))], np.int64)
+    return list(counters), list(reals), ints, np.array(list(reals.values()), np.float64)
+
+
 def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool, model: Any,
          sampler: Any, window: np.ndarray, hidden: Any = None,
          before_commit: Callable[[], None] | None = None) -> None:
@@ -496,11 +507,9 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
     file is published (a debug fault, hpcopt.run.faults).
     """
     to_host = comm.backend.to_host
-    counts = fields.numbers(state, fields.COUNTER)
-    reals = {**fields.numbers(state, fields.SCALAR), **fields.numbers(state, fields.FLAG)}
-    sampler_row = [sampler.state()[k] for k in sampler_columns(at.config)]
-    all_ints = comm.gather(np.array([*counts.values(), *sampler_row], dtype=np.int64), LABEL)
-    all_reals = comm.gather(np.array(list(reals.values()), dtype=np.float64), LABEL) if reals else None
+    counts, reals, ints, real_values = rank_numbers(state, sampler.state(), at.config)
+    all_ints = comm.gather(ints, LABEL)
+    all_reals = comm.gather(real_values, LABEL) if reals else None
     all_window = comm.gather(window, LABEL)
     vectors = {name: getattr(state, name) for name in fields.present(state, fields.VECTOR)}
     if not synchronized:
@@ -616,5 +625,5 @@ def restore_counters(rows: list[CommRow], comm: Comm) -> None:
 __all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint",
            "stored_config", "opened", "damaged", "header_attrs", "write_model", "publish", "comm_rows",
            "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "checkpoints",
-           "run_id_of", "prune", "save",
+           "run_id_of", "prune", "save", "rank_numbers",
            "restore", "restore_counters", "Position", "FORMAT", "VERSION"]

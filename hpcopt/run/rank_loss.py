@@ -116,17 +116,13 @@ class RankLossRecovery:
         policies = fields.rescale_policies(state)
         rows = {name: to_host(getattr(state, name)).copy() for name in fields.present(state, fields.VECTOR)
                 if policies[name] != fields.REFUSE}  # refused fields are idle here: reset
-        counters = fields.numbers(state, fields.COUNTER)
-        reals = {**fields.numbers(state, fields.SCALAR), **fields.numbers(state, fields.FLAG)}
-        sampler = session.workload.problem.sampler.state()
+        _, _, ints, reals = ckpt_io.rank_numbers(state, session.workload.problem.sampler.state(), config)
         writer = session.files.writer if session.files else None
         self.snapshots = [*self.snapshots[-1:], Snapshot(
             tick=tick, step=state.step, trace_rows=writer.rows if writer else 0,
             model=to_host(state.x).copy(),
             synchronized=session.algorithm.synchronized(state), rows=rows,
-            numbers={"ints": np.array([*counters.values(), *(sampler[k] for k in
-                                                             ckpt_io.sampler_columns(config))], np.int64),
-                     "reals": np.array(list(reals.values()), np.float64)},
+            numbers={"ints": ints, "reals": reals},
             window=session.window.fold(),
             shared={n: to_host(getattr(state, n)).copy() for n in fields.present(state, fields.SHARED)})]
 
@@ -200,8 +196,8 @@ def _gathered(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> c
     state = session.state
     ints = comm.allgather(snapshot.numbers["ints"], LABEL)
     reals = comm.allgather(snapshot.numbers["reals"], LABEL)
-    counters = list(fields.numbers(state, fields.COUNTER))
-    scalars = [*fields.numbers(state, fields.SCALAR), *fields.numbers(state, fields.FLAG)]
+    counters, scalars, _, _ = ckpt_io.rank_numbers(state, session.workload.problem.sampler.state(),
+                                                   session.config)
     rows = {name: comm.allgather(values, LABEL) for name, values in snapshot.rows.items()}
     model = snapshot.model
     if not snapshot.synchronized:  # mid-round (streaming): the survivors' models, averaged
