@@ -4,8 +4,9 @@ For runs R1..Rk it writes, into one directory:
 
 - ``steps.png``, ``rounds.png``, ``bytes.png``, ``wall.png``: training loss (top) and test
   accuracy (bottom) against local steps, averaging rounds, megabytes communicated (rank 0, all
-  labels) and wall time; one line per run in every panel, labelled by the settings that differ
-  between the runs (``interval=8, lr=0.05``), or by run directory when none do;
+  labels) and wall time; one line per run in every panel, of the run's own colour, line style
+  and marker (``run_style``), labelled by the settings that differ between the runs
+  (``interval=8, lr=0.05``), or by run directory when none do;
 - ``report.md``: a markdown table of the final figures of every run;
   every file is written by rename (``safe_files.replacing``): a link or FIFO planted at its name
   is replaced, never written through;
@@ -195,24 +196,48 @@ def _figure_classes() -> tuple[Any, Any]:
     return Figure, FormatStrFormatter
 
 
-#: Line colours (matplotlib's tab10); past ten runs the line style tells runs of one colour apart.
+#: Line colours (matplotlib's tab10), line styles and markers: a run takes the next of each
+#: (``run_style``), so past ten runs the style and the marker tell runs of one colour apart.
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
 LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # 7: prime to 10, so runs of one colour differ
+MARKER_SIZE = 5
+#: Markers drawn along a curve of many rows (the accuracy panel's few evaluations get one each).
+MARKS_PER_CURVE = 8
 #: The figure's size in inches: two panels, and the legend beside them (never over a curve).
 FIGURE_SIZE = (11, 7.5)
+#: Height of a legend entry at the legend's font size, in inches (measured: 0.188).
+LEGEND_ROW_INCHES = 0.19
 
 
-def line_style(run: int) -> dict[str, str]:
-    """Colour and line style of the ``run``-th run: both change from one run to the next (curves
-    that lie on top of each other stay apart), and the pair is unique for the first 40 runs."""
+def run_style(run: int) -> dict[str, Any]:
+    """Colour, line style and marker of the ``run``-th run, the same in every panel of a report.
+
+    Each of the three changes from one run to the next (curves that lie on top of each other
+    stay apart), and runs of one colour (``run`` apart by a multiple of 10) differ in both line
+    style and marker up to 40 runs: the style turns one step further every ten runs, and the
+    marker cycle (7) is prime to the colour cycle (10), so (colour, marker) is unique up to 70.
+    """
     return {"color": COLOURS[run % len(COLOURS)],
-            "linestyle": LINE_STYLES[(run + run // len(COLOURS)) % len(LINE_STYLES)]}
+            "linestyle": LINE_STYLES[(run + run // len(COLOURS)) % len(LINE_STYLES)],
+            "marker": MARKERS[run % len(MARKERS)], "markersize": MARKER_SIZE}
 
 
-def one_point(x: Any) -> dict[str, Any]:
-    """A marker for a line of one row (a short run traced once), which a line alone leaves unseen."""
-    return {"marker": "o", "markersize": 4} if len(x) == 1 else {}
+def figure_size(lines: int) -> tuple[float, float]:
+    """``FIGURE_SIZE``, taller where a legend of ``lines`` entries (one column) would not fit
+    beside the panels (past about 37 runs)."""
+    width, height = FIGURE_SIZE
+    return width, max(height, LEGEND_ROW_INCHES * lines + 0.3)  # + the legend's frame, margins
+
+
+def spaced_marks(run: int, rows: int) -> tuple[int, int]:
+    """``markevery`` for the ``run``-th curve of ``rows`` points: about ``MARKS_PER_CURVE``
+    markers (one on every point of a shorter curve); on curves of ``2 * MARKS_PER_CURVE`` rows
+    or more each run's start a point later than the run before's, so curves that coincide show
+    both runs' markers."""
+    every = max(1, rows // MARKS_PER_CURVE)
+    return run % every, every
 
 
 def log_labels(axis: Any) -> None:
@@ -231,16 +256,19 @@ def log_labels(axis: Any) -> None:
 
 
 def legend_beside(fig: Any, ax: Any) -> None:
-    """The legend of ``ax``'s lines to the right of the panels, outside them."""
+    """The legend of ``ax``'s lines to the right of the panels, outside them; its handles long
+    enough to show each line style with the marker on it."""
     if ax.get_lines():
-        fig.legend(handles=ax.get_lines(), loc="outside right upper", fontsize="small")
+        fig.legend(handles=ax.get_lines(), loc="outside right upper", fontsize="small",
+                   handlelength=3.5)
 
 
-def _panel_figures(axes: Sequence[Axis]) -> Iterator[tuple[Axis, Any, Any, Any]]:
-    """For each x axis: (axis, figure, top panel, bottom panel), the panels sharing x."""
+def _panel_figures(axes: Sequence[Axis], runs: int) -> Iterator[tuple[Axis, Any, Any, Any]]:
+    """For each x axis: (axis, figure, top panel, bottom panel) for ``runs`` runs, the panels
+    sharing x."""
     Figure, _ = _figure_classes()
     for axis in axes:
-        fig = Figure(figsize=FIGURE_SIZE, layout="constrained")
+        fig = Figure(figsize=figure_size(runs), layout="constrained")
         top, bottom = fig.subplots(2, 1, sharex=True)
         yield axis, fig, top, bottom
 
@@ -251,18 +279,19 @@ def figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str, Any]:
         return pipeline_figures(traces, labels)
     column, metric = _metric(traces)
     out = {}
-    for axis, fig, loss_ax, acc_ax in _panel_figures(AXES):
+    for axis, fig, loss_ax, acc_ax in _panel_figures(AXES, len(traces)):
         for run, (trace, label) in enumerate(zip(traces, labels)):
             x = axis.rows(trace)
-            style = line_style(run)
-            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4, **one_point(x), **style)
+            style = run_style(run)
+            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4,
+                         markevery=spaced_marks(run, len(x)), **style)
             evaluated = np.isfinite(trace.columns[column])
             ex = list(x[evaluated])
             ey = list(trace.columns[column][evaluated])
             if trace.summary and isinstance(trace.summary.get(column), float):
                 ex.append(axis.final(trace))
                 ey.append(trace.summary[column])
-            acc_ax.plot(ex, ey, marker="o", markersize=4, linewidth=1.4, label=label, **style)
+            acc_ax.plot(ex, ey, linewidth=1.4, label=label, **style)
         loss_ax.set(ylabel="training loss (mean over ranks)", yscale="log", xscale=axis.scale,
                     title=f"Training loss and {metric} against {axis.label}")
         acc_ax.set(xlabel=axis.label, ylabel=metric)
@@ -284,12 +313,12 @@ def pipeline_figures(traces: Sequence[Trace], labels: Sequence[str]) -> dict[str
     ideal dashed (bottom), against iterations, wall time and modelled pipeline time."""
     positive = all((trace.columns["loss_mean"] > 0).all() for trace in traces)
     out = {}
-    for axis, fig, loss_ax, bubble_ax in _panel_figures(PIPELINE_AXES):
+    for axis, fig, loss_ax, bubble_ax in _panel_figures(PIPELINE_AXES, len(traces)):
         for run, (trace, label) in enumerate(zip(traces, labels)):
             x = axis.rows(trace)
-            style = line_style(run)
-            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4, **style)
-            bubble_ax.plot(x, 100 * trace.columns["bubble"], linewidth=1.4, **style)
+            style, marks = run_style(run), spaced_marks(run, len(x))
+            loss_ax.plot(x, trace.columns["loss_mean"], label=label, linewidth=1.4, markevery=marks, **style)
+            bubble_ax.plot(x, 100 * trace.columns["bubble"], linewidth=1.4, markevery=marks, **style)
             bubble_ax.plot(x, 100 * trace.columns["bubble_ideal"], color=style["color"],
                            linestyle="--", linewidth=1)
         loss_ax.set(ylabel="loss f(x) (no smoothing)", yscale="log" if positive else "linear",
@@ -317,17 +346,17 @@ def interval_figure(traces: Sequence[Trace]) -> Any:
     for trace, setting in zip(finished, chosen):
         label = ", ".join(f"{k}={text(setting.get(k))}" for k in keys) or "every run"
         groups.setdefault(label, []).append((float(setting.get("interval", math.nan)), trace))
-    fig = Figure(figsize=FIGURE_SIZE, layout="constrained")
+    fig = Figure(figsize=figure_size(len(groups)), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     values = ((top, lambda t: _final(t, column)), (bottom, lambda t: _final(t, "bytes") / MB))
     for group, (label, members) in enumerate(groups.items()):
         intervals = sorted({interval for interval, _ in members})
-        style = line_style(group)
+        style = run_style(group)
         for ax, value in values:
             means = [float(np.mean([value(t) for i, t in members if i == x])) for x in intervals]
-            ax.plot(intervals, means, marker="o", markersize=4, linewidth=1.4, label=label, **style)
+            ax.plot(intervals, means, linewidth=1.4, label=label, **style)
             ax.scatter([i for i, _ in members], [value(t) for _, t in members], s=14, alpha=0.5,
-                       color=style["color"])
+                       color=style["color"], marker=style["marker"])
     top.set(ylabel=f"final {metric}", title=f"Final {metric} and bytes against the averaging interval\n"
             f"({len(finished)} finished runs: a dot each; lines: means over seeds)")
     bottom.set(xlabel="averaging interval I (local steps per round)", ylabel="MB communicated (rank 0)",

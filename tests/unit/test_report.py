@@ -16,6 +16,7 @@ from hpcopt.io.report import (
     figures,
     load_traces,
     run_labels,
+    run_style,
     write_report,
 )
 from hpcopt.io.trace import read_trace
@@ -270,7 +271,7 @@ def test_one_child_process_checks_every_trace_of_a_report(two_runs, monkeypatch)
 
 def test_runs_traced_once_are_drawn_and_no_report_warns(tmp_path):
     """README's example (two 8-step runs: one trace row each) draws a marker per run in the loss
-    panel, where a line of one point showed nothing; and matplotlib warns of nothing for 2-12 runs."""
+    panel, where a line of one point showed nothing; and matplotlib warns of nothing for 2-40 runs."""
     from hpcopt import train
     from hpcopt.comm import Comm
 
@@ -285,20 +286,59 @@ def test_runs_traced_once_are_drawn_and_no_report_warns(tmp_path):
     traces = load_traces(paths)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for count in (2, 7, 12):
+        for count in (2, 7, 12, 40):
             many = (traces * 6)[:count]
             for name, fig in figures(many, run_labels(many)).items():
                 fig.savefig(tmp_path / f"{count}-{name}.png")
     loss = figures(traces, run_labels(traces))["steps"].axes[0]
     assert [len(line.get_xdata()) for line in loss.get_lines()] == [1, 1]
-    assert all(line.get_marker() == "o" for line in loss.get_lines())
+    assert [line.get_marker() for line in loss.get_lines()] == [run_style(run)["marker"] for run in (0, 1)]
+    assert all(line.get_markersize() > 0 for line in loss.get_lines())
 
 
-def test_neighbouring_runs_differ_in_colour_and_line_style():
+def test_neighbouring_runs_differ_in_colour_line_style_and_marker():
     """Runs whose curves coincide (on one rank, runs that differ only in the interval) stay
-    apart: each run's line style differs from the one before, and 40 runs have 40 pairs."""
-    from hpcopt.io.report import line_style
+    apart: each run's colour, line style and marker differ from the run before's; runs of one
+    colour differ in both line style and marker up to 40 runs."""
+    styles = [run_style(run) for run in range(40)]
+    for key in ("color", "linestyle", "marker"):
+        assert all(a[key] != b[key] for a, b in zip(styles, styles[1:])), key
+    for colour in {s["color"] for s in styles}:
+        same = [s for s in styles if s["color"] == colour]
+        assert len(same) == 4
+        assert len({s["linestyle"] for s in same}) == len({s["marker"] for s in same}) == 4
 
-    styles = [line_style(run) for run in range(40)]
-    assert all(a["linestyle"] != b["linestyle"] for a, b in zip(styles, styles[1:]))
-    assert len({(s["color"], s["linestyle"]) for s in styles}) == 40
+
+def _line_styles(ax):
+    return [(line.get_color(), line.get_linestyle(), line.get_marker()) for line in ax.get_lines()]
+
+
+@pytest.mark.parametrize("count", [12, 30])
+def test_every_run_of_a_report_has_its_own_style_in_every_panel(two_runs, count):
+    """12 and 30 runs: (colour, line style, marker) differ between any two runs, a run keeps its
+    own in both panels of every plot and in the legend, and the accuracy panel's markers tell
+    neighbouring runs apart (it drew one marker, "o", for every run)."""
+    traces = (load_traces(two_runs) * count)[:count]
+    labels = [f"run {i}" for i in range(count)]
+    for name, fig in figures(traces, labels).items():
+        loss, accuracy = fig.axes
+        styles = _line_styles(loss)
+        assert len(styles) == count and len(set(styles)) == count, name
+        assert _line_styles(accuracy) == styles, name
+        legend, = fig.legends
+        assert [(h.get_color(), h.get_linestyle(), h.get_marker()) for h in legend.legend_handles] == styles
+        markers = [line.get_marker() for line in accuracy.get_lines()]
+        assert all(a != b for a, b in zip(markers, markers[1:])), markers
+
+
+@pytest.mark.parametrize("count", [40, 60])
+def test_the_legend_of_many_runs_fits_beside_the_panels(two_runs, count):
+    """A legend too tall for the figure would lose its last runs past the edge: the figure
+    grows instead, and the legend stays inside it and off the panels."""
+    traces = (load_traces(two_runs) * count)[:count]
+    fig = figures(traces, [f"algorithm=diloco, interval={i}, seed=3" for i in range(count)])["steps"]
+    renderer = _drawn(fig)
+    legend, = fig.legends
+    box, whole = legend.get_window_extent(renderer), fig.bbox
+    assert whole.y0 <= box.y0 and box.y1 <= whole.y1 and box.x1 <= whole.x1
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
