@@ -39,13 +39,13 @@ class FakeDeviceArray:
     nbytes = property(lambda self: self.host.nbytes)
     itemsize = property(lambda self: self.host.itemsize)
 
-    def reshape(self, *shape: Any) -> "FakeDeviceArray":
+    def reshape(self, *shape: Any) -> FakeDeviceArray:
         return FakeDeviceArray(self.host.reshape(*shape), self.events)
 
-    def __getitem__(self, index: Any) -> "FakeDeviceArray":
+    def __getitem__(self, index: Any) -> FakeDeviceArray:
         return FakeDeviceArray(self.host[index], self.events)
 
-    def __itruediv__(self, value: float) -> "FakeDeviceArray":
+    def __itruediv__(self, value: float) -> FakeDeviceArray:
         self.host /= value
         return self
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import tracemalloc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def peak_allocation(call: Callable[[], Any]) -> tuple[Any, int]:

@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hpcopt.config import build_config
+from hpcopt import train
 from hpcopt.comm.mpi_support import cuda_aware_mpi
 from hpcopt.comm.staging import DeviceTransport, PathChoice, choose_path, env_flag
-from hpcopt import train
+from hpcopt.config import build_config
 from tests.reference import celgc_reference, prsgd_reference, worker_parts
 from tests.runs import fresh_train
 

@@ -10,10 +10,10 @@ import pytest
 from hpcopt.algorithms.pprs import PPRS, PipelinedAGD
 from hpcopt.backend import get_backend
 from hpcopt.comm import node_layout
+from hpcopt.comm.staging import DeviceTransport, PathChoice
 from hpcopt.config import build_config
 from hpcopt.problems.l1_chain import l1_chain
 from hpcopt.problems.staged import setup_stage
-from hpcopt.comm.staging import DeviceTransport, PathChoice
 from tests.gpu.test_gpu_mpi import straight_through_or_skip
 from tests.runs import PIPELINE_TIME_COLUMNS, fresh_pipeline
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hpcopt import train
 from hpcopt.bench import run_bench
 from hpcopt.bench.allreduce import measure
-from hpcopt.config import build_config
 from hpcopt.comm.costmodel import SETUP_LABELS, comm_modelled, get_profile, trace_comm_seconds, trace_modelled
+from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
-from hpcopt import train
 
 pytestmark = pytest.mark.mpi
 

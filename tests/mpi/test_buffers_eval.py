@@ -9,7 +9,6 @@ and a resume may not change it. On CPU, and on the GPU (compared on host copies)
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

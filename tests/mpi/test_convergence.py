@@ -8,11 +8,11 @@ import pytest
 
 from hpcopt.algorithms.local_sgd import LocalSGD
 from hpcopt.algorithms.schedules import Schedule
-from tests.reference import options_of
 from hpcopt.data.partition import iid_partition
 from hpcopt.data.sampler import MinibatchSampler
 from hpcopt.data.synthetic import least_squares, logistic_regression
 from tests.conftest import host, use_device
+from tests.reference import options_of
 
 pytestmark = pytest.mark.mpi
 

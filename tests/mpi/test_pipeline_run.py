@@ -3,7 +3,6 @@ checkpoints, traffic per iteration, the rank-count check before any work."""
 
 from __future__ import annotations
 
-
 import h5py
 import numpy as np
 import pytest

@@ -4,9 +4,9 @@ CPU and (tests taking ``device``) on the GPU, whose results are compared on host
 import numpy as np
 import pytest
 
+from hpcopt import train
 from hpcopt.build import build_run
 from hpcopt.config import build_config
-from hpcopt import train
 from tests.conftest import data_pointer, host, on_devices, use_device
 from tests.reference import minibatch_sgd_reference, prsgd_reference
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcopt.config import build_config
 from hpcopt import train
+from hpcopt.config import build_config
 from tests.conftest import host, on_devices
 from tests.reference import celgc_reference, naive_clip_reference, worker_parts
 

@@ -4,14 +4,13 @@ same on every rank; on CPU and on the GPU."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
+from hpcopt import train
 from hpcopt.config import build_config
 from hpcopt.io.trace import read_trace
 from hpcopt.problems.language_model import LMEvaluation
-from hpcopt import train
 from tests.conftest import host
 from tests.mpi.lm_corpus import write_tiny_ptb
 from tests.reference import celgc_reference, worker_parts

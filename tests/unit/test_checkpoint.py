@@ -19,13 +19,18 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.flat import ParamLayout
-from hpcopt.io.data_parallel_checkpoint import (Checkpoint, find_checkpoint, prune, read_checkpoint,
-                                                restore, write_checkpoint)
+from hpcopt.io.data_parallel_checkpoint import (
+    Checkpoint,
+    find_checkpoint,
+    prune,
+    read_checkpoint,
+    restore,
+    write_checkpoint,
+)
 from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
 from tests import crafted
 from tests.command_line import ROOT
-
 
 
 def synthetic(d: int = 6, world_size: int = 2, value: float = 1.0, mid_round: bool = True,
@@ -178,8 +183,8 @@ def test_trace_survives_kill_9_with_every_flushed_row(tmp_path):
 @pytest.fixture(scope="module")
 def good_checkpoint(tmp_path_factory):
     """A real checkpoint of a 1-rank run that ended mid-round, with momentum."""
-    from hpcopt.comm import Comm
     from hpcopt import train
+    from hpcopt.comm import Comm
 
     out = tmp_path_factory.mktemp("good")
     config = build_config(None, {"dataset": "digits", "hidden": "12", "steps": "6", "interval": "4",

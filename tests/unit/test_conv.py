@@ -6,8 +6,20 @@ import numpy as np
 import pytest
 
 from hpcopt.backend import array_module
-from hpcopt.nn import (AvgPool2d, BatchNorm, Conv2d, Flatten, GlobalAvgPool2d, Linear, MaxPool2d,
-                       ReLU, Sequential, plain_cnn, resnet, softmax_cross_entropy)
+from hpcopt.nn import (
+    AvgPool2d,
+    BatchNorm,
+    Conv2d,
+    Flatten,
+    GlobalAvgPool2d,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    Sequential,
+    plain_cnn,
+    resnet,
+    softmax_cross_entropy,
+)
 from hpcopt.nn.models import basic_block
 from tests.conftest import host
 from tests.gradcheck import numeric_grad

@@ -32,7 +32,7 @@ def test_oracle_carries_the_hidden_state_and_resets_it_each_epoch(xp):
     windows = problem.sampler.windows_per_epoch  # 49 inputs per stream: 9 windows
     grads, expected_grads = xp.zeros_like(params), xp.zeros_like(params)
     reference = BpttSampler(streams, 6)
-    for epoch in range(2):
+    for _epoch in range(2):
         state = model.initial_state(4, xp)
         for _ in range(windows):
             inputs, targets = reference.next_window()

@@ -63,7 +63,7 @@ def test_tied_model_has_one_shared_matrix_and_ties_the_last_layer_width(xp):
     untied, _, _ = make_model(tie=False, xp=xp, layers=2, embed=4, hidden=5)
     assert tied.layout.names == ["embedding.weight", "lstm1.weight", "lstm1.bias",
                                  "lstm2.weight", "lstm2.bias", "decoder.bias"]
-    assert [(l.inputs, l.hidden) for l in tied.lstms] == [(4, 5), (5, 4)]
+    assert [(layer.inputs, layer.hidden) for layer in tied.lstms] == [(4, 5), (5, 4)]
     assert dict(tied.layout.entries)["lstm2.weight"] == (5 + 4, 4 * 4)
     assert dict(untied.layout.entries)["decoder.weight"] == (5, 7)
     assert xp.shares_memory(tied.decoder.params["weight"], params)  # E^T is a view, not a copy

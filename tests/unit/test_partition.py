@@ -15,7 +15,6 @@ from hpcopt.data.partition import (
 )
 from hpcopt.errors import HpcoptError
 
-
 BALANCED_KINDS = ("block", "iid")
 
 

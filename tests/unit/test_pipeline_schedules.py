@@ -3,8 +3,16 @@
 import pytest
 
 from hpcopt.errors import HpcoptError
-from hpcopt.pipeline import (BACKWARD, FORWARD, KINDS, ideal_bubble, max_in_flight, schedule,
-                             schedules, simulate)
+from hpcopt.pipeline import (
+    BACKWARD,
+    FORWARD,
+    KINDS,
+    ideal_bubble,
+    max_in_flight,
+    schedule,
+    schedules,
+    simulate,
+)
 
 SMALL = [(d, k) for d in range(1, 9) for k in (1, 2, 3, 7, 8, 9, 16, 33)]
 

@@ -6,13 +6,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hpcopt.comm import staging
 from hpcopt.backend import CPU, Backend, get_backend, gpu_for_local_rank
+from hpcopt.comm import staging
+from hpcopt.comm.mpi_support import singleton_environment
+from hpcopt.comm.staging import (
+    HOST_PATH,
+    PathChoice,
+    choose_path,
+    env_flag,
+    gpu_report,
+    run_selftest,
+    transport_for,
+)
 from hpcopt.config import build_config, check_resume
 from hpcopt.errors import HpcoptError
-from hpcopt.comm.mpi_support import singleton_environment
-from hpcopt.comm.staging import (HOST_PATH, PathChoice, choose_path, env_flag, gpu_report,
-                            run_selftest, transport_for)
 from tests.fake_device import FakeDeviceBackend
 
 AWARE, SELFTEST = "HPCOPT_GPU_AWARE_MPI", "HPCOPT_GPU_SELFTEST"

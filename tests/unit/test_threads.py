@@ -8,8 +8,14 @@ import pytest
 import threadpoolctl
 
 from hpcopt.run import threads
-from hpcopt.run.threads import (THREAD_VARIABLES, ThreadChoice, available_cores, configure_threads,
-                            threads_per_rank, user_thread_setting)
+from hpcopt.run.threads import (
+    THREAD_VARIABLES,
+    ThreadChoice,
+    available_cores,
+    configure_threads,
+    threads_per_rank,
+    user_thread_setting,
+)
 
 
 @pytest.fixture

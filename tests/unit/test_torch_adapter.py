@@ -15,9 +15,9 @@ from hpcopt.errors import HpcoptError  # noqa: E402
 from hpcopt.torch import (  # noqa: E402
     TensorData,
     TorchModel,
-    torch_workload,
     load_state_dict,
     save_state_dict,
+    torch_workload,
 )
 from hpcopt.torch.adapter import SPLIT  # noqa: E402
 

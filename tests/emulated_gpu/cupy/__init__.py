@@ -29,7 +29,6 @@ from typing import Any
 import numpy as _np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-
 __version__ = "0.0.0+emulated"
 EMULATED = True
 
@@ -157,7 +156,7 @@ class ndarray(NDArrayOperatorsMixin):
     def __repr__(self) -> str:
         return f"emulated-device {self._host!r}"
 
-    def __deepcopy__(self, memo: Any) -> "ndarray":
+    def __deepcopy__(self, memo: Any) -> ndarray:
         return ndarray(self._host.copy())
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as _np
-
 import cupy
+import numpy as _np
 
 
 def empty_pinned(shape: Any, dtype: Any = float) -> _np.ndarray:
@@ -15,5 +14,5 @@ def empty_pinned(shape: Any, dtype: Any = float) -> _np.ndarray:
     return array
 
 
-def scatter_add(a: "cupy.ndarray", slices: Any, value: Any) -> None:
+def scatter_add(a: cupy.ndarray, slices: Any, value: Any) -> None:
     cupy.add.at(a, slices, value)
