@@ -39,17 +39,13 @@ from mpi4py import MPI
 from ..algorithms import state as fields
 from ..build import build_run
 from ..comm import Comm, ulfm
-from ..errors import HpcoptError
+from ..errors import EXIT_NOT_CONTINUED, HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io.rescale import rescaled
 
 if TYPE_CHECKING:
     from .data_parallel import DataParallelSession
 
-#: Exit codes: the job finished on the survivors of a lost rank, or a rank was lost and the
-#: survivors could not go on (docs/failures.md, "Exit codes").
-EXIT_CONTINUED = 5
-EXIT_NOT_CONTINUED = 6
 #: The communication label of the survivors' gathering of their snapshots.
 LABEL = "rank_loss"
 MODES = ("abort", "continue")

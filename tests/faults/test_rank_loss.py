@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcopt.run.rank_loss import EXIT_CONTINUED
+from hpcopt.errors import EXIT_CONTINUED
 from tests.faults.jobs import SMALL, run_job
 from tests.launcher import OPEN_MPI
 
