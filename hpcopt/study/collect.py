@@ -33,9 +33,9 @@ import csv
 import io
 import math
 import os
-from numbers import Integral
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 

@@ -43,7 +43,8 @@ def make_study(tmp_path: Path, options: list[str]) -> Path:
     return study
 
 
-@pytest.mark.parametrize("codes, returned", [((0, EXIT_CONTINUED), 0), ((EXIT_CONTINUED, EXIT_NOT_CONTINUED), 1)])
+@pytest.mark.parametrize("codes, returned", [((0, EXIT_CONTINUED), 0),
+                                             ((EXIT_CONTINUED, EXIT_NOT_CONTINUED), 1)])
 def test_sweep_local_counts_a_task_its_survivors_finished_as_finished(tmp_path, monkeypatch, capsys,
                                                                        codes, returned):
     """Fake tasks that exit with the codes given: 5 is finished, 6 is listed as not finished."""
@@ -91,12 +92,13 @@ def continued(run: Path, to: Path, lost: list[int], world_size: int, resumed_at:
         count = len(lost)
         for name, values in (("step", np.full(count, 14)), ("rank", np.array(lost)),
                              ("recover_seconds", np.full(count, 0.5)), ("round_step", np.full(count, 12))):
-            group.create_dataset(name, data=values.astype(np.float64 if name == "recover_seconds" else np.int64))
+            kind = np.float64 if name == "recover_seconds" else np.int64
+            group.create_dataset(name, data=values.astype(kind))
     return to
 
 
 def test_collect_notes_at_how_many_ranks_the_survivors_finished(run, tmp_path):
-    study = make_study(tmp_path, ["--dataset digits --seed 0", "--dataset digits --seed 1", "--dataset digits"])
+    study = make_study(tmp_path, [f"--dataset digits --seed {seed}" for seed in range(3)])
     continued(run, study / "runs" / "t0", [2], 4)
     continued(run, study / "runs" / "t1", [1, 3], 4, resumed_at="[8]")  # a resume may change the count
     shutil.copytree(run, study / "runs" / "t2")
