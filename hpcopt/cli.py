@@ -27,7 +27,7 @@ from .config import (
     require_named_model,
     sections,
 )
-from .errors import HpcoptError, abort_job
+from .errors import EXIT_CONTINUED, HpcoptError, abort_job
 
 
 class _Parser(argparse.ArgumentParser):
@@ -243,7 +243,6 @@ def run(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path}", flush=True)
         return 0
     from .run import train
-    from .run.rank_loss import EXIT_CONTINUED
     from .run.signals import exit_code
 
     summary, _ = train(config, comm, resume=args.resume, faults=args.faults,
@@ -258,7 +257,6 @@ def run(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: user errors exit 2 with one line from rank 0; crashes abort every rank;
     SIGTERM and SIGINT stop the run at a checkpoint or end the job (``hpcopt.run.signals``)."""
-    from .run.rank_loss import EXIT_CONTINUED
     from .run.signals import JobSignals
 
     with JobSignals() as signals:

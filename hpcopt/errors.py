@@ -7,6 +7,11 @@ import os
 import sys
 import time
 
+#: Exit codes of ``--on-rank-loss continue`` (docs/failures.md, "Exit codes"): the job finished
+#: on the survivors of a lost rank, or a rank was lost and the survivors could not go on.
+EXIT_CONTINUED = 5
+EXIT_NOT_CONTINUED = 6
+
 
 class HpcoptError(Exception):
     """Bad configuration, a bad or damaged input file, or an impossible request.

@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = table(abort)
     continued, survivors = "", []
     if args.ulfm_python:
-        from hpcopt.run.rank_loss import EXIT_CONTINUED
+        from hpcopt.errors import EXIT_CONTINUED
 
         survived = args.runs / "continue"
         study(survived, study_text(args, "continue"), shlex.split(args.ulfm_launcher), args.ulfm_python,

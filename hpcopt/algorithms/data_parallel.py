@@ -192,6 +192,11 @@ class ScheduledSGD:
         """Whether every rank holds the same x (at a round boundary)."""
         return state.steps_in_round == 0
 
+    def round_ends(self, state: DataParallelState, tick: int) -> bool:
+        """Whether clock tick ``tick`` ends a round (where ``--on-rank-loss continue`` keeps its
+        snapshots): without an interval, wherever every rank holds the same x."""
+        return self.synchronized(state)
+
     def finish(self, state: DataParallelState, comm: Comm, label: str) -> None:
         """End a run mid-round: x and the batch-norm statistics averaged as at a round (no
         momentum policy, no round counted)."""
@@ -263,6 +268,10 @@ class Rounds(ScheduledSGD):
             raise HpcoptError(f"second_moment_policy applies only to inner_optimizer adamw, "
                               f"not {self.inner_optimizer}")
         self.outer  # noqa: B018 - its checks
+
+    def round_ends(self, state: DataParallelState, tick: int) -> bool:
+        """Every I ticks (the models may differ there: CELGC's, a streaming run's)."""
+        return tick % self.interval == 0
 
     @property
     def outer(self) -> Outer:

@@ -483,15 +483,30 @@ class Position:
     wall_seconds: float
 
 
-def rank_numbers(state: Any, sampler_state: dict[str, int],
-                 config: Config) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
-    """This rank's numbers as a checkpoint stores them: the names of its counters and of its
-    scalars and flags, then its counters and sampler row (int64) and its scalars and flags
-    (float64), in the order of the names."""
+@dataclass(frozen=True)
+class RankNumbers:
+    """A rank's numbers as a checkpoint stores them: its counters and sampler row (``ints``,
+    int64) and its scalars and flags (``reals``, float64), in the order of their names."""
+
+    counters: tuple[str, ...]
+    scalars: tuple[str, ...]  # scalars and flags
+    ints: np.ndarray
+    reals: np.ndarray
+
+    def unpacked(self, ints: np.ndarray, reals: np.ndarray | None
+                 ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
+        """Every rank's ``ints`` and ``reals``, gathered (a row per rank), as a checkpoint holds
+        them: the counters, the sampler rows, the scalars and flags (none when ``reals`` is None)."""
+        scalars = {n: reals[:, i] for i, n in enumerate(self.scalars)} if reals is not None else {}
+        return {n: ints[:, i] for i, n in enumerate(self.counters)}, ints[:, len(self.counters):], scalars
+
+
+def rank_numbers(state: Any, sampler_state: dict[str, int], config: Config) -> RankNumbers:
+    """This rank's counters, sampler position, scalars and flags (``RankNumbers``)."""
     counters = fields.numbers(state, fields.COUNTER)
     reals = {**fields.numbers(state, fields.SCALAR), **fields.numbers(state, fields.FLAG)}
     ints = np.array([*counters.values(), *(sampler_state[k] for k in sampler_columns(config))], np.int64)
-    return list(counters), list(reals), ints, np.array(list(reals.values()), np.float64)
+    return RankNumbers(tuple(counters), tuple(reals), ints, np.array(list(reals.values()), np.float64))
 
 
 def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool, model: Any,
@@ -507,9 +522,9 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
     file is published (a debug fault, hpcopt.run.faults).
     """
     to_host = comm.backend.to_host
-    counts, reals, ints, real_values = rank_numbers(state, sampler.state(), at.config)
-    all_ints = comm.gather(ints, LABEL)
-    all_reals = comm.gather(real_values, LABEL) if reals else None
+    numbers = rank_numbers(state, sampler.state(), at.config)
+    all_ints = comm.gather(numbers.ints, LABEL)
+    all_reals = comm.gather(numbers.reals, LABEL) if numbers.scalars else None
     all_window = comm.gather(window, LABEL)
     vectors = {name: getattr(state, name) for name in fields.present(state, fields.VECTOR)}
     if not synchronized:
@@ -524,13 +539,11 @@ def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool
         return
     if all_ints is None or all_window is None:  # gathered to rank 0, where this runs
         raise RuntimeError("Comm.gather returned no rows on its root, rank 0")
+    counters, sampler_rows, scalars = numbers.unpacked(all_ints, all_reals)
     ckpt = Checkpoint(config=at.config, world_size=comm.size, tick=at.tick, run_id=at.run_id,
                       trace_rows=at.trace_rows, wall_seconds=at.wall_seconds, layout=at.layout,
-                      model=to_host(model),
-                      counters={n: all_ints[:, i] for i, n in enumerate(counts)},
-                      sampler=all_ints[:, len(counts):], window=all_window,
-                      scalars=({n: all_reals[:, i] for i, n in enumerate(reals)}
-                               if all_reals is not None else {}),
+                      model=to_host(model), counters=counters, sampler=sampler_rows, window=all_window,
+                      scalars=scalars,
                       shared={n: to_host(getattr(state, n)) for n in fields.present(state, fields.SHARED)})
     widths = {n: int(vectors[n].size) for n in names}
     failure: HpcoptError | None = None
@@ -625,5 +638,5 @@ def restore_counters(rows: list[CommRow], comm: Comm) -> None:
 __all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint",
            "stored_config", "opened", "damaged", "header_attrs", "write_model", "publish", "comm_rows",
            "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "checkpoints",
-           "run_id_of", "prune", "save", "rank_numbers",
+           "run_id_of", "prune", "save", "rank_numbers", "RankNumbers",
            "restore", "restore_counters", "Position", "FORMAT", "VERSION"]

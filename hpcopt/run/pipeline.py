@@ -192,6 +192,7 @@ class PipelineSession:
         self.checkpoint = ""
         self.resumed_from = ""
         self.files: RunFiles | None = None
+        self.rank_loss = None  # a lost stage ends the job (--on-rank-loss continue is refused)
 
     def _restore_window(self, window: np.ndarray) -> None:
         """The window since the last row (saved in checkpoints) and the run's running totals."""

@@ -39,17 +39,13 @@ from mpi4py import MPI
 from ..algorithms import state as fields
 from ..build import build_run
 from ..comm import Comm, ulfm
-from ..errors import HpcoptError
+from ..errors import EXIT_NOT_CONTINUED, HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io.rescale import rescaled
 
 if TYPE_CHECKING:
     from .data_parallel import DataParallelSession
 
-#: Exit codes: the job finished on the survivors of a lost rank, or a rank was lost and the
-#: survivors could not go on (docs/failures.md, "Exit codes").
-EXIT_CONTINUED = 5
-EXIT_NOT_CONTINUED = 6
 #: The communication label of the survivors' gathering of their snapshots.
 LABEL = "rank_loss"
 MODES = ("abort", "continue")
@@ -86,7 +82,7 @@ class Snapshot:
     model: np.ndarray                  # this rank's x (the round's average when synchronized)
     synchronized: bool                 # every rank holds the same x
     rows: dict[str, np.ndarray]        # per-rank vectors (not those with nothing in flight)
-    numbers: dict[str, np.ndarray]     # "ints": counters and sampler row; "reals": scalars, flags
+    numbers: ckpt_io.RankNumbers       # counters, sampler row, scalars and flags
     window: np.ndarray
     shared: dict[str, np.ndarray]
 
@@ -99,16 +95,14 @@ class RankLossRecovery:
     losses: list[RankLoss] = field(default_factory=list)
 
     def due(self, session: DataParallelSession, tick: int) -> bool:
-        """Whether ``tick`` ends a round (a multiple of the interval I; without one, a tick where
-        the ranks' models agree) with nothing in flight, and no snapshot holds it yet (the same
-        answer on every rank)."""
+        """Whether ``tick`` ends a round (the algorithm's ``round_ends``: a multiple of the
+        interval I; without one, a tick where the ranks' models agree) with nothing in flight (a
+        streaming fragment's reduction), and no snapshot holds it yet (the same answer on every
+        rank)."""
         state, algorithm = session.state, session.algorithm
         if self.snapshots and self.snapshots[-1].tick == tick:
             return False
-        if algorithm.in_flight(state):  # a streaming fragment's reduction
-            return False
-        interval = getattr(algorithm, "interval", None)
-        return tick % interval == 0 if interval else algorithm.synchronized(state)
+        return not algorithm.in_flight(state) and algorithm.round_ends(state, tick)
 
     def snapshot(self, session: DataParallelSession, tick: int) -> None:
         """Keep this rank's state at ``tick`` (after the runner finished the rows in flight)."""
@@ -116,13 +110,12 @@ class RankLossRecovery:
         policies = fields.rescale_policies(state)
         rows = {name: to_host(getattr(state, name)).copy() for name in fields.present(state, fields.VECTOR)
                 if policies[name] != fields.REFUSE}  # refused fields are idle here: reset
-        _, _, ints, reals = ckpt_io.rank_numbers(state, session.workload.problem.sampler.state(), config)
         writer = session.files.writer if session.files else None
         self.snapshots = [*self.snapshots[-1:], Snapshot(
             tick=tick, step=state.step, trace_rows=writer.rows if writer else 0,
             model=to_host(state.x).copy(),
             synchronized=session.algorithm.synchronized(state), rows=rows,
-            numbers={"ints": ints, "reals": reals},
+            numbers=ckpt_io.rank_numbers(state, session.workload.problem.sampler.state(), config),
             window=session.window.fold(),
             shared={n: to_host(getattr(state, n)).copy() for n in fields.present(state, fields.SHARED)})]
 
@@ -193,11 +186,9 @@ def _rebuilt(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> Da
 
 def _gathered(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> ckpt_io.Checkpoint:
     """Every survivor's ``snapshot`` as one checkpoint of ``comm.size`` ranks (collective)."""
-    state = session.state
-    ints = comm.allgather(snapshot.numbers["ints"], LABEL)
-    reals = comm.allgather(snapshot.numbers["reals"], LABEL)
-    counters, scalars, _, _ = ckpt_io.rank_numbers(state, session.workload.problem.sampler.state(),
-                                                   session.config)
+    ints = comm.allgather(snapshot.numbers.ints, LABEL)
+    reals = comm.allgather(snapshot.numbers.reals, LABEL)
+    counters, sampler, scalars = snapshot.numbers.unpacked(ints, reals)
     rows = {name: comm.allgather(values, LABEL) for name, values in snapshot.rows.items()}
     model = snapshot.model
     if not snapshot.synchronized:  # mid-round (streaming): the survivors' models, averaged
@@ -207,11 +198,9 @@ def _gathered(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> c
         config=session.config, world_size=comm.size, tick=snapshot.tick,
         run_id=session.files.run_id if session.files else "", trace_rows=snapshot.trace_rows,
         wall_seconds=0.0, layout=session.workload.layout, model=model,
-        counters={name: ints[:, i] for i, name in enumerate(counters)},
-        sampler=ints[:, len(counters):], window=comm.allgather(snapshot.window, LABEL),
+        counters=counters, sampler=sampler, window=comm.allgather(snapshot.window, LABEL),
         comm=comm.stats.stored_rows(), rows=rows, ranks=tuple(range(comm.size)),
-        path=Path(f"the snapshot of step {snapshot.tick}"),
-        scalars={name: reals[:, i] for i, name in enumerate(scalars)}, shared=snapshot.shared)
+        path=Path(f"the snapshot of step {snapshot.tick}"), scalars=scalars, shared=snapshot.shared)
 
 
 def _error_name(exc: BaseException) -> str:

@@ -87,6 +87,21 @@ class RunFiles:
         return self.wall_before + time.perf_counter() - self.started
 
 
+class RankLossHandler(Protocol):
+    """How a session goes on without a lost rank (``--on-rank-loss continue``:
+    ``hpcopt.run.rank_loss.RankLossRecovery``)."""
+
+    def due(self, session: Any, tick: int) -> bool:
+        """Whether to keep a snapshot at ``tick`` (the same answer on every rank)."""
+
+    def snapshot(self, session: Any, tick: int) -> None:
+        """Keep this rank's state at ``tick`` in memory (no communication)."""
+
+    def recover(self, session: Any, exc: BaseException) -> tuple[Any, int]:
+        """Collective on the survivors of ``exc``'s lost rank: the session rebuilt on them and
+        the tick it goes on from."""
+
+
 class Session(Protocol):
     """One rank's side of a run, as the runner drives it. Methods marked collective are
     called on every rank in the same order."""
@@ -95,6 +110,10 @@ class Session(Protocol):
     comm: Comm       # the communicator it runs on (after a lost rank, the survivors')
     state: Any       # the algorithm's state on this rank, from start() (``hpcopt.train`` returns it)
     checkpoint: str  # the newest checkpoint written ("" for none)
+
+    @property
+    def rank_loss(self) -> RankLossHandler | None:
+        """How it survives a lost rank (None: the loss ends the job)."""
 
     def progress(self) -> int:
         """Steps this rank has taken (the stall watchdog's measure of progress)."""
@@ -249,7 +268,7 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
     every round's end, and a lost rank makes the survivors go on from the last one."""
     progress = Progress(session.ticks.total, show)
     tick = ckpt.tick if ckpt else 0
-    recovery = getattr(session, "rank_loss", None)
+    recovery = session.rank_loss
     stall_timeout = files.config.run.stall_timeout
     with contextlib.ExitStack() as watch:
         watch.enter_context(watching(comm, stall_timeout, session.progress))
@@ -286,7 +305,7 @@ def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal
            progress: Progress) -> tuple[Any, int, float]:
     """The steps from ``tick`` to the end (or a stop signal), the last rows and the final
     evaluation: (the final evaluation or None when stopped, the stop signal, the train loss)."""
-    ticks, recovery = session.ticks, getattr(session, "rank_loss", None)
+    ticks, recovery = session.ticks, session.rank_loss
     train_loss, report_due, stop = math.nan, False, 0
     step, evaluate, save, final_of = session.step, session.evaluate, session.save, session.final
     timeline = files.timeline

@@ -4,10 +4,12 @@ A DIR is a study directory (its tasks, in manifest order, started or not), a run
 a directory of run directories. Every trace is read by a child process first, as ``report``
 does (hpcopt.io.vet); a trace it refuses becomes a note in its run's row. A run's state:
 
-- ``finished``: its trace holds the end-of-run summary (or its task exited 0);
+- ``finished``: its trace holds the end-of-run summary (or its task exited 0, or 5: finished on
+  the survivors of a lost rank, ``--on-rank-loss continue``);
 - ``stopped``: its task exited 143 (SIGTERM: a checkpoint was written) or 130 (SIGINT);
-- ``failed``: its task exited otherwise (the note has the log's last error line), or ended
-  without recording its exit (its record is no longer locked: killed, or its node died);
+- ``failed``: its task exited otherwise (the note has the log's last error line; 6: a rank was
+  lost and the survivors could not go on), or ended without recording its exit (its record is
+  no longer locked: killed, or its node died);
 - ``running``: its task's process holds the lock on its record;
 - ``not started``: a task of the study with no run directory and no record yet;
 - ``incomplete``: anything else that has not finished (a run outside a study, or on a file
@@ -20,7 +22,7 @@ node and those across nodes) and per label (rank 0), the peak bytes in flight (w
 run's trace has that column: Streaming DiLoCo's fragments), wall seconds, measured and, with
 ``--network``, modelled communication seconds, (where a run lost a rank) the ranks lost, the
 steps lost and the seconds to recover (hpcopt.study.recovery), the newest checkpoint (to resume
-from), a note.
+from), a note (where the survivors of a lost rank went on: at how many ranks, without which).
 Paths inside the output directory are written relative to it.
 """
 
@@ -31,9 +33,9 @@ import csv
 import io
 import math
 import os
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,10 @@ from ..algorithms.streaming import PEAK_COLUMN as PEAK
 from ..errors import HpcoptError
 from ..io.safe_files import open_regular, write_replacing
 from .layout import Entry, is_study, lock_held, log_path, read_manifest, read_record, record_path
+from .outcome import FAILED, FINISHED, ended
 from .recovery import COLUMNS as RECOVERY
 from .recovery import Recovery, recovery
 
-STOPPED = {128 + signal.SIGTERM: "SIGTERM", 128 + signal.SIGINT: "SIGINT"}
 #: Bytes read from the end of a task's log for the note of a failed run.
 LOG_TAIL = 8192
 
@@ -132,7 +134,7 @@ def state(row: Row) -> tuple[str, str]:
     """(state, note) of a run: from its trace, its task's record and the record's lock."""
     trace, found = row.trace, row.found
     if trace is not None and trace.summary is not None:
-        return "finished", ""
+        return FINISHED, ""
     record = read_record(record_path(found.study, found.entry.index)) if found.study and found.entry else None
     if record is None:
         if found.entry is not None and not found.run.exists():
@@ -142,11 +144,10 @@ def state(row: Row) -> tuple[str, str]:
     log = log_path(found.study, found.entry.index)
     code = record.get("exit_code")
     if isinstance(code, int) and not isinstance(code, bool):
-        if code == 0:
-            return "finished", "" if trace is not None else "exit 0, but no readable trace"
-        if code in STOPPED:
-            return "stopped", f"exit {code} ({STOPPED[code]})"
-        return "failed", f"exit {code}: {_log_line(log)}"
+        name, note = ended(code)
+        if name == FINISHED and trace is None:
+            return name, f"{note or f'exit {code}'}, but no readable trace"
+        return name, f"{note}: {_log_line(log)}" if name == FAILED else note
     held = lock_held(record_path(found.study, found.entry.index)) if record.get("locked") else None
     if held:
         return "running", f"on {record.get('host', '?')} since {record.get('started', '?')}"
@@ -194,7 +195,19 @@ def gather(paths: Sequence[Path]) -> list[Row]:
             row.recovery = recovery(row.found.run, row.found.run / FILE_NAME if row.trace else None)
         except HpcoptError as exc:
             row.note = "; ".join(filter(None, [row.note, str(exc)]))
+        if row.recovery is not None and (went_on := row.recovery.survivors_note(_started(row.trace))):
+            went_on = f"{'finished' if row.state == FINISHED else 'went on'} {went_on}"
+            row.note = "; ".join(filter(None, [went_on, row.note]))
     return rows
+
+
+def _started(trace: Any) -> int | None:
+    """The ranks the run's job started with: its trace's ``world_size``, unless the run was
+    resumed (a resume may start another number); None where not known."""
+    if trace is None or trace.attrs.get("resumed_at", "[]") != "[]":
+        return None
+    size = trace.attrs.get("world_size")
+    return int(size) if isinstance(size, Integral) and not isinstance(size, bool) else None
 
 
 def _final(trace: Any, key: str) -> Any:

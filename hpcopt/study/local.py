@@ -1,9 +1,11 @@
 """``hpcopt sweep --local -j K``: a study's tasks on this machine, K at a time.
 
 Each task runs exactly as its array task would (``python -m hpcopt.study.task INDEX mpiexec -n
-R``, in the study directory, output to ``logs/task-INDEX.log``), so the run directories,
+R``, in the study directory, output to ``logs/task-INDEX.log``; a task with ``--on-rank-loss
+continue`` gets Open MPI's ``--with-ft ulfm`` from ``task.py``), so the run directories,
 records and resume are the same as on a cluster: running the same study again resumes the
-tasks that stopped and leaves the finished ones alone.
+tasks that stopped and leaves the finished ones alone. A task finished when it exited 0, or 5
+(the survivors of a lost rank finished it: hpcopt.study.outcome); the line of its end says so.
 
 Each task runs in a session (a process group) of its own, so that a terminal's Ctrl-C reaches this
 process only. SIGINT or SIGTERM stops the study: no task starts after it, the running tasks get the
@@ -29,6 +31,7 @@ from ..comm.mpi_support import launcher_stop_signal
 from ..io import safe_files
 from ..run.signals import exit_code, handled_by, signal_name
 from .layout import Entry, log_path
+from .outcome import FINISHED, ended
 
 POLL_SECONDS = 0.2
 
@@ -76,8 +79,9 @@ class _Stop:
 
 def run_local(study: Path, entries: Sequence[Entry], jobs: int) -> int:
     """Run ``entries`` of ``study``, ``jobs`` at a time, with a line as each starts and ends;
-    0 when every task exited 0, else 1 (the failed tasks are listed); 130 or 143 when a signal
-    stopped the study (see the module's docstring)."""
+    0 when every task finished (exit 0, or 5 on the survivors of a lost rank), else 1 (the
+    others are listed); 130 or 143 when a signal stopped the study (see the module's
+    docstring)."""
     stop = _Stop()
     with handled_by(stop.receive):
         failed, not_started, start = _run(study, list(entries), jobs, stop)
@@ -88,10 +92,15 @@ def run_local(study: Path, entries: Sequence[Entry], jobs: int) -> int:
               f"not started (exit code {exit_code(signum)})", flush=True)
         return exit_code(signum)
     if failed:
-        print(f"{len(failed)} of {total} task(s) did not exit 0: {'; '.join(failed)}", flush=True)
+        print(f"{len(failed)} of {total} task(s) did not finish: {'; '.join(failed)}", flush=True)
         return 1
-    print(f"all {total} task(s) exited 0 in {time.monotonic() - start:.0f} s", flush=True)
+    print(f"all {total} task(s) finished in {time.monotonic() - start:.0f} s", flush=True)
     return 0
+
+
+def task_command(entry: Entry) -> list[str]:
+    """How task ``entry`` runs here: as its array task would, under ``mpiexec -n R``."""
+    return [sys.executable, "-m", "hpcopt.study.task", str(entry.index), "mpiexec", "-n", str(entry.ranks)]
 
 
 def _start(study: Path, entry: Entry, env: dict[str, str]) -> _Running:
@@ -101,8 +110,7 @@ def _start(study: Path, entry: Entry, env: dict[str, str]) -> _Running:
     fd = safe_files.open_writable(path, "task log", create=True)  # a planted FIFO or link: one line
     os.ftruncate(fd, 0)
     log = os.fdopen(fd, "wb")
-    command = [sys.executable, "-m", "hpcopt.study.task", str(entry.index), "mpiexec", "-n", str(entry.ranks)]
-    process = subprocess.Popen(command, cwd=study, env=env, stdout=log, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(task_command(entry), cwd=study, env=env, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     return _Running(entry, process, log, time.monotonic())
 
@@ -131,10 +139,12 @@ def _run(study: Path, pending: list[Entry], jobs: int, stop: _Stop) -> tuple[lis
             task.log.close()
             done += 1
             code = task.process.returncode
-            if code != 0:
-                failed.append(f"task {task.entry.index} (exit {code}, "
+            state, note = ended(code)
+            note = note or f"exit {code}"
+            if state != FINISHED:
+                failed.append(f"task {task.entry.index} ({note}, "
                               f"{log_path(study, task.entry.index).relative_to(study)})")
-            print(f"task {task.entry.index} ended (exit {code}) after "
+            print(f"task {task.entry.index} ended ({note}) after "
                   f"{time.monotonic() - task.started:.1f} s; {done}/{total} done, "
                   f"{time.monotonic() - start:.0f} s so far", flush=True)
     return failed, len(pending), start

@@ -32,14 +32,26 @@ COLUMNS = ("rank_losses", "steps_lost", "recovery_seconds")
 
 @dataclass(frozen=True)
 class Recovery:
-    """A run's losses of ranks and what they cost (None: not known)."""
+    """A run's losses of ranks and what they cost (None: not known); ``survived``: the ranks the
+    survivors went on without (continue-runs; empty for abort and resume)."""
 
     losses: int
     steps_lost: int | None
     seconds: float | None
+    survived: tuple[int, ...] = ()
 
     def columns(self) -> dict[str, int | float | None]:
         return dict(zip(COLUMNS, (self.losses, self.steps_lost, self.seconds)))
+
+    def survivors_note(self, started: int | None) -> str:
+        """How the survivors went on, for a note ("" unless they did): "at 3 of 4 ranks after
+        losing rank 2", the counts given the ranks the job ``started`` with (None: not known)."""
+        if not self.survived:
+            return ""
+        ranks = "rank" + ("s " if len(self.survived) > 1 else " ") + ", ".join(map(str, self.survived))
+        if started is None:
+            return f"after losing {ranks}"
+        return f"at {started - len(self.survived)} of {started} ranks after losing {ranks}"
 
 
 def rank_losses(trace: Path) -> Recovery | None:
@@ -64,7 +76,7 @@ def rank_losses(trace: Path) -> Recovery | None:
     if not np.isfinite(seconds).all() or (seconds < 0).any():
         raise HpcoptError(f"{trace}: /{GROUP}/recover_seconds holds negative or non-finite seconds")
     lost = int(np.maximum(values["step"] - values["round_step"], 0).sum())
-    return Recovery(int(seconds.size), lost, float(seconds.sum()))
+    return Recovery(int(seconds.size), lost, float(seconds.sum()), tuple(values["rank"].tolist()))
 
 
 def _column(group: Any, name: str, kind: str, trace: Path) -> np.ndarray:

@@ -10,6 +10,10 @@ LAUNCHER (``srun ...`` or ``mpiexec -n R``), with this Python:
   checkpoint (a task requeued onto fewer or more nodes);
 - ``hpcopt train OPTIONS --out RUN`` otherwise.
 
+A task with ``--on-rank-loss continue`` goes on without a lost rank only under Open MPI's ULFM:
+an Open MPI ``mpiexec`` or ``mpirun`` LAUNCHER gets ``--with-ft ulfm`` (unless it has it); any
+other launcher runs as given, and the run says in one line why it cannot continue.
+
 While the run goes, the task's record (``logs/task-INDEX.json``) is locked; at the end it
 gets the exit status, which is also this process's. SIGTERM, SIGINT and SIGUSR1 reach the ranks
 from the scheduler, the terminal or ``sweep --local``; this process only waits for them and
@@ -45,6 +49,7 @@ def finished(run: Path) -> bool:
 def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | None:
     """The command that carries the task on (None: it has finished)."""
     run = study / entry.run
+    launcher = fault_tolerant(entry, launcher)
     hpcopt = [*launcher, sys.executable, "-m", "hpcopt"]
     train = [*hpcopt, "train", *entry.args, "--out", entry.run.as_posix()]
     if not run.exists():  # a first start: nothing to read (and no reader to import)
@@ -57,6 +62,21 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
         return train
     changed = ["--ranks-changed"] if _ranks_changed(run, launcher) else []
     return [*hpcopt, "resume", entry.run.as_posix(), *changed, *_named_model(entry.args)]
+
+
+def fault_tolerant(entry: Entry, launcher: Sequence[str]) -> list[str]:
+    """``launcher``, with ``--with-ft ulfm`` after the program when the task goes on without a
+    lost rank (``--on-rank-loss continue`` needs ULFM: hpcopt.comm.ulfm), the program is
+    ``mpiexec`` or ``mpirun`` and the MPI is Open MPI, and ``--with-ft`` is not given yet; else
+    as given (``srun``, MPICH: the run refuses ``continue`` in one line, saying why)."""
+    options = dict(zip(entry.args[::2], entry.args[1::2]))
+    if (options.get("--on-rank-loss") != "continue" or not launcher
+            or Path(launcher[0]).name not in ("mpiexec", "mpirun")
+            or any(word.split("=")[0] == "--with-ft" for word in launcher)):
+        return list(launcher)
+    from ..comm.mpi_support import open_mpi
+
+    return [launcher[0], "--with-ft", "ulfm", *launcher[1:]] if open_mpi() else list(launcher)
 
 
 def launched_ranks(launcher: Sequence[str]) -> int | None:

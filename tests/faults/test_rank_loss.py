@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcopt.run.rank_loss import EXIT_CONTINUED
+from hpcopt.errors import EXIT_CONTINUED
 from tests.faults.jobs import SMALL, run_job
 from tests.launcher import OPEN_MPI
 
@@ -106,7 +106,10 @@ def test_continue_is_refused_in_one_line_without_ulfm(tmp_path: Path) -> None:
 def test_a_scheduled_fault_is_survived_once_and_collect_counts_the_steps_since_the_round(
         tmp_path: Path) -> None:
     """``--fault`` with continue needs no checkpoint before it, fires once (the rebuilt run has no
-    fault plan) and collect's steps_lost is ``step - round_step`` of ``/rank_losses``."""
+    fault plan) and collect's steps_lost is ``step - round_step`` of ``/rank_losses``; the wall
+    clock (the rows', the summary's, collect's ``wall_seconds``) runs from the job's start through
+    the recovery, not from the rebuild; collect's note says at how many ranks it finished."""
+    from hpcopt.study import collect
     from hpcopt.study.recovery import recovery
 
     run = tmp_path / "run"
@@ -117,8 +120,64 @@ def test_a_scheduled_fault_is_survived_once_and_collect_counts_the_steps_since_t
     assert (job.stdout + job.stderr).count("--fault: killing rank") == 1, job.describe()
     with h5py.File(run / "trace.h5", "r") as f:
         step, round_step = int(f["rank_losses/step"][0]), int(f["rank_losses/round_step"][0])
-        assert f["rows"]["step"][-1] == 16  # the run finished, at 3 ranks
+        recover_seconds = float(f["rank_losses/recover_seconds"][0])
+        steps, walls = f["rows"]["step"], f["rows"]["wall"]
+        assert steps[-1] == 16  # the run finished, at 3 ranks
     assert round_step == 4 and step > round_step  # the round before the kill at step 6
     found = recovery(run, run / "trace.h5")
     assert found is not None and found.losses == 1 and found.steps_lost == step - round_step
     assert found.seconds is not None and 0 < found.seconds < 30
+    [row] = collect.columns(collect.gather([run]), tmp_path)
+    assert row["state"] == "finished" and row["note"] == f"finished at 3 of 4 ranks after losing rank {LOST}"
+    at_round = walls[steps.tolist().index(round_step)]  # the last row before the loss
+    after = walls[steps > round_step]  # written by the survivors' rebuilt run
+    assert after.size and after[0] >= at_round + recover_seconds, (walls, recover_seconds)
+    assert (np.diff(walls) >= 0).all() and row["wall_seconds"] >= walls[-1]
+    assert row["wall_seconds"] < job.seconds  # the job's launch to exit holds it
+
+
+SWEEP = """\
+[job]
+name = "c"
+[train]
+dataset = "digits"
+hidden = [16]
+steps = 16
+interval = 4
+trace_every = 4
+progress = false
+on_rank_loss = "continue"
+[sweep]
+ranks = [4]
+fault = ["2:6"]
+"""
+
+
+@needs_ulfm
+def test_sweep_local_runs_a_continuing_task_under_ulfm_and_counts_its_survivors_finished(
+        tmp_path: Path) -> None:
+    """A study's task with ``on_rank_loss = "continue"``: ``sweep --local`` launches it with
+    ``--with-ft ulfm`` (task.py adds it to Open MPI's mpiexec), the survivors' exit 5 is a
+    finished task (sweep exits 0) and collect's row is finished at 3 of 4 ranks."""
+    import csv
+    import subprocess
+    import sys
+
+    from tests.faults.test_study import environment, hpcopt
+    from tests.timeouts import scaled
+
+    (tmp_path / "study.toml").write_text(SWEEP)
+    done = subprocess.run([sys.executable, "-m", "hpcopt", "sweep", "study.toml", "--out", ".", "--local"],
+                          cwd=tmp_path, env=environment(), capture_output=True, text=True,
+                          timeout=scaled(300))
+    log = (tmp_path / "logs" / "task-0.log").read_text()
+    assert done.returncode == 0, done.stdout + done.stderr + log
+    assert "task 0 ended (exit 5: finished on the survivors of a lost rank)" in done.stdout, done.stdout
+    assert "all 1 task(s) finished in" in done.stdout, done.stdout
+    assert "mpiexec --with-ft ulfm -n 4 " in log and "going on at 3 ranks" in log, log
+    hpcopt("collect", ".", cwd=tmp_path)
+    with open(tmp_path / "study.csv", newline="") as handle:
+        [row] = list(csv.DictReader(handle))
+    assert row["state"] == "finished" and row["steps"] == "16", row
+    assert row["note"] == f"finished at 3 of 4 ranks after losing rank {LOST}", row
+    assert row["rank_losses"] == "1", row

@@ -46,7 +46,7 @@ def sweep_local(study: Path) -> subprocess.CompletedProcess:
 def test_a_fault_replays_once_resumes_to_the_fault_free_numbers_and_collect_counts_it(tmp_path):
     (tmp_path / "study.toml").write_text(STUDY)
     first = sweep_local(tmp_path)
-    assert first.returncode == 1 and "1 of 3 task(s) did not exit 0: task 1" in first.stdout, first.stdout
+    assert first.returncode == 1 and "1 of 3 task(s) did not finish: task 1" in first.stdout, first.stdout
     log = (tmp_path / "logs/task-1.log").read_text()
     assert "hpcopt: --fault: killing rank 1 (SIGKILL) at its step 13" in log
     again = sweep_local(tmp_path)  # the requeue: finished runs are left alone, the killed one resumes

@@ -33,6 +33,7 @@ class Session:
         self.posted: list[tuple[Row, int]] = []
         self.saves: list[int] = []
         self.in_flight_at_saves: list[int] = []
+        self.rank_loss = None  # a lost rank ends the job
 
     def begin(self, files, ckpt) -> None:
         pass
