@@ -203,15 +203,34 @@ def child_variables() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(roots))}
 
 
-def not_registered(name: str) -> HpcoptError:
+class NotRegistered(HpcoptError):
+    """An algorithm name (``name``) the registry does not hold."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+def not_registered(name: str) -> NotRegistered:
     """The error for an algorithm name the registry does not hold, saying how to make it found."""
     if name in _parent_modules():
-        return HpcoptError(f"algorithm {name!r} was registered in the script itself (__main__), which "
-                           "a process hpcopt starts (the reader that checks a resumed run's files "
-                           "first) cannot import: move the class into a module the script imports, "
-                           f"or {AS_ENTRY_POINT}")
-    return HpcoptError(f"unknown algorithm {name!r} (choose from {', '.join(registry())}); for an "
-                       f"algorithm of your own, {HOW_TO}")
+        return NotRegistered(f"algorithm {name!r} was registered in the script itself (__main__), which "
+                             "a process hpcopt starts (the reader that checks a resumed run's files "
+                             "first) cannot import: move the class into a module the script imports, "
+                             f"or {AS_ENTRY_POINT}", name)
+    return NotRegistered(f"unknown algorithm {name!r} (choose from {', '.join(registry())}); for an "
+                         f"algorithm of your own, {HOW_TO}", name)
+
+
+def written_by_unknown(error: NotRegistered, path: Path) -> HpcoptError:
+    """``error`` for the file ``path`` (a checkpoint or trace) whose stored config names it: what
+    happened (the file's algorithm is not in this installation) and what to do."""
+    if error.name in _parent_modules():
+        return HpcoptError(f"{path}: {error}")
+    return HpcoptError(f"{path} was written by algorithm {error.name!r}, which this installation of "
+                       f"hpcopt does not have (it has {', '.join(registry())}): install the package "
+                       f"that registers it (an entry point of the group {ENTRY_POINT_GROUP!r}), or "
+                       "from Python call hpcopt.algorithms.register(cls) before reading it")
 
 
 @cache

@@ -133,12 +133,15 @@ def json_attr(attrs: Any, key: str, path: Path) -> Any:
 
 def config_from_toml(text: str, path: Path) -> Config:
     """The run configuration stored as TOML text, parsed and validated (``config_from_stored``)."""
+    from ..algorithms.registration import NotRegistered, written_by_unknown
     from ..config import config_from_stored
 
     try:
         return config_from_stored(tomllib.loads(text))
     except tomllib.TOMLDecodeError as exc:
         raise HpcoptError(f"{path}: the stored config is not valid TOML ({exc})") from None
+    except NotRegistered as exc:  # a plugin's algorithm, not installed here: not an invalid file
+        raise written_by_unknown(exc, path) from None
     except HpcoptError as exc:
         raise HpcoptError(f"{path}: the stored config is invalid: {exc}") from None
 

@@ -4,9 +4,14 @@ a FIFO, a device, a socket or a symbolic link where hpcopt expects a file it wro
 - Reading: ``open_regular`` opens without blocking (``O_NONBLOCK``: a FIFO's open would wait
   for a writer for ever, and no signal handler runs meanwhile) and checks with ``fstat`` that
   it opened a regular file; anything else is one HpcoptError line naming the file and what it
-  is. A link to a regular file is read (reading through it writes nothing). ``read_bounded``
-  reads at most a given number of bytes: a file that holds more (``/dev/zero`` is refused
-  first) is refused, never read whole.
+  is. A link to a regular file is read (reading through it writes nothing) unless the caller
+  says ``follow=False``: a study's own files, whose links could only have been planted.
+  ``read_bounded`` reads at most a given number of bytes: a file that holds more
+  (``/dev/zero`` is refused first) is refused, never read whole.
+- Folders: ``open_folder`` opens a folder never through a link at its name; the files in it
+  are then opened relative to its descriptor (``folder=``, never through a link either), so a
+  link planted at the folder's name (a study's ``logs/``) cannot lead reads or writes elsewhere,
+  even one planted after the check.
 - Writing: ``replacing`` writes a new file under a random name in the target's own directory
   (created with ``O_EXCL``: never through a link planted there) and renames it over the
   target, so a link at the target's name is replaced, never followed. ``open_writable`` opens
@@ -30,6 +35,7 @@ from . import human_size
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_CHUNK = 1 << 16  # bytes ``read_bounded`` reads at a time
 
 
 def kind(mode: int) -> str:
@@ -37,20 +43,20 @@ def kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "a regular file" if stat.S_ISREG(mode) else "a special file")
 
 
-def open_regular(path: Path, what: str) -> IO[bytes]:
+def open_regular(path: Path, what: str, *, follow: bool = True, folder: int | None = None) -> IO[bytes]:
     """``path`` opened for reading once it is known to be a regular file (module docstring);
-    HpcoptError naming the file otherwise. FileNotFoundError when there is none."""
+    HpcoptError naming the file otherwise, a symbolic link at its name included unless
+    ``follow``. ``folder``: the descriptor of ``path``'s folder (``open_folder``), which its name
+    is opened in, never through a link. FileNotFoundError when there is none."""
+    no_link = not follow or folder is not None
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(path if folder is None else path.name, _READ_FLAGS | (os.O_NOFOLLOW if no_link else 0),
+                     dir_fd=folder)
     except FileNotFoundError:
         raise
-    except OSError as exc:  # a socket: ENXIO; no permission
-        raise HpcoptError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise HpcoptError(f"{path} is {kind(mode)}, not a regular file (expected a {what})")
-    return os.fdopen(fd, "rb")
+    except OSError as exc:  # a socket: ENXIO; no permission; a link, when not followed: ELOOP
+        raise _refusal(path, what, "read", exc) from None
+    return os.fdopen(_regular(fd, path, what), "rb")
 
 
 def check_regular(path: Path, what: str) -> os.stat_result:
@@ -60,33 +66,70 @@ def check_regular(path: Path, what: str) -> os.stat_result:
         return os.fstat(handle.fileno())
 
 
-def read_bounded(path: Path, what: str, limit: int) -> bytes:
+def read_bounded(path: Path, what: str, limit: int, *, follow: bool = True,
+                 folder: int | None = None) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them: HpcoptError for a larger
-    file or one that is not regular. FileNotFoundError when there is none."""
-    with open_regular(path, what) as handle:
-        data = handle.read(limit + 1)
+    file or one that is not regular (``open_regular``, with ``follow`` and ``folder``).
+    FileNotFoundError when there is none."""
+    data = bytearray()  # grown a chunk at a time: memory follows the file, not the limit
+    with open_regular(path, what, follow=follow, folder=folder) as handle:
+        while len(data) <= limit and (chunk := handle.read(min(limit + 1 - len(data), _CHUNK))):
+            data += chunk
     if len(data) > limit:
         raise HpcoptError(f"{path} holds more than {human_size(limit)}, more than a {what} holds")
-    return data
+    return bytes(data)
 
 
-def open_writable(path: Path, what: str, create: bool = False) -> int:
+def open_writable(path: Path, what: str, create: bool = False, folder: int | None = None) -> int:
     """A descriptor of ``path`` opened for reading and writing (created when ``create``): never
     through a link at its name (``O_NOFOLLOW``), never blocking, and only a regular file
-    (HpcoptError otherwise)."""
+    (HpcoptError otherwise). ``folder``: as for ``open_regular``."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o644)
+        fd = os.open(path if folder is None else path.name, flags | (os.O_CREAT if create else 0), 0o644,
+                     dir_fd=folder)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise HpcoptError(f"{path} is a symbolic link, not a regular file (expected a {what})") from None
+        raise _refusal(path, what, "open", exc) from None
+    fd = _regular(fd, path, what)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_folder(path: Path, what: str, create: bool = False) -> int:
+    """A descriptor of the folder ``path`` (made first, with its parents, when ``create``), never
+    through a link at its name: HpcoptError for a link or anything else that is not a folder.
+    FileNotFoundError when there is none. The caller closes it."""
+    try:
+        if create:
+            path.mkdir(parents=True, exist_ok=True)  # a link to a folder passes: refused below
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = stat.S_IFDIR
+        if not stat.S_ISDIR(mode):  # O_NOFOLLOW with O_DIRECTORY: ENOTDIR for a link too
+            raise HpcoptError(f"{path} is {kind(mode)}, not a folder (expected the {what})") from None
         raise HpcoptError(f"cannot open the {what} {path}: {exc.strerror or exc}") from None
+
+
+def _regular(fd: int, path: Path, what: str) -> int:
+    """``fd``, once ``fstat`` shows a regular file; else it is closed and HpcoptError raised."""
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise HpcoptError(f"{path} is {kind(mode)}, not a regular file (expected a {what})")
-    os.set_blocking(fd, True)
     return fd
+
+
+def _refusal(path: Path, what: str, verb: str, exc: OSError) -> HpcoptError:
+    """Why ``path`` could not be opened, in one line: a link (``O_NOFOLLOW``'s ELOOP) or the
+    system's words."""
+    if exc.errno == errno.ELOOP:
+        return HpcoptError(f"{path} is a symbolic link, not a regular file (expected a {what})")
+    return HpcoptError(f"cannot {verb} the {what} {path}: {exc.strerror or exc}")
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ from typing import Any
 from ..algorithms.streaming import PEAK_COLUMN as PEAK
 from ..errors import HpcoptError
 from ..io.safe_files import open_regular, write_replacing
-from .layout import Entry, is_study, lock_held, log_path, read_manifest, read_record, record_path
+from .layout import Entry, is_study, lock_held, log_path, logs_folder, read_manifest, read_record, record_path
 from .outcome import FAILED, FINISHED, ended
 from .recovery import COLUMNS as RECOVERY
 from .recovery import Recovery, recovery
@@ -118,9 +118,9 @@ def find_runs(paths: Sequence[Path]) -> list[Found]:
 
 def _log_line(path: Path) -> str:
     """The last error line of a log (else its last line), for a note; HpcoptError for a log that
-    is no regular file."""
+    is no regular file (a link included, at its name or at ``logs/``)."""
     try:
-        with open_regular(path, "task log") as handle:
+        with logs_folder(path.parent) as folder, open_regular(path, "task log", folder=folder) as handle:
             handle.seek(max(0, os.fstat(handle.fileno()).st_size - LOG_TAIL))
             lines = [line.strip() for line in handle.read(LOG_TAIL).decode("utf-8", "replace").splitlines()]
     except OSError:

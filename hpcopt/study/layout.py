@@ -14,10 +14,16 @@
 Every path inside is relative to the study directory, so a study can be moved. While a task
 runs, its process holds an exclusive ``flock`` on its record; ``collect`` tells a running task
 from one that died without recording its end by trying a shared lock on the record.
+
+The study's own files are untrusted (hpcopt.io.safe_files): the manifest, a task's record and
+log are read and written only as regular files, never through a symbolic link at their names
+or at ``logs/`` (one HpcoptError line instead), and the manifest and records are read up to a
+bound. The study directory itself may be a link (the user names it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import json
@@ -25,13 +31,13 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import HpcoptError
-from ..io.safe_files import open_regular, open_writable, read_bounded
+from ..io.safe_files import open_folder, open_regular, open_writable, read_bounded
 from .spec import Task, command_line
 
 MANIFEST = "manifest.tsv"
@@ -40,6 +46,9 @@ LOGS = "logs"
 SITE = "site.sh"
 SPEC = "study.toml"
 RECORD_KIND = "task record"  # in messages
+MANIFEST_KIND = "study manifest"
+#: Largest manifest read: about 200,000 tasks of 300 bytes (a job array holds far fewer).
+MAX_MANIFEST_BYTES = 64 << 20
 #: Largest task record read: one holds about 200 bytes.
 MAX_RECORD_BYTES = 1 << 16
 #: Seconds a task waits for its record's lock (held a moment by ``collect``) before deciding
@@ -58,7 +67,9 @@ class Entry:
 
 
 def is_study(path: Path) -> bool:
-    return (path / MANIFEST).is_file()
+    """Whether ``path`` holds something named ``manifest.tsv`` (``read_manifest`` refuses one
+    that is no regular file)."""
+    return os.path.lexists(path / MANIFEST)
 
 
 def manifest_text(tasks: Sequence[Task]) -> str:
@@ -67,13 +78,25 @@ def manifest_text(tasks: Sequence[Task]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stored_manifest(study: Path) -> str | None:
+    """The text of the study's manifest, None when it has none; HpcoptError (one line) for a
+    link, anything but a regular file, more than ``MAX_MANIFEST_BYTES`` or text that is not UTF-8."""
+    path = study / MANIFEST
+    try:
+        return read_bounded(path, MANIFEST_KIND, MAX_MANIFEST_BYTES, follow=False).decode()
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        raise HpcoptError(f"{path} is not a {MANIFEST_KIND} (not UTF-8 text)") from None
+
+
 def read_manifest(study: Path) -> list[Entry]:
     """The study's tasks in index order; HpcoptError (naming the line) for a malformed manifest."""
     path = study / MANIFEST
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HpcoptError(f"cannot read the manifest {path}: {exc}") from None
+    text = stored_manifest(study)
+    if text is None:
+        raise HpcoptError(f"cannot read the manifest {path}: no such file")
+    lines = text.splitlines()
     if not lines or tuple(lines[0].split("\t")) != COLUMNS:
         raise HpcoptError(f"{path} is not a study manifest (first line: {' '.join(COLUMNS)}, tab-separated)")
     entries: list[Entry] = []
@@ -106,6 +129,17 @@ def record_path(study: Path, index: int) -> Path:
     return study / LOGS / f"task-{index}.json"
 
 
+@contextlib.contextmanager
+def logs_folder(path: Path, create: bool = False) -> Iterator[int]:
+    """The descriptor of the study's ``logs/`` folder ``path`` (made when ``create``), for
+    opening a task's record or log in it: never through a link at the folder's name."""
+    folder = open_folder(path, "study's logs folder", create)
+    try:
+        yield folder
+    finally:
+        os.close(folder)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -121,8 +155,8 @@ class TaskRecord:
 
     def start(self) -> None:
         """Lock and write the record; HpcoptError when another process holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = os.fdopen(open_writable(self.path, RECORD_KIND, create=True), "r+")
+        with logs_folder(self.path.parent, create=True) as folder:
+            handle = os.fdopen(open_writable(self.path, RECORD_KIND, create=True, folder=folder), "r+")
         locked, deadline = False, time.monotonic() + LOCK_WAIT
         while True:
             try:
@@ -160,9 +194,12 @@ class TaskRecord:
 
 def read_record(path: Path) -> dict[str, Any] | None:
     """A task record, or None when there is none or it cannot be parsed; HpcoptError (one line)
-    for no regular file, or one larger than a record can be (never read whole)."""
+    for no regular file (a link included, at its name or at ``logs/``), or one larger than a
+    record can be (never read whole)."""
     try:
-        value = json.loads(read_bounded(path, RECORD_KIND, MAX_RECORD_BYTES))
+        with logs_folder(path.parent) as folder:
+            data = read_bounded(path, RECORD_KIND, MAX_RECORD_BYTES, folder=folder)
+        value = json.loads(data)
     except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
     return value if isinstance(value, dict) else None
@@ -170,9 +207,10 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 def lock_held(path: Path) -> bool | None:
     """Whether a running task holds the record's lock; None when that cannot be told;
-    HpcoptError for no regular file."""
+    HpcoptError for no regular file (as ``read_record``)."""
     try:
-        handle = open_regular(path, RECORD_KIND)
+        with logs_folder(path.parent) as folder:
+            handle = open_regular(path, RECORD_KIND, folder=folder)
     except OSError:
         return None
     with handle:

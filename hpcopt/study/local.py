@@ -12,6 +12,10 @@ process only. SIGINT or SIGTERM stops the study: no task starts after it, the ru
 signal (the first of each kind; SIGUSR1 under Open MPI, whose ``mpirun`` kills the ranks for the
 other two), stop at a checkpoint and record it, and once they have ended this process exits 130
 or 143 (128 + the signal, the higher where both came).
+
+A task's log is written only as a regular file in the study's own ``logs/``: a symbolic link
+(at the log's name or at ``logs/``), a FIFO or a device there is refused in one line (exit 2)
+before any task starts; one planted while the study runs fails only the task it was for.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from pathlib import Path
 from typing import IO
 
 from ..comm.mpi_support import launcher_stop_signal
+from ..errors import HpcoptError
 from ..io import safe_files
 from ..run.signals import exit_code, handled_by, signal_name
-from .layout import Entry, log_path
+from .layout import LOGS, Entry, log_path, logs_folder
 from .outcome import FINISHED, ended
 
 POLL_SECONDS = 0.2
+LOG_KIND = "task log"
 
 
 @dataclass
@@ -82,6 +88,7 @@ def run_local(study: Path, entries: Sequence[Entry], jobs: int) -> int:
     0 when every task finished (exit 0, or 5 on the survivors of a lost rank), else 1 (the
     others are listed); 130 or 143 when a signal stopped the study (see the module's
     docstring)."""
+    _check_logs(study, entries)
     stop = _Stop()
     with handled_by(stop.receive):
         failed, not_started, start = _run(study, list(entries), jobs, stop)
@@ -103,11 +110,20 @@ def task_command(entry: Entry) -> list[str]:
     return [sys.executable, "-m", "hpcopt.study.task", str(entry.index), "mpiexec", "-n", str(entry.ranks)]
 
 
+def _check_logs(study: Path, entries: Sequence[Entry]) -> None:
+    """HpcoptError (one line, exit 2) before any task starts when ``logs/`` or a task's log is a
+    symbolic link, a FIFO or anything else that is not a regular file (module docstring)."""
+    with logs_folder(study / LOGS, create=True) as folder:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                safe_files.open_regular(log_path(study, entry.index), LOG_KIND, folder=folder).close()
+
+
 def _start(study: Path, entry: Entry, env: dict[str, str]) -> _Running:
     """Task ``entry`` in a session (so a process group) of its own, its output to its log."""
     path = log_path(study, entry.index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = safe_files.open_writable(path, "task log", create=True)  # a planted FIFO or link: one line
+    with logs_folder(path.parent, create=True) as folder:  # a planted link, at logs/ too, or FIFO: one line
+        fd = safe_files.open_writable(path, LOG_KIND, create=True, folder=folder)
     os.ftruncate(fd, 0)
     log = os.fdopen(fd, "wb")
     process = subprocess.Popen(task_command(entry), cwd=study, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -125,7 +141,12 @@ def _run(study: Path, pending: list[Entry], jobs: int, stop: _Stop) -> tuple[lis
     total, done, start = len(pending), 0, time.monotonic()
     while (pending and not stop.received) or running:
         while pending and len(running) < jobs:
-            started = stop.launch(lambda: _start(study, pending[0], env))
+            try:
+                started = stop.launch(lambda: _start(study, pending[0], env))
+            except HpcoptError as exc:  # planted at its log since _check_logs: this task fails
+                failed.append(f"task {pending.pop(0).index} (not started: {exc})")
+                done += 1
+                continue
             if started is None:
                 break
             pending.pop(0)

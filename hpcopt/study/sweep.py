@@ -20,7 +20,17 @@ from pathlib import Path
 
 from ..errors import HpcoptError
 from ..io.safe_files import replacing, write_replacing
-from .layout import LOGS, MANIFEST, SITE, SPEC, manifest_text, read_manifest
+from .layout import (
+    LOGS,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    SITE,
+    SPEC,
+    logs_folder,
+    manifest_text,
+    read_manifest,
+    stored_manifest,
+)
 from .spec import Study, Task, command_line, load_study, tasks
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -104,14 +114,15 @@ def _site_text(site: str | None) -> str:
 def write_study(out: Path, study: Study, found: list[Task], arrays: list[Script], site: str) -> None:
     """Write the study directory; HpcoptError if it holds a different study."""
     manifest = manifest_text(found)
-    existing = out / MANIFEST
-    if existing.is_file() and existing.read_text() != manifest:
+    if len(manifest.encode()) > MAX_MANIFEST_BYTES:
+        raise HpcoptError(f"the sweep's {len(found)} tasks would make a {MANIFEST} larger than "
+                          f"{MAX_MANIFEST_BYTES >> 20} MB: split it into several sweep files")
+    stored = stored_manifest(out)  # a link or FIFO planted at its name: refused, never read
+    if stored is not None and stored != manifest:
         raise HpcoptError(f"{out} holds another study (its {MANIFEST} lists other tasks): "
                           "choose another --out")
-    try:
-        (out / LOGS).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise HpcoptError(f"cannot write the study {out}: {exc.strerror or exc}") from None
+    with logs_folder(out / LOGS, create=True):  # a link planted at logs/: refused
+        pass
     # each file by rename (safe_files.replacing): a link or FIFO planted at its name is replaced
     for script in arrays:
         with replacing(out / script.name, "array script") as handle:
@@ -119,7 +130,7 @@ def write_study(out: Path, study: Study, found: list[Task], arrays: list[Script]
             handle.write(script.text)
     write_replacing(out / SITE, site, "site file")
     write_replacing(out / SPEC, study.text, "sweep file")
-    write_replacing(existing, manifest, "manifest")
+    write_replacing(out / MANIFEST, manifest, "manifest")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -86,7 +86,8 @@ def study_with_record(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("planted", ["fifo record", "fifo log", "/dev/zero record", "huge record"])
 def test_collect_refuses_a_record_or_log_that_is_no_file_of_a_task(tmp_path, planted):
     """``ln -sf /dev/zero STUDY/logs/task-0.json`` once cost a MemoryError traceback, and a FIFO
-    there hung ``collect``: each is one line, read without blocking and never whole."""
+    there hung ``collect``: each is one line, read without blocking and never whole (a link is
+    refused as a link, whatever it leads to)."""
     study = study_with_record(tmp_path)
     record, log = layout.record_path(study, 0), layout.log_path(study, 0)
     record.write_text('{"index": 0, "exit_code": 1}')  # a failed task: its log is read for the note
@@ -100,7 +101,7 @@ def test_collect_refuses_a_record_or_log_that_is_no_file_of_a_task(tmp_path, pla
     elif planted == "/dev/zero record":
         record.unlink()
         record.symlink_to("/dev/zero")
-        words = [f"{record} is a character device, not a regular file"]
+        words = [f"{record} is a symbolic link, not a regular file"]
     else:
         with open(record, "ab") as handle:
             handle.truncate(1 << 30)  # 1 GiB, sparse: nothing on disk

@@ -147,11 +147,37 @@ def test_a_checkpoint_of_an_algorithm_not_registered_here_says_how_to_register_i
     stored = to_toml(build_config(None, {"algorithm": "scaled_sgd", "lr_scale": "0.25"}))
     registration._by_call.clear()
     registration.registry.cache_clear()
-    with pytest.raises(HpcoptError, match=f"run.h5: the stored config is invalid: unknown algorithm "
-                                          f"'scaled_sgd' \\(choose from prsgd, .*\\); "
-                                          f"for an algorithm of your own, declare it as an entry point "
-                                          f"of the group '{ENTRY_POINT_GROUP}'"):
+    with pytest.raises(HpcoptError, match=f"^run.h5 was written by algorithm 'scaled_sgd', which this "
+                                          f"installation of hpcopt does not have \\(it has prsgd, .*\\): "
+                                          f"install the package that registers it \\(an entry point of "
+                                          f"the group '{ENTRY_POINT_GROUP}'\\), or from Python call "
+                                          "hpcopt.algorithms.register\\(cls\\) before reading it$"):
         config_from_toml(stored, Path("run.h5"))
+
+
+def test_files_of_a_plugins_algorithm_that_is_not_installed_say_so(monkeypatch, tmp_path):
+    """A run of an entry point's algorithm, read where that package is not installed: its trace
+    and checkpoint say which algorithm wrote them and what to install, and ``hpcopt resume`` (a
+    process that has no such entry point) ends with that line, exit 2."""
+    from hpcopt.io.data_parallel_checkpoint import stored_config
+    from hpcopt.io.trace import read_trace
+    from tests.command_line import ROOT, assert_one_line_error
+    from tests.runs import fresh_train
+
+    fake_entry_points(monkeypatch, ("scaled_sgd", f"{__name__}:ScaledSGD"))
+    out = tmp_path / "run"
+    fresh_train(build_config(None, {"algorithm": "scaled_sgd", "dataset": "digits", "hidden": "16",
+                                    "steps": "4", "progress": "false", "out": str(out)}))
+    fake_entry_points(monkeypatch)  # the package is gone
+    said = "was written by algorithm 'scaled_sgd', which this installation of hpcopt does not have"
+    with pytest.raises(HpcoptError, match=f"^{out / 'trace.h5'} {said}"):
+        read_trace(out / "trace.h5")
+    with pytest.raises(HpcoptError, match=f" {said} .*install the package that registers it"):
+        stored_config(out)
+    resumed = subprocess.run([sys.executable, "-m", "hpcopt", "resume", str(out)], capture_output=True,
+                             text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             timeout=scaled(120))
+    assert_one_line_error(resumed, said, f"the group '{ENTRY_POINT_GROUP}'")
 
 
 USER_MODULE = """
