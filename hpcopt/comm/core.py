@@ -322,6 +322,12 @@ class Comm:
         self._record("allreduce", label, buf.nbytes, start)
         return buf
 
+    def averaging_path(self, buf: Any) -> str:
+        """The path ``average_`` takes for ``buf``: "shm" or "mpi" (``--averaging auto``
+        resolved; collective, the same answer on every rank)."""
+        averager = None if buf.nbytes < self._shm_from_bytes else self._averager_for(buf)
+        return "mpi" if averager is None else "shm"
+
     def _averager_for(self, buf: Any) -> ShmAverager | None:
         """The shared-memory averager if ``buf`` should take that path (same answer on all ranks)."""
         mode = self.averaging  # cheapest tests first: this runs before every small average_

@@ -11,7 +11,7 @@ docs/formats.md.
 Cost: each rank's ``Recorder`` keeps its spans in preallocated NumPy columns (grown by
 doubling, at most ``timeline_max_spans`` a rank; further spans are counted as dropped). The
 spans reach rank 0 only at points every rank passes anyway: every ``GATHER_ROWS`` finished
-trace rows, before each checkpoint and at the end of the run; there one gather of three
+trace rows, before each checkpoint and at the end of the run; there one gather of four
 numbers a rank and one Gatherv of the spans (label "timeline") bring them to rank 0, which
 appends them to ``/timeline/spans`` and flushes. A crash loses the spans since the last of
 those points. Off by default: then nothing of this runs.
@@ -42,7 +42,7 @@ CATEGORIES = ("compute", "comm", "wait", "evaluation", "checkpoint")
 #: A span in ``/timeline/spans``.
 SPAN_DTYPE = np.dtype([("rank", "int32"), ("step", "int64"), ("kind", "uint16"),
                        ("start", "float64"), ("duration", "float64")])
-#: A span as a rank sends it to rank 0 (its rank is its place in the gather).
+#: A span as a rank sends it to rank 0 (its rank comes with the gather's counts).
 _WIRE_DTYPE = np.dtype([("step", "int64"), ("kind", "uint16"), ("start", "float64"),
                         ("duration", "float64")])
 CHUNK_SPANS = 4096
@@ -56,10 +56,11 @@ class Recorder:
 
     ``communicated`` is the ``CommStats.spans`` hook; ``stepping`` and ``timed`` wrap the
     session's steps, evaluations and checkpoint writes; ``rows_finished`` and ``gather`` are
-    collective."""
+    collective. ``rank`` is this rank in the job as it started, which its spans keep after a
+    lost rank (``--on-rank-loss continue``: the survivors' communicator numbers them anew)."""
 
-    def __init__(self, max_spans: int, writer: TimelineWriter | None = None) -> None:
-        self.writer = writer
+    def __init__(self, max_spans: int, writer: TimelineWriter | None = None, rank: int = 0) -> None:
+        self.writer, self.rank = writer, rank
         self.room = max_spans  # spans this rank may still record in this run
         self.dropped = 0       # ... and those it could not, since the last gather
         self.capacity = min(_FIRST_CAPACITY, max_spans)  # spans it may hold (<= room)
@@ -164,7 +165,7 @@ class Recorder:
         wire["step"], wire["kind"] = self._step[:n], self._kind[:n]
         wire["start"], wire["duration"] = self._start[:n] - self.origin, self._duration[:n]
         payload = np.concatenate([wire.view(np.uint8), np.frombuffer(table, np.uint8)])
-        counts = comm.gather(np.array([n, len(table), dropped], np.int64), LABEL)
+        counts = comm.gather(np.array([n, len(table), dropped, self.rank], np.int64), LABEL)
         everyone = comm.gatherv(payload, None if counts is None else
                                 counts[:, 0] * _WIRE_DTYPE.itemsize + counts[:, 1], LABEL)
         later = self.spans - n  # the gather's own spans, recorded (or dropped) while it ran
@@ -178,14 +179,15 @@ class Recorder:
             self.writer.append(counts, everyone)
 
 
-def _received(counts: np.ndarray, everyone: np.ndarray) -> list[tuple[np.ndarray, list[list[str]], int]]:
-    """Each rank's (spans, kind table, dropped) from a gather's ``counts`` and bytes."""
+def _received(counts: np.ndarray,
+              everyone: np.ndarray) -> list[tuple[int, np.ndarray, list[list[str]], int]]:
+    """Each rank's (rank, spans, kind table, dropped) from a gather's ``counts`` and bytes."""
     parts, offset = [], 0
-    for n, table_bytes, dropped in counts.tolist():
+    for n, table_bytes, dropped, rank in counts.tolist():
         end = offset + n * _WIRE_DTYPE.itemsize
         spans = everyone[offset:end].view(_WIRE_DTYPE)
         table = json.loads(everyone[end:end + table_bytes].tobytes())
-        parts.append((spans, table, dropped))
+        parts.append((rank, spans, table, dropped))
         offset = end + table_bytes
     return parts
 
@@ -218,7 +220,7 @@ class TimelineWriter:
         """Append a gather's spans (``Recorder.gather``), at most ``max_spans`` a rank."""
         codes = {kind: i for i, kind in enumerate(self.kinds)}
         pieces = []
-        for rank, (spans, table, dropped) in enumerate(_received(counts, everyone)):
+        for rank, spans, table, dropped in _received(counts, everyone):
             kept = spans[:max(0, self.max_spans - int(self.on_disk[rank]))]
             self.dropped[rank] += dropped + len(spans) - len(kept)
             self.on_disk[rank] += len(kept)
@@ -282,7 +284,7 @@ def open_timeline(config: Config, trace: TraceWriter | None, comm: Comm,
     if not run.out:
         raise HpcoptError("timeline is recorded in the trace: it needs a run directory (--out DIR)")
     writer = TimelineWriter(trace, comm.size, run.timeline_max_spans) if trace is not None else None
-    return Recorder(run.timeline_max_spans, writer)
+    return Recorder(run.timeline_max_spans, writer, comm.rank)
 
 
 def _checked_group(f: Any, path: Path, ranks: int) -> tuple[list[list[str]], list[int]]:

@@ -205,13 +205,15 @@ class DataParallelSessionBuilder:
 
 
 class DataParallelSession:
-    """A data-parallel run in progress on this rank (the runner's ``Session``)."""
+    """A data-parallel run in progress on this rank (the runner's ``Session``); ``job_rank``:
+    this rank in the job as it started (the survivors' run after a lost rank numbers them anew),
+    the rank ``--fault`` and ``--straggler`` name."""
 
     state: State  # from start()
     scratch: Any  # a vector like state.x, for averages that must not touch it
 
     def __init__(self, config: Config, comm: Comm, parts: RunParts,
-                 faults: FaultPlan | None) -> None:
+                 faults: FaultPlan | None, job_rank: int | None = None) -> None:
         self.config, self.comm, self.parts = config, comm, parts
         comm.backend = parts.backend
         self.algorithm, self.workload = parts.algorithm, parts.workload
@@ -224,7 +226,8 @@ class DataParallelSession:
         self.layout: NodeLayout | None = None  # from start()
         self.comm_progress = progress_mode()  # how much of a non-blocking reduction can be hidden
         self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
-        self.schedule = Schedule(run, comm.rank, parts.backend.synchronize)  # --fault, --straggler
+        self.schedule = Schedule(run, comm.rank if job_rank is None else job_rank,  # --fault, --straggler
+                                 parts.backend.synchronize)
         self.oracle = self.window.traced(self.guard.wrap(
             self.schedule.wrap(workload.problem.oracle, lambda: self.state.step), lambda: self.state.step))
         self.history: list[tuple[int, ModelEvaluation]] = []
@@ -277,7 +280,8 @@ class DataParallelSession:
     def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
         extra = self.algorithm.trace_columns() + \
             (("eval_perplexity",) if self.workload.language_model else ())
-        return extra, profile_attrs(self.network, layout=self.layout) if self.network else {}
+        attrs = profile_attrs(self.network, layout=self.layout) if self.network else {}
+        return extra, {**attrs, "averaging": self.comm.averaging_path(self.state.x)}
 
     def parameters(self) -> int:
         return self.workload.layout.size

@@ -168,7 +168,8 @@ def _rebuilt(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> Da
     config = session.config  # as long as before in steps: the survivors' epochs are longer
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, steps=session.parts.total_steps))
     session.files.config = config
-    rebuilt = DataParallelSession(config, comm, build_run(config, comm), faults=None)
+    rebuilt = DataParallelSession(config, comm, build_run(config, comm), faults=None,
+                                  job_rank=session.schedule.rank)
     rebuilt.start(comm)
     ckpt = _gathered(session, comm, snapshot)
     state = rebuilt.state

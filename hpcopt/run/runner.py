@@ -269,7 +269,7 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
     progress = Progress(session.ticks.total, show)
     tick = ckpt.tick if ckpt else 0
     recovery = session.rank_loss
-    stall_timeout = files.config.run.stall_timeout
+    stall_timeout, job_rank = files.config.run.stall_timeout, comm.rank  # its number in the report
     with contextlib.ExitStack() as watch:
         watch.enter_context(watching(comm, stall_timeout, session.progress))
         comm.barrier(label="start")
@@ -292,7 +292,7 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
                 session, tick = recovery.recover(session, exc)
                 comm = session.comm
                 watch.close()  # the watchdog of the old communicator, then one of the survivors'
-                watch.enter_context(watching(comm, stall_timeout, session.progress))
+                watch.enter_context(watching(comm, stall_timeout, session.progress, job_rank))
         summary = session.summarize(final, train_loss, threads, signal_name(stop) if stop else "", show)
         if timeline is not None:
             timeline.gather(comm)

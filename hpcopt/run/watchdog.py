@@ -50,14 +50,18 @@ def _blocking_codes() -> dict[CodeType, str]:
 
 
 class Watchdog:
-    """Watches the calling thread's collectives on ``comm`` (collective: every rank makes one)."""
+    """Watches the calling thread's collectives on ``comm`` (collective: every rank makes one).
+    Its report names each rank by ``job_rank`` (default: its rank in ``comm``): the rank in the
+    job as it started, which the survivors of a lost rank keep (``--on-rank-loss continue``)."""
 
-    def __init__(self, comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1) -> None:
+    def __init__(self, comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1,
+                 job_rank: int | None = None) -> None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise HpcoptError("--stall-timeout needs an MPI library with MPI_THREAD_MULTIPLE",
                               everywhere=True)
         self.mpi = comm.mpi.Dup()
         self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
+        self.job_ranks = self.mpi.allgather(self.rank if job_rank is None else job_rank)
         self.timeout = timeout
         self.poll = min(0.5, max(0.02, timeout / 10))
         self.answer_within = max(1.0, 4 * self.poll)
@@ -167,7 +171,8 @@ class Watchdog:
         where = (mine["call"], mine["label"])
         absent = [r for r in range(self.size)
                   if r not in answers or (answers[r].get("call"), answers[r].get("label")) != where]
-        head = (f"not arrived: rank {', '.join(map(str, absent))}" if absent else
+        named = self.job_ranks
+        head = (f"not arrived: rank {', '.join(str(named[r]) for r in absent)}" if absent else
                 "every rank waits in the same call (the MPI library or the network does not progress)")
         lines = [f"hpcopt: stall: a collective has not completed within --stall-timeout "
                  f"{self.timeout:g} s; {head}"]
@@ -179,18 +184,19 @@ class Watchdog:
                 state = f"waiting {a['waited']:.1f} s in {a['call']} '{a['label']}' at step {a['step']}"
             else:
                 state = f"busy outside communication at step {a['step']}"
-            lines.append(f"  rank {r}: {state}")
+            lines.append(f"  rank {named[r]}: {state}")
         lines.append(f"hpcopt: aborting the job (exit code {EXIT_CODE})")
         return "\n".join(lines) + "\n"
 
 
 @contextmanager
-def watching(comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1) -> Iterator[Watchdog | None]:
+def watching(comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1,
+             job_rank: int | None = None) -> Iterator[Watchdog | None]:
     """A watchdog for the block when ``timeout`` > 0 (collective), else nothing at all."""
     if not timeout:
         yield None
         return
-    dog = Watchdog(comm, timeout, steps)
+    dog = Watchdog(comm, timeout, steps, job_rank)
     try:
         yield dog
     finally:

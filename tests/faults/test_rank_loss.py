@@ -181,3 +181,145 @@ def test_sweep_local_runs_a_continuing_task_under_ulfm_and_counts_its_survivors_
     assert row["state"] == "finished" and row["steps"] == "16", row
     assert row["note"] == f"finished at 3 of 4 ranks after losing rank {LOST}", row
     assert row["rank_losses"] == "1", row
+
+
+#: Run ``hpcopt.cli.main(argv)`` after ``patch`` (code that changes hpcopt on some ranks).
+PATCHED = """
+import sys
+import time
+
+from mpi4py import MPI
+from hpcopt.cli import main
+
+{patch}
+sys.exit(main({argv!r}))
+"""
+#: The job's rank 1 takes SLOW seconds longer to rebuild the run on the survivors.
+SLOW = 3.0
+SLOW_RECOVERY = f"""
+from hpcopt.run import rank_loss
+
+rebuilt = rank_loss._rebuilt
+
+def slow(*args):
+    if MPI.COMM_WORLD.Get_rank() == 1:
+        time.sleep({SLOW})
+    return rebuilt(*args)
+
+rank_loss._rebuilt = slow
+"""
+#: The job's rank 3 hangs at the start of its step 26 (after the loss of rank 2 and its recovery).
+HANG_AT_26 = """
+from hpcopt.run import fault_schedule
+
+wrap = fault_schedule.Schedule.wrap
+
+def hanging(self, oracle, steps_done):
+    inner = wrap(self, oracle, steps_done)
+
+    def step(x, grad):
+        while MPI.COMM_WORLD.Get_rank() == 3 and steps_done() + 1 == 26:
+            time.sleep(60)
+        return inner(x, grad)
+    return step
+
+fault_schedule.Schedule.wrap = hanging
+"""
+
+
+def _continued(run: Path, *options: str) -> list[str]:
+    """The argv of a continued job of ARGS into ``run`` with rank 2 killed in step 14."""
+    return [*ARGS, "--out", str(run), "--on-rank-loss", "continue",
+            "--debug-fail-at", f"{LOST}:{KILLED_AT}:kill", *options]
+
+
+def _losses(run: Path) -> dict[str, list]:
+    with h5py.File(run / "trace.h5", "r") as f:
+        return {name: f["rank_losses"][name][()].tolist() for name in ("step", "rank", "round_step")}
+
+
+@needs_ulfm
+def test_a_second_lost_rank_is_survived_with_the_result_of_a_2_rank_run_from_its_round(
+        tmp_path: Path) -> None:
+    """Rank 2 killed in step 14 (back to round 12 at 3 ranks), then the job's rank 3 by
+    ``--fault 3:26`` (the rank as the job started: the survivors' rank 2; back to round 24 at 2
+    ranks): both rows in ``/rank_losses``, and the final model bitwise that of a 2-rank resume
+    of the 3-rank run's step-24 checkpoint without its last rank (the job's rank 3)."""
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    job = run_job(_continued(run, "--fault", "3:26"), ranks=4, mpiexec_args=("--with-ft", "ulfm"))
+    assert job.returncode == EXIT_CONTINUED, job.describe()
+    assert "going on at 3 ranks from step 12" in job.stdout, job.describe()
+    assert "rank 3 lost at step" in job.stdout and "going on at 2 ranks from step 24" in job.stdout, \
+        job.describe()
+    losses = _losses(run)
+    assert losses["rank"] == [LOST, 3] and losses["round_step"] == [ROUND, 24], losses
+    assert KILLED_AT <= losses["step"][0] <= KILLED_AT + 2 and 26 <= losses["step"][1] <= 28, losses
+    with h5py.File(run / "trace.h5", "r") as f:
+        assert f["rows"]["step"].tolist() == list(range(4, 33, 4))
+    ckpt = run / "checkpoints" / f"step-{24:09d}.h5"
+    argv = ["resume", str(ckpt), "--ranks-changed", "--on-rank-loss", "abort", "--fault", "",
+            "--out", str(reference)]
+    again = run_job([], ranks=2, python_code=REFERENCE.format(lost=2, argv=argv))
+    assert again.returncode == 0, again.describe()
+    last = f"checkpoints/step-{32:09d}.h5"
+    np.testing.assert_array_equal(_model(run / last), _model(reference / last))
+
+
+@needs_ulfm
+def test_the_stall_watchdog_waits_out_a_recovery_and_the_timeline_keeps_the_job_ranks(
+        tmp_path: Path) -> None:
+    """``--stall-timeout 1`` while the survivors' recovery takes over SLOW seconds (rank 1 is
+    slow to rebuild): no stall is reported, the job finishes (exit 5); ``--timeline``'s spans
+    keep each rank's number as the job started: the lost rank's end before its loss, the job's
+    rank 3 (the survivors' rank 2) goes on to the end."""
+    from hpcopt.io.timeline import read_timeline
+
+    run = tmp_path / "run"
+    argv = _continued(run, "--stall-timeout", "1", "--timeline", "true")
+    job = run_job([], ranks=4, python_code=PATCHED.format(patch=SLOW_RECOVERY, argv=argv),
+                  mpiexec_args=("--with-ft", "ulfm"))
+    assert job.returncode == EXIT_CONTINUED, job.describe()
+    assert "stall" not in job.stdout + job.stderr, job.describe()
+    with h5py.File(run / "trace.h5", "r") as f:
+        assert f["rank_losses/recover_seconds"][0] > SLOW > 1
+    timeline = read_timeline(run / "trace.h5")
+    assert timeline is not None and timeline.ranks == 4 and timeline.dropped == [0] * 4
+    spans = timeline.spans
+    last_step = {rank: int(spans["step"][spans["rank"] == rank].max()) for rank in range(4)}
+    assert last_step[LOST] <= KILLED_AT and all(last_step[r] == 32 for r in (0, 1, 3)), last_step
+
+
+@needs_ulfm
+def test_a_stall_after_a_loss_is_reported_with_the_job_ranks(tmp_path: Path) -> None:
+    """The watchdog started again on the survivors still ends a real stall (exit 4): the job's
+    rank 3 hangs after rank 2's loss, and the report names it rank 3 (not the survivors' 2)."""
+    from hpcopt.run.watchdog import EXIT_CODE
+
+    argv = _continued(tmp_path / "run", "--stall-timeout", "1")
+    job = run_job([], ranks=4, python_code=PATCHED.format(patch=HANG_AT_26, argv=argv),
+                  mpiexec_args=("--with-ft", "ulfm"))
+    assert job.returncode == EXIT_CODE, job.describe()
+    assert "going on at 3 ranks from step 12" in job.stdout, job.describe()
+    report = job.stdout + job.stderr
+    assert "not arrived: rank 3\n" in report and "  rank 3: busy outside communication" in report, \
+        job.describe()
+    assert f"  rank {LOST}: " not in report, job.describe()
+
+
+@needs_ulfm
+def test_averaging_auto_is_plain_mpi_under_continue(tmp_path: Path) -> None:
+    """A model above the shared-memory crossover (128 KB): ``--averaging auto`` averages it in
+    shared memory, and under ``--on-rank-loss continue`` by plain MPI (the trace's
+    ``averaging``)."""
+    big = [*ARGS, "--hidden", "512", "--steps", "8", "--averaging", "auto"]
+    paths = {}
+    for mode in ("abort", "continue"):
+        run = paths[mode] = tmp_path / mode
+        job = run_job([*big, "--out", str(run), "--on-rank-loss", mode], ranks=2,
+                      mpiexec_args=("--with-ft", "ulfm"))
+        assert job.returncode == 0, job.describe()
+    averaging = {}
+    for mode, run in paths.items():
+        with h5py.File(run / "trace.h5", "r") as f:
+            averaging[mode] = f.attrs["averaging"]
+    assert averaging == {"abort": "shm", "continue": "mpi"}
