@@ -89,7 +89,7 @@ def run_loop(ce: int, te: int, ev: int, signal_step: int, deferred: bool):
     stop = StopSignal(True)
     session = Session(ticks, deferred, signal_step, stop)
     files = RunFiles(Config(), Path("run"), "id", None, 0.0)
-    summary, _ = _loop(session, files, SimpleNamespace(barrier=lambda label: None), None, stop,
+    summary, _ = _loop(session, files, SimpleNamespace(rank=0, barrier=lambda label: None), None, stop,
                        ThreadChoice(1, "test"), False)
     return summary, session
 
