@@ -103,7 +103,8 @@ def test_a_checkpoint_with_a_reduction_in_flight_is_refused_and_one_without_carr
         return in_flight
 
     with pytest.raises(HpcoptError, match=rf"in flight at its step {tick} .*resume it on 2 \(mpiexec -n 2"):
-        rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks), in_flight=in_flight_at(tick))
+        rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks),
+                 in_flight=in_flight_at(tick))
     carried, _ = rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks),
                           in_flight=in_flight_at(tick + 1))
     assert asked == [tick, tick] and carried.world_size == 3
