@@ -120,7 +120,8 @@ def make_parser() -> argparse.ArgumentParser:
     resume.add_argument("--ranks-changed", action="store_true",
                         help="carry a data-parallel checkpoint over to this job's number of ranks: "
                              "the averaged model exactly, per-rank state by each field's policy, "
-                             "the data partitioned anew (docs/failures.md)")
+                             "the data partitioned anew; a streaming run's only with no fragment "
+                             "reduction in flight at the checkpoint (docs/failures.md)")
     _add_config_flags(resume)
     _add_debug_flags(resume)
     report = sub.add_parser("report", help="plots and a table comparing run traces "

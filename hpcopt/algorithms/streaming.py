@@ -35,7 +35,9 @@ Which fragment is in flight after which step is a function of the step alone, so
 holds only what each rank sent (``state.in_flight``, a per-rank vector); a resumed run posts the
 same reductions again from it (the same inputs on as many ranks: the same bits) when they are
 due. A reduction is counted when it completes, so a checkpoint taken while one is in flight
-holds none of it and the resumed run counts it once, as the uninterrupted run.
+holds none of it and the resumed run counts it once, as the uninterrupted run. On another
+number of ranks (``resume --ranks-changed``) a checkpoint with none in flight carries over
+(``in_flight`` reset: nothing reads it again); one with a reduction in flight is refused.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import numpy as np
 from ..errors import HpcoptError
 from .base import context, option
 from .reducers import PLAIN, Reducer
-from .state import REFUSE, SCRATCH, VECTOR, Declared
+from .state import RESET, SCRATCH, VECTOR, Declared
 
 if TYPE_CHECKING:
     from ..comm import Comm, Reduction
@@ -56,9 +58,11 @@ if TYPE_CHECKING:
 Array = Any
 
 FRAGMENT_LABEL = "fragments"
-#: The state a streaming run keeps: what this rank sent of each fragment (meaningless on another
-#: number of ranks), and the reductions in flight (run-time objects, ``InFlight``).
-FRAGMENT_FIELDS = (("in_flight", VECTOR, REFUSE), ("reductions", SCRATCH, None))
+#: The state a streaming run keeps: what this rank sent of each fragment (read only to post again
+#: a reduction in flight at a checkpoint: reset on another number of ranks, where a checkpoint
+#: with one in flight is refused, hpcopt.io.rescale), and the reductions in flight (run-time
+#: objects, ``InFlight``).
+FRAGMENT_FIELDS = (("in_flight", VECTOR, RESET), ("reductions", SCRATCH, None))
 #: The trace column of a streaming run: the most bytes a rank had in flight at once over the
 #: round up to the row's step.
 PEAK_COLUMN = "peak_bytes_in_flight"

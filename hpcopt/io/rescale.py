@@ -11,8 +11,12 @@ its declaration names (``hpcopt.algorithms.state``):
   computed in float64, rounded to the field's dtype, an integer to the nearest);
 - ``reset``: the value a new run starts with (the wire's error feedback, the last step's
   clipping flag and norm);
-- ``refuse``: meaningless on another count (a streaming run's reductions in flight): the resume
-  is refused.
+- ``refuse``: meaningless on another count: the resume is refused.
+
+A checkpoint taken with a reduction in flight (a streaming run's fragment, ``--overlap`` > 0:
+the algorithm's ``in_flight`` at the checkpoint's counters) is refused: that reduction sums
+what each old rank sent, which the new ranks cannot post again. With none in flight, what a
+streaming run's ranks sent (``in_flight``) is never read again, and it is reset.
 
 Outside the state: the data are partitioned anew for M ranks (the run is built for M), and the
 samplers are re-seeded: every new rank r starts epoch E + 1, E the newest epoch of any old rank,
@@ -40,12 +44,14 @@ _SAID = ((fields.AVERAGE, "averaged"), (fields.RESET, "reset"), (fields.SAME, "k
 
 
 def rescaled(ckpt: Checkpoint, size: int, rank: int, state: Any, sampler: dict[str, int],
-             to_host: Callable[[Any], np.ndarray] = np.asarray) -> tuple[Checkpoint, str]:
+             to_host: Callable[[Any], np.ndarray] = np.asarray, *,
+             in_flight: Callable[[Any], bool]) -> tuple[Checkpoint, str]:
     """``ckpt`` (read for every one of its ranks) as rank ``rank``'s part of a checkpoint of
     ``size`` ranks, and the line that says what became of each field. ``state`` is the new run's
     freshly built state (its fields' policies, and the values ``reset`` restores); ``sampler``
     this rank's sampler state (``Sampler.state()``: its shard of the new partition); ``to_host``
-    copies a state array to a NumPy array (the backend's). Raises
+    copies a state array to a NumPy array (the backend's); ``in_flight`` the algorithm's: whether
+    a reduction is in flight after a state's step. Raises
     HpcoptError (one line) where the checkpoint cannot be carried over."""
     path, old = ckpt.path, ckpt.world_size
     if len(ckpt.ranks) != old:
@@ -71,6 +77,8 @@ def rescaled(ckpt: Checkpoint, size: int, rank: int, state: Any, sampler: dict[s
                 for name, values in ckpt.counters.items()}
     scalars = {name: _number(path, name, values, policies[name], getattr(state, name), size)
                for name, values in ckpt.scalars.items()}
+    _refuse_in_flight(ckpt, size, in_flight(dataclasses.replace(
+        state, **{name: int(values[0]) for name, values in counters.items()})))
     epoch = int(ckpt.sampler[:, SAMPLER_COLUMNS.index("epoch")].max()) + 1
     row = {**sampler, "epoch": epoch, "position": 0}
     reseeded = np.array([[r if key == "rank" else row[key] for key in SAMPLER_COLUMNS]
@@ -81,6 +89,16 @@ def rescaled(ckpt: Checkpoint, size: int, rank: int, state: Any, sampler: dict[s
                                   scalars=scalars, sampler=reseeded, window=window)
     dropped = [name for name in model_fields if name in ckpt.rows]
     return carried, _line(ckpt, size, policies, [*rows, *counters, *scalars], dropped, epoch)
+
+
+def _refuse_in_flight(ckpt: Checkpoint, size: int, busy: bool) -> None:
+    """HpcoptError where a reduction was in flight at ``ckpt``'s step (``busy``)."""
+    if busy:
+        old = ckpt.world_size
+        raise HpcoptError(f"{ckpt.path}: a reduction was in flight at its step {ckpt.tick} (a streaming "
+                          f"fragment's, --overlap > 0), summing what each of its {old} ranks sent, which "
+                          f"{size} ranks cannot send again: resume it on {old} (mpiexec -n {old} ...), "
+                          "or carry over a checkpoint at a step with none in flight")
 
 
 def _vector(path: Any, name: str, values: np.ndarray, policy: str, fresh: np.ndarray) -> np.ndarray:

@@ -267,7 +267,8 @@ class DataParallelSession:
         carried = self.workload.carried
         if ckpt.world_size != self.comm.size:
             ckpt, line = rescaled(ckpt, self.comm.size, self.comm.rank, self.state,
-                                  self.workload.problem.sampler.state(), self.comm.backend.to_host)
+                                  self.workload.problem.sampler.state(), self.comm.backend.to_host,
+                                  in_flight=self.algorithm.in_flight)
             if self.comm.rank == 0:
                 print(line, flush=True)
         self.window.restore(ckpt_io.restore(ckpt, self.comm.rank, self.state,

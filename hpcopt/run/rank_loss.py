@@ -81,7 +81,7 @@ class Snapshot:
     trace_rows: int
     model: np.ndarray                  # this rank's x (the round's average when synchronized)
     synchronized: bool                 # every rank holds the same x
-    rows: dict[str, np.ndarray]        # per-rank vectors (not those with nothing in flight)
+    rows: dict[str, np.ndarray]        # per-rank vectors (not the reset ones)
     numbers: ckpt_io.RankNumbers       # counters, sampler row, scalars and flags
     window: np.ndarray
     shared: dict[str, np.ndarray]
@@ -109,7 +109,7 @@ class RankLossRecovery:
         state, to_host, config = session.state, session.comm.backend.to_host, session.config
         policies = fields.rescale_policies(state)
         rows = {name: to_host(getattr(state, name)).copy() for name in fields.present(state, fields.VECTOR)
-                if policies[name] != fields.REFUSE}  # refused fields are idle here: reset
+                if policies[name] != fields.RESET}  # reset on the survivors anyway: not kept
         writer = session.files.writer if session.files else None
         self.snapshots = [*self.snapshots[-1:], Snapshot(
             tick=tick, step=state.step, trace_rows=writer.rows if writer else 0,
@@ -174,7 +174,7 @@ def _rebuilt(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> Da
     ckpt = _gathered(session, comm, snapshot)
     state = rebuilt.state
     carried, _ = rescaled(ckpt, comm.size, comm.rank, state, rebuilt.workload.problem.sampler.state(),
-                          comm.backend.to_host)
+                          comm.backend.to_host, in_flight=rebuilt.algorithm.in_flight)
     for name in fields.present(state, fields.VECTOR):  # those left out of the snapshot: reset
         if name not in carried.rows:
             carried.rows[name] = comm.backend.to_host(getattr(state, name)).reshape(1, -1)

@@ -24,8 +24,8 @@ LOST, KILLED_AT, ROUND = 2, 14, 12  # rank 2 dies in step 14: the survivors go b
 ARGS = ["train", *SMALL, "--steps", "32", "--checkpoint-every", "4"]
 
 #: A 3-rank resume of the 4-rank run's checkpoint of the round, without the lost rank: its
-#: per-rank rows dropped (a mid-round model averaged over the survivors), a streaming run's idle
-#: in_flight reset, then carried over as ``resume --ranks-changed`` carries a checkpoint.
+#: per-rank rows dropped (a mid-round model averaged over the survivors), then carried over as
+#: ``resume --ranks-changed`` carries a checkpoint (a streaming run's idle in_flight reset).
 REFERENCE = """
 import sys
 
@@ -35,20 +35,16 @@ from hpcopt.run import data_parallel
 
 lost, carry = {lost}, data_parallel.rescaled
 
-def survivors(ckpt, size, rank, state, sampler, to_host):
+def survivors(ckpt, size, rank, state, sampler, to_host, in_flight):
     keep = [r for r in range(ckpt.world_size) if r != lost]
-    rows = {{name: values[keep] for name, values in ckpt.rows.items() if name != "in_flight"}}
+    rows = {{name: values[keep] for name, values in ckpt.rows.items()}}
     if "x" in rows:
         ckpt.model = rows["x"].mean(axis=0, dtype=np.float64).astype(rows["x"].dtype)
     ckpt.rows, ckpt.world_size, ckpt.ranks = rows, len(keep), tuple(range(len(keep)))
     ckpt.counters = {{n: v[keep] for n, v in ckpt.counters.items()}}
     ckpt.scalars = {{n: v[keep] for n, v in ckpt.scalars.items()}}
     ckpt.sampler, ckpt.window = ckpt.sampler[keep], ckpt.window[keep]
-    carried, line = carry(ckpt, size, rank, state, sampler, to_host)
-    in_flight = getattr(state, "in_flight", None)  # declared by streaming's fragments only
-    if in_flight is not None:
-        carried.rows["in_flight"] = np.zeros((1, in_flight.size), in_flight.dtype)
-    return carried, line
+    return carry(ckpt, size, rank, state, sampler, to_host, in_flight=in_flight)
 
 data_parallel.rescaled = survivors
 sys.exit(main({argv!r}))

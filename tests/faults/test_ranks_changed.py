@@ -50,8 +50,10 @@ def test_a_requeue_onto_fewer_ranks_resumes_with_the_flag_and_runs_to_the_end(tm
 
 @pytest.mark.parametrize("flags, ranks, words", [
     (["--group-size", "2", "--group-interval", "2"], 3, ["group_size"]),
-    (["--fragments", "2"], 3, ["in_flight", "resume it on 2"]),
-], ids=["groups-that-do-not-divide", "streaming"])
+    # fragment 0 is sent after step 8 (I = 4) and lands a step later: in flight at the checkpoint
+    (["--fragments", "2", "--overlap", "1"], 3,
+     ["a reduction was in flight at its step 8", "resume it on 2"]),
+], ids=["groups-that-do-not-divide", "streaming-in-flight"])
 def test_a_state_without_meaning_on_the_new_count_is_refused_in_one_line(tmp_path, flags, ranks, words):
     out = tmp_path / "run"
     trained(out, 2, *flags)

@@ -1,6 +1,7 @@
 """Resuming a data-parallel run on another number of ranks (``resume --ranks-changed``), for
 every data-parallel algorithm in the registry, N -> M in 4 -> 2, 2 -> 4 and 3 -> 4 (sub-communicators
-of a 4-rank job), from a mid-round checkpoint.
+of a 4-rank job), from a mid-round checkpoint; Streaming DiLoCo's fragments 4 -> 2 and 2 -> 3 from a
+checkpoint with no reduction in flight (one with a reduction in flight is refused).
 
 The reference, stated exactly: the carried-over run is bitwise an ordinary resume on M ranks of
 an M-rank checkpoint that holds the N-rank checkpoint's averaged model, every per-rank field as its
@@ -22,6 +23,7 @@ from mpi4py import MPI
 from hpcopt.algorithms import state as fields
 from hpcopt.algorithms.base import DATA_PARALLEL
 from hpcopt.algorithms.registration import names
+from hpcopt.algorithms.streaming import FragmentSchedule
 from hpcopt.comm import Comm
 from hpcopt.config import Config, build_config
 from hpcopt.errors import HpcoptError
@@ -45,11 +47,27 @@ BASE = {"dataset": "digits", "hidden": "16", "batch_size": "8", "dtype": "float6
         "steps": str(STEPS), "checkpoint_every": str(TICK), "keep_checkpoints": "10",
         "trace_every": "4", "progress": "false"}
 CHANGES = [(4, 2), (2, 4), (3, 4)]
+#: Streaming runs whose checkpoint at step TICK has no reduction in flight: DiLoCo (AdamW inner,
+#: Nesterov outer per fragment) with overlap 0; overlap 1 with I = 5 (fragments sent after steps
+#: 0 and 2 mod 5: none after step 6), sgd momentum averaged, FedAdam's moments per fragment; a
+#: compressed wire (its error feedback per rank, reset; overlap 0 only).
+STREAMING = {
+    "diloco-fragments": {"algorithm": "diloco", "fragments": "2", "interval": "4"},
+    "fedadam-overlap": {"algorithm": "prsgd", "outer_optimizer": "fedadam", "momentum": "0.9",
+                        "fragments": "2", "overlap": "1", "interval": "5"},
+    "int8-wire": {"algorithm": "prsgd", "momentum": "0.9", "fragments": "2", "wire": "int8",
+                  "interval": "4"},
+}
+#: One whose checkpoint at step TICK has fragment 1's reduction in flight (sent after step 6).
+IN_FLIGHT = {"algorithm": "diloco", "fragments": "2", "overlap": "1", "interval": "4"}
 
 
 def algorithm_config(name: str, out: Path) -> Config:
-    """A run of ``name`` (``algorithm+outer``: with that outer optimizer): momentum 0.9 and I = 4
-    where it takes them (DiLoCo's AdamW takes no momentum, naive_clip averages every step)."""
+    """A run of ``name`` (``algorithm+outer``: with that outer optimizer; a key of ``STREAMING``:
+    those options): momentum 0.9 and I = 4 where it takes them (DiLoCo's AdamW takes no momentum,
+    naive_clip averages every step)."""
+    if name in STREAMING:
+        return build_config(None, {**BASE, **STREAMING[name], "out": str(out)})
     name, _, outer = name.partition("+")
     chosen = {"algorithm": name, "out": str(out), **({"outer_optimizer": outer} if outer else {})}
     for extra in ({"momentum": "0.9", "interval": "4"}, {"interval": "4"}, {}):
@@ -119,12 +137,55 @@ def test_a_run_resumed_on_another_number_of_ranks_is_the_stated_reference(comm, 
                                                                            old, new):
     if comm.size != 4:
         pytest.skip("needs 4 ranks (sub-communicators of 2, 3 and 4)")
+    trained = shared_dir / "first"
+    config = algorithm_config(algorithm, trained)
+    on_ranks(comm, old, lambda c: train(config, c, verbose=False))
+    assert read_checkpoint(checkpoint_path(trained, TICK)).world_size == old  # naive_clip: not mid-round
+    assert_carried_over_as_the_reference(comm, shared_dir, algorithm, new)
+
+
+@pytest.mark.parametrize("old, new", [(4, 2), (2, 3)])
+@pytest.mark.parametrize("algorithm", list(STREAMING))
+def test_a_streaming_run_with_nothing_in_flight_resumed_on_another_number_of_ranks_is_the_reference(
+        comm, shared_dir, algorithm, old, new):
+    if comm.size != 4:
+        pytest.skip("needs 4 ranks (sub-communicators of 2, 3 and 4)")
+    trained = shared_dir / "first"
+    config = algorithm_config(algorithm, trained)
+    on_ranks(comm, old, lambda c: train(config, c, verbose=False))
+    ckpt = read_checkpoint(checkpoint_path(trained, TICK))
+    options = config.algorithm  # the case stated: nothing in flight after step TICK
+    fragments = tuple((p, p + 1) for p in range(options.fragments))
+    assert not FragmentSchedule(fragments, options.interval, options.overlap, 1.0).in_flight(TICK)
+    assert "in_flight" in ckpt.rows and ckpt.rows["in_flight"].any()  # what the ranks sent: reset
+    assert not (ckpt.rows["x"] == ckpt.rows["x"][0]).all()  # the ranks' models differ
+    assert_carried_over_as_the_reference(comm, shared_dir, algorithm, new)
+
+
+@pytest.mark.parametrize("old, new", [(4, 2), (2, 3)])
+def test_a_streaming_checkpoint_with_a_reduction_in_flight_is_refused(comm, shared_dir, old, new):
+    if comm.size != 4:
+        pytest.skip("needs 4 ranks (sub-communicators of 2, 3 and 4)")
+    config = build_config(None, {**BASE, **IN_FLIGHT, "out": str(shared_dir / "first")})
+    on_ranks(comm, old, lambda c: train(config, c, verbose=False))
+    assert FragmentSchedule(((0, 1), (1, 2)), 4, 1, 1.0).in_flight(TICK) == [(1, TICK)]  # as stated
+    path = checkpoint_path(shared_dir / "first", TICK)
+
+    def refused(c: Comm) -> None:
+        with pytest.raises(HpcoptError, match=f"a reduction was in flight at its step {TICK} .* resume it "
+                                              f"on {old} \\(mpiexec -n {old}"):
+            train(config, c, verbose=False, resume=path, ranks_changed=True)
+
+    on_ranks(comm, new, refused)
+
+
+def assert_carried_over_as_the_reference(comm: Comm, shared_dir: Path, algorithm: str, new: int) -> None:
+    """The checkpoint at TICK of the run in ``shared_dir``/first, resumed on ``new`` ranks, is
+    bitwise the module docstring's reference, and starts from the values it states."""
     first, reference = shared_dir / "first", shared_dir / "reference"
     config = algorithm_config(algorithm, first)
-    on_ranks(comm, old, lambda c: train(config, c, verbose=False))
     path = checkpoint_path(first, TICK)
     ckpt = read_checkpoint(path)
-    assert ckpt.world_size == old  # mid-round, so the ranks hold their own models (naive_clip: not)
 
     def restored(c: Comm) -> tuple[dict[str, Any], dict[str, int]]:
         """The policies' effect right after the restore, checked; (carried values, sampler)."""

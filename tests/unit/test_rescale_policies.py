@@ -55,6 +55,11 @@ def fresh_state(ckpt):
     return SgdState(x=np.zeros_like(ckpt.model), momentum=np.zeros_like(ckpt.model))
 
 
+def idle(state):
+    """An algorithm's ``in_flight`` with nothing ever in flight (blocking rounds)."""
+    return False
+
+
 def sampler_row(ckpt):
     return dict(zip(("epoch", "position", "batch_size", "shard_size", "seed", "rank"),
                     map(int, ckpt.sampler[0])))
@@ -63,18 +68,19 @@ def sampler_row(ckpt):
 def test_counters_that_differ_between_the_ranks_are_refused(two_ranks):
     two_ranks.counters["rounds"][1] += 1
     with pytest.raises(HpcoptError, match=r"ranks' rounds differ \(1, 2\)"):
-        rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks))
+        rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks), in_flight=idle)
 
 
 def test_per_rank_problem_state_is_refused(two_ranks):
     two_ranks.rows[HIDDEN] = np.zeros((2, 4), dtype=two_ranks.model.dtype)
     with pytest.raises(HpcoptError, match="problem state .* resume it on 2"):
-        rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks))
+        rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks), in_flight=idle)
 
 
 def test_the_line_says_what_became_of_each_field(two_ranks):
     two_ranks.rows["momentum"][1] += 1.0
-    carried, line = rescaled(two_ranks, 3, 2, fresh_state(two_ranks), sampler_row(two_ranks))
+    carried, line = rescaled(two_ranks, 3, 2, fresh_state(two_ranks), sampler_row(two_ranks),
+                             in_flight=idle)
     assert line == ("hpcopt: carrying a checkpoint of 2 rank(s) over to 3: the averaged model as it is; "
                     "averaged momentum; kept step, rounds, steps_in_round; dropped the ranks' own x "
                     "(mid-round); data partitioned for 3, samplers re-seeded at epoch 1")
@@ -82,3 +88,32 @@ def test_the_line_says_what_became_of_each_field(two_ranks):
     old = two_ranks.rows["momentum"].astype(np.float64)  # the mean in float64, rounded to the dtype
     np.testing.assert_array_equal(carried.rows["momentum"][0], ((old[0] + old[1]) / 2).astype(np.float32))
     assert carried.sampler[:, 0].tolist() == [1, 1, 1] and carried.sampler[:, -1].tolist() == [0, 1, 2]
+
+
+def test_a_checkpoint_with_a_reduction_in_flight_is_refused_and_one_without_carries_over(two_ranks):
+    """The algorithm's ``in_flight`` is asked at the checkpoint's counters (a streaming run with
+    overlap: in flight after some steps, not others)."""
+    tick = int(two_ranks.counters["step"][0])
+    asked = []
+
+    def in_flight_at(step):
+        def in_flight(state):
+            asked.append(state.step)
+            return state.step == step
+        return in_flight
+
+    with pytest.raises(HpcoptError, match=rf"in flight at its step {tick} .*resume it on 2 \(mpiexec -n 2"):
+        rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks),
+                 in_flight=in_flight_at(tick))
+    carried, _ = rescaled(two_ranks, 3, 0, fresh_state(two_ranks), sampler_row(two_ranks),
+                          in_flight=in_flight_at(tick + 1))
+    assert asked == [tick, tick] and carried.world_size == 3
+
+
+def test_a_field_declared_refuse_is_refused(two_ranks):
+    RefusingState = fields.declaring(SgdState, (("sent", fields.VECTOR, fields.REFUSE),))
+    two_ranks.rows["sent"] = np.zeros((2, 3), dtype=two_ranks.model.dtype)
+    state = RefusingState(x=np.zeros_like(two_ranks.model), momentum=np.zeros_like(two_ranks.model),
+                          sent=np.zeros(3))
+    with pytest.raises(HpcoptError, match="its sent cannot be carried over to 3 ranks.*resume it on 2"):
+        rescaled(two_ranks, 3, 0, state, sampler_row(two_ranks), in_flight=idle)
