@@ -14,8 +14,9 @@ slowest rank's time kept, the median over repetitions reported):
 
 Bandwidths as nccl-tests defines them: algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
 rate each rank's link runs at in a ring allreduce, comparable across rank counts. The last
-lines fit the alpha-beta model (hpcopt.comm.costmodel, ring form) to the first ``--averaging`` mode
-and print the ``--network`` value that replays it, with the model's error at each size.
+lines fit the alpha-beta model (hpcopt.comm.costmodel.fit_allreduce, in the form the model prices
+with) to the first ``--averaging`` mode and print the ``--network`` value that replays it, with
+the model's error at each size.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def bus_factor(ranks: int) -> float:
 
 def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "float32",
             budget: float = 0.3, min_reps: int = 5, max_reps: int = 200) -> list[dict[str, Any]]:
-    """Per size: {"bytes", "reps", "seconds": {case: median s}}; the same on every rank."""
+    """Per size: {"bytes", "reps", "seconds" and "last_arrival": {case: median s}}
+    (``_timed_cases``); the same on every rank."""
     comms = {mode: Comm(mpi, averaging=mode) for mode in modes}
     results = []
     try:
@@ -65,7 +67,8 @@ def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "flo
             finally:
                 for comm in sharing.values():
                     comm.free()
-            results.append({"bytes": int(buf.nbytes), "reps": reps, "seconds": medians})
+            results.append({"bytes": int(buf.nbytes), "reps": reps, "seconds": medians["slowest"],
+                            "last_arrival": medians["last_arrival"]})
     finally:
         for comm in comms.values():
             comm.free()
@@ -73,9 +76,12 @@ def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "flo
 
 
 def _timed_cases(mpi: MPI.Comm, buf: np.ndarray, comms: dict[str, Comm], sharing: dict[str, Comm],
-                 budget: float, min_reps: int, max_reps: int) -> tuple[int, dict[str, float]]:
-    """(repetitions, {case: median s}) of every case on ``buf``; the ``<mode>-shared`` cases
-    average a copy of it that ``sharing[mode]`` put in node-shared memory."""
+                 budget: float, min_reps: int, max_reps: int) -> tuple[int, dict[str, dict[str, float]]]:
+    """(repetitions, {"slowest" and "last_arrival": {case: median s}}) of every case on ``buf``:
+    per repetition the slowest rank's seconds, and the least of the ranks' (the rank that left
+    the barrier last, which waited for no other: the call's own time, without the others' wait
+    for it, which a loaded machine's scheduler adds); the ``<mode>-shared`` cases average a copy
+    of it that ``sharing[mode]`` put in node-shared memory."""
     cases: dict[str, Callable[[], Any]] = {"raw": _raw(mpi, buf, float(mpi.Get_size()))}
     for mode, comm in comms.items():
         cases[mode] = partial(comm.average_, buf)
@@ -96,10 +102,12 @@ def _timed_cases(mpi: MPI.Comm, buf: np.ndarray, comms: dict[str, Comm], sharing
             t0 = time.perf_counter()
             cases[name]()
             times[name][r] = time.perf_counter() - t0
-    medians = {}
+    medians: dict[str, dict[str, float]] = {"slowest": {}, "last_arrival": {}}
     for name in cases:
-        mpi.Allreduce(MPI.IN_PLACE, times[name], op=MPI.MAX)
-        medians[name] = float(np.median(times[name]))
+        for kind, op in (("slowest", MPI.MAX), ("last_arrival", MPI.MIN)):
+            per_rep = times[name].copy()
+            mpi.Allreduce(MPI.IN_PLACE, per_rep, op=op)
+            medians[kind][name] = float(np.median(per_rep))
     return reps, medians
 
 
@@ -111,7 +119,8 @@ def _raw(mpi: MPI.Comm, buf: np.ndarray, n: float) -> Callable[[], None]:
 
 
 def fit(results: list[dict[str, Any]], case: str, ranks: int) -> NetworkProfile:
-    """The alpha-beta profile (ring form) fitted to one case's medians."""
+    """The alpha-beta profile fitted to one case's medians (in the form the model prices with:
+    ``costmodel.fit_allreduce``)."""
     return fit_allreduce([r["bytes"] for r in results], [r["seconds"][case] for r in results], ranks,
                          name=f"fitted-{case}")
 
@@ -162,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         data: dict[str, Any] = {"ranks": n, "dtype": args.dtype, "mpi": mpi_library(), "results": results}
         if n > 1 and len(results) > 1:
             net = fit(results, modes[0], n)
-            print(f"# fitted to {modes[0]} (ring form): alpha {1e6 * net.alpha:.2f} us, bandwidth "
+            print(f"# fitted to {modes[0]}: alpha {1e6 * net.alpha:.2f} us, bandwidth "
                   f"{net.bandwidth / 1e9:.2f} GB/s -> --network alpha={net.alpha:.3g},beta={net.beta:.3g}")
-            errors = [net.allreduce(r["bytes"], n, "ring") / r["seconds"][modes[0]] for r in results]
+            errors = [net.allreduce(r["bytes"], n) / r["seconds"][modes[0]] for r in results]
             print("# model / measured: " + ", ".join(f"{fmt_bytes(r['bytes'])} {e:.2f}"
                                                       for r, e in zip(results, errors)))
             data["fit"] = {"case": modes[0], "alpha": net.alpha, "beta": net.beta}

@@ -32,6 +32,8 @@ def test_bench_allreduce_tiny(comm, tmp_path_factory, capsys):
     results = measure(comm.mpi, [4096, 8192], ["mpi"], budget=0.01, min_reps=3, max_reps=3)
     assert [r["reps"] for r in results] == [3, 3]
     assert all(r["seconds"]["mpi"] > 0 and r["seconds"]["raw"] > 0 for r in results)
+    # the last rank to arrive waited for no other: its median is at most the slowest rank's
+    assert all(0 < r["last_arrival"][case] <= r["seconds"][case] for r in results for case in ("mpi", "raw"))
     # shm: a private buffer (copied into the window) and one in node-shared memory (in place)
     results = measure(comm.mpi, [4096], ["shm"], budget=0.01, min_reps=3, max_reps=3)
     assert sorted(results[0]["seconds"]) == ["raw", "shm", "shm-shared"]
