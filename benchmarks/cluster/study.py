@@ -141,7 +141,8 @@ def measure(name: str, run: Run, sent: float, target: float, spec: str,
     comm, modelled = comm_seconds(trace_path)
     hidden = hidden_fraction(trace_path, spec, layout)[2] if "fragments" in trace.comm else None
     timeline = read_timeline(trace_path)
-    own = None if timeline is None else sum(own_seconds(timeline, skip=costmodel.SETUP_LABELS).values())
+    counted = set(trace.comm) - set(costmodel.SETUP_LABELS)  # the labels and calls comm_seconds sums
+    own = None if timeline is None else sum(own_seconds(timeline, counted, until=wall[-1]).values())
     return Measured(name, steps, wall[-1], sent / steps / 1e6, comm, modelled, reached, loss[-1],
                     (wall, loss), label_seconds(trace, in_node=True), label_seconds(trace, labels=("trace",)),
                     hidden, own)

@@ -17,6 +17,7 @@ node groups) are counted as one call, the least of their spans.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 import numpy as np
@@ -27,17 +28,21 @@ from .timeline import Timeline
 CALL_CATEGORIES = ("comm", "wait")
 
 
-def own_seconds(timeline: Timeline, skip: Collection[str] = ()) -> dict[str, float]:
-    """label -> the seconds of its calls themselves over the run (module docstring), for every
-    label of a communication or wait span but those in ``skip``."""
-    spans = timeline.spans
+def own_seconds(timeline: Timeline, labels: Collection[str] | None = None,
+                until: float = math.inf) -> dict[str, float]:
+    """label -> the seconds of its calls themselves (module docstring) that began before
+    ``until`` on the run's clock (a trace row's ``wall``: the calls its counters hold), for
+    every label of a communication or wait span, or those of ``labels``."""
+    spans = timeline.spans[timeline.spans["start"] < until]
     out: dict[str, float] = {}
     for code, (category, label) in enumerate(timeline.kinds):
-        if category not in CALL_CATEGORIES or label in skip:
+        if category not in CALL_CATEGORIES or (labels is not None and label not in labels):
             continue
         chosen = spans[spans["kind"] == code]
+        if not chosen.size:
+            continue
         per_rank = [chosen["duration"][chosen["rank"] == rank] for rank in range(timeline.ranks)]
-        least = np.full(max(d.size for d in per_rank), np.inf)
+        least = np.full(max(d.size for d in per_rank), math.inf)
         for durations in per_rank:
             np.minimum(least[:durations.size], durations, out=least[:durations.size])
         out[label] = out.get(label, 0.0) + float(least.sum())

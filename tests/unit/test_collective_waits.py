@@ -32,8 +32,9 @@ def test_each_call_costs_the_least_of_its_ranks_spans():
              (0, 3, 1.0),                                # a call only rank 0 made
              (0, 0, 9.0), (1, 0, 9.0), (2, 0, 9.0),      # computation is no call
              (0, 4, 3.0), (1, 4, 3.0), (2, 4, 3.0)]
-    own = own_seconds(timeline(spans), skip=("setup",))
+    own = own_seconds(timeline(spans), labels=("average", "trace", "leaders"))
     assert own == pytest.approx({"average": 0.3, "trace": 0.01, "leaders": 1.0})
+    assert own_seconds(timeline(spans), until=3.0) == pytest.approx({"average": 0.1})  # the first 3 spans
 
 
 def test_a_straggler_s_partners_wait_at_the_average(tmp_path):
