@@ -65,17 +65,18 @@ def hpcopt_job(cluster: EmulatedCluster, *args: str, timeout: float,
 
 
 def fit(cluster: EmulatedCluster, tmp: Path, high: str, budget: float, ranks: int,
-        memory: costmodel.NetworkProfile | None = None,
-        timing: str = "seconds") -> tuple[costmodel.NetworkProfile, list[str]]:
+        memory: costmodel.NetworkProfile | None = None, timing: str = "seconds",
+        within: str = "world") -> tuple[costmodel.NetworkProfile, list[str]]:
     """alpha and beta fitted to ``bench allreduce`` on ``cluster`` (in the model's form over
     ``ranks``: its nodes, or its ranks on one node), and the table of the fit. With ``memory`` (the in-node
     profile), each time less the in-node level the node-aware model adds to a spanning call
     (``fit_allreduce``'s ``layout``): the table's modelled times are both levels. ``timing``:
     which of ``bench allreduce``'s medians, the slowest rank's ("seconds") or the last to
-    arrive's ("last_arrival", the calls' own)."""
-    path = tmp / f"allreduce-{cluster.nodes}.json"
+    arrive's ("last_arrival", the calls' own); ``within``: "node" times every node's own
+    allreduce at once (``bench allreduce --within node``: ``ranks`` is a node's ranks)."""
+    path = tmp / f"allreduce-{cluster.nodes}-{within}.json"
     hpcopt_job(cluster, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
-               "--budget", str(budget), "--json", str(path), timeout=1800)
+               "--budget", str(budget), "--within", within, "--json", str(path), timeout=1800)
     results = json.loads(path.read_text())["results"]
     sizes, seconds = [r["bytes"] for r in results], [r[timing]["auto"] for r in results]
     layout = None if memory is None else costmodel.NodeLayout(cluster.nodes, cluster.ranks_per_node, memory)

@@ -5,8 +5,11 @@
 
 Per cluster (``EmulatedCluster``: 2 and 4 nodes of 2 ranks, 100mbit and 1gbit links):
 
-1. the network fitted to ``hpcopt bench allreduce`` across the nodes, the memory to it in one
-   node (benchmarks/cluster/costmodel_links.py's ``fit``), giving every run's ``--network``;
+1. the memory fitted to ``hpcopt bench allreduce --within node`` (every node's allreduce at
+   once: in-node calls as they cost while the other nodes, on the same 2 cores, make theirs),
+   then the network to ``bench allreduce`` across the nodes less that in-node level
+   (benchmarks/cluster/costmodel_links.py's ``fit``), both on the last-arriving rank's times
+   (``FIT_TIMING``), giving every run's ``--network``;
 2. one study of the algorithms (``ALGORITHMS``): ``hpcopt sweep FILE --out DIR`` writes it,
    every task runs as its array task would, ``python -m hpcopt.study.task INDEX LAUNCHER``, with
    the cluster's ``mpiexec`` as LAUNCHER, and ``hpcopt collect`` gathers it; the bytes each
@@ -163,8 +166,7 @@ def grid(ranks: int, options: dict[str, Any]) -> dict[str, list[Any]]:
     return {"ranks": [ranks], **{key: [value] for key, value in options.items()}}
 
 
-def cluster_runs(nodes: int, ppn: int, rate: str, memory: costmodel.NetworkProfile, tmp: Path,
-                 args: argparse.Namespace) -> dict[str, Any]:
+def cluster_runs(nodes: int, ppn: int, rate: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Everything measured on one cluster."""
     label = f"{nodes}x{ppn}-{rate}"
     print(f"{label}: {time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f}", flush=True)
@@ -172,6 +174,8 @@ def cluster_runs(nodes: int, ppn: int, rate: str, memory: costmodel.NetworkProfi
     with EmulatedCluster(nodes, ppn, rate) as cluster:
         fitted = tmp / f"{label}-fit"
         fitted.mkdir(exist_ok=True)
+        memory, memory_table = fit(cluster, fitted, args.max_bytes, args.bench_budget, ppn,
+                                   timing=FIT_TIMING, within="node")
         network, fit_table = fit(cluster, fitted, args.max_bytes, args.bench_budget, nodes, memory,
                                  timing=FIT_TIMING)
         spec = (f"alpha={network.alpha:.4g},beta={network.beta:.4g},"
@@ -201,6 +205,7 @@ def cluster_runs(nodes: int, ppn: int, rate: str, memory: costmodel.NetworkProfi
                                layout)
     return {"label": label, "nodes": nodes, "ppn": ppn, "rate": rate, "spec": spec, "fit": fit_table,
             "bandwidth_mbit": 8 * network.bandwidth / 1e6, "alpha_us": 1e6 * network.alpha,
+            "memory_gb_s": memory.bandwidth / 1e9, "memory_alpha_us": 1e6 * memory.alpha,
             "runs": {name: asdict(m) for name, m in measured.items()},
             "wire": json.loads(wire_json.read_text())}
 
@@ -390,11 +395,15 @@ def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[st
            "![loss against wall time](clusters/loss-wall.png)", ""]
     for c in clusters:
         out += [f"### {c['label']}: {c['nodes']} nodes x {c['ppn']} ranks, {c['rate']}", "",
-                f"Fitted network: {c['bandwidth_mbit']:.0f} Mbit/s, alpha {c['alpha_us']:.0f} us "
+                f"Fitted network: {c['bandwidth_mbit']:.0f} Mbit/s, alpha {c['alpha_us']:.0f} us; in-node "
+                f"{c['memory_gb_s']:.2f} GB/s, alpha {c['memory_alpha_us']:.0f} us "
                 f"(`--network {c['spec']}`).", "", *runs_table(c), ""]
     out += ["\"MB / link / step\": what a node's link sent per step (the kernel's counters, mean over "
             "nodes, set-up included). \"measured comm s\": rank 0's seconds in communication calls, set-up "
-            "labels left out; \"modelled s\": the cost model's for the same calls on the cluster's fit.", "",
+            "labels left out; \"calls' own s\": the same calls' own seconds, each the least of its ranks' "
+            "(the rank that arrived last waited for no other: `hpcopt.io.waits`, from the run's "
+            "`--timeline`), the rest of a rank's seconds being its wait for the others; \"modelled s\": "
+            "the cost model's for the same calls on the cluster's fit.", "",
             "## Node-aware rounds against flat ones", "",
             "![flat against node-aware](clusters/flat-vs-node.png)", "",
             "One averaging round of the MLP's 1,863,690 values (`benchmarks/cluster/wire_rounds.py`: the "
@@ -578,11 +587,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as name:
             tmp = args.runs or Path(name)
             tmp.mkdir(parents=True, exist_ok=True)
-            with EmulatedCluster(1, 2, "none") as node:
-                memory, _ = fit(node, tmp, args.max_bytes, args.bench_budget, 2, timing=FIT_TIMING)
-            saved["meta"]["memory"] = {"alpha_us": 1e6 * memory.alpha, "gb_s": memory.bandwidth / 1e9}
             for nodes, ppn, rate in configs:
-                saved["clusters"].append(cluster_runs(nodes, ppn, rate, memory, tmp, args))
+                saved["clusters"].append(cluster_runs(nodes, ppn, rate, tmp, args))
                 (tmp / "results.json").write_text(json.dumps(saved))
             saved["meta"].update(minutes=(time.monotonic() - start) / 60, load_after=os.getloadavg()[0])
             (tmp / "results.json").write_text(json.dumps(saved))

@@ -1,9 +1,12 @@
 """OSU-style allreduce benchmark with the nccl-tests bandwidths, and the cost model fitted to it.
 
     mpiexec -n 2 python -m hpcopt bench allreduce [--min-bytes 4K] [--max-bytes 16M] [--json F]
+                                                  [--within node]
 
 For each message size it times, interleaved over repetitions (a barrier before each call, the
-slowest rank's time kept, the median over repetitions reported):
+slowest rank's time kept, the median over repetitions reported; the JSON also holds the median
+of the least rank's time, ``last_arrival``: the call's own, without waiting for a late rank),
+over all ranks, or with ``--within node`` over each node's ranks, every node at once:
 
   raw        ``MPI_Allreduce(IN_PLACE)`` of the whole buffer, then ``buf /= n``
   <mode>     ``Comm(averaging=mode).average_(buf)`` for each ``--averaging`` mode (default
@@ -153,26 +156,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-reps", type=int, default=5, help="timed calls per size and case, at least")
     p.add_argument("--max-reps", type=int, default=200, help="timed calls per size and case, at most")
     p.add_argument("--json", type=Path, help="also write the medians here (rank 0)")
+    p.add_argument("--within", choices=("world", "node"), default="world",
+                   help="node: every node averages over its own ranks at once (what in-node calls cost "
+                        "while the other nodes make theirs); rank 0 reports its node and fits --network's "
+                        "memory_alpha and memory_beta")
     args = p.parse_args(argv)
     modes = [m for m in args.averaging.split(",") if m]
     if not modes or any(m not in AVERAGING_MODES for m in modes):
         raise HpcoptError(f"--averaging takes a comma list of {', '.join(AVERAGING_MODES)}")
-    mpi = MPI.COMM_WORLD.Dup()
+    world = MPI.COMM_WORLD
+    node = args.within == "node"
+    mpi = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank()) if node else world.Dup()
     try:
-        n, rank = mpi.Get_size(), mpi.Get_rank()
+        n, rank = mpi.Get_size(), world.Get_rank()
         results = measure(mpi, sizes_between(args.min_bytes, args.max_bytes, args.factor), modes,
                           args.dtype, args.budget, args.min_reps, args.max_reps)
         if rank != 0:
             return 0
-        print(f"# hpcopt bench allreduce: {n} rank(s), {args.dtype}, {mpi_library()}, "
+        scope = f"rank 0's node of {world.Get_size()} ranks: " if node else ""
+        print(f"# hpcopt bench allreduce: {scope}{n} rank(s), {args.dtype}, {mpi_library()}, "
               f"{os.cpu_count()} cpu(s), load {os.getloadavg()[0]:.2f}; median over reps of the "
               f"slowest rank; busbw = algbw * {bus_factor(n):.3f}")
         print("\n".join(table(results, n)))
-        data: dict[str, Any] = {"ranks": n, "dtype": args.dtype, "mpi": mpi_library(), "results": results}
+        data: dict[str, Any] = {"ranks": n, "within": args.within, "dtype": args.dtype, "mpi": mpi_library(),
+                                "results": results}
         if n > 1 and len(results) > 1:
             net = fit(results, modes[0], n)
+            prefix = "memory_" if node else ""
             print(f"# fitted to {modes[0]}: alpha {1e6 * net.alpha:.2f} us, bandwidth "
-                  f"{net.bandwidth / 1e9:.2f} GB/s -> --network alpha={net.alpha:.3g},beta={net.beta:.3g}")
+                  f"{net.bandwidth / 1e9:.2f} GB/s -> --network {prefix}alpha={net.alpha:.3g},"
+                  f"{prefix}beta={net.beta:.3g}")
             errors = [net.allreduce(r["bytes"], n) / r["seconds"][modes[0]] for r in results]
             print("# model / measured: " + ", ".join(f"{fmt_bytes(r['bytes'])} {e:.2f}"
                                                       for r, e in zip(results, errors)))

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from hpcopt import train
 from hpcopt.bench import run_bench
 from hpcopt.bench.allreduce import measure
-from hpcopt.config import build_config
 from hpcopt.comm.costmodel import SETUP_LABELS, comm_modelled, get_profile, trace_comm_seconds, trace_modelled
+from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
-from hpcopt import train
 
 pytestmark = pytest.mark.mpi
 
@@ -37,6 +40,18 @@ def test_bench_allreduce_tiny(comm, tmp_path_factory, capsys):
     # shm: a private buffer (copied into the window) and one in node-shared memory (in place)
     results = measure(comm.mpi, [4096], ["shm"], budget=0.01, min_reps=3, max_reps=3)
     assert sorted(results[0]["seconds"]) == ["raw", "shm", "shm-shared"]
+
+
+def test_bench_allreduce_within_a_node(comm, tmp_path_factory, capsys):
+    """``--within node``: every node's own ranks (here one node: all of them); the fit line names
+    the in-node profile's values."""
+    out = shared_dir(tmp_path_factory, comm)
+    assert run_bench("allreduce", ["--min-bytes", "4K", "--max-bytes", "16K", "--budget", "0.01", "--within",
+                                   "node", "--json", f"{out}/node.json"]) == 0
+    if comm.rank == 0:
+        data = json.loads(Path(out, "node.json").read_text())
+        assert (data["within"], data["ranks"]) == ("node", comm.size)
+        assert ("--network memory_alpha=" in capsys.readouterr().out) == (comm.size > 1)
 
 
 def test_bench_p2p_tiny(comm, capsys):
