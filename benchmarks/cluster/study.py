@@ -477,7 +477,14 @@ def summaries(clusters: list[dict[str, Any]]) -> dict[str, list[str]]:
                   f"against {r.trace[1]:.2f})"
                   for label, name, r, ratio in timed if not 0.75 <= ratio <= 1.25]
         model.append("")
-    model += MODEL_NOTES
+    model += ["Runs whose calls are the same (the same operations, sizes and counts), their calls' own "
+              "seconds against each other:", ""]
+    for c in clusters:
+        pairs = [f"{a} {c['runs'][a].own:.2f} s against {b} {c['runs'][b].own:.2f} s "
+                 f"({_ratio(c['runs'][b].own, c['runs'][a].own)}x)" for a, b in SAME_CALLS
+                 if c["runs"][a].own and c["runs"][b].own]
+        model.append(f"- {c['label']}: {'; '.join(pairs)}")
+    model += ["", *MODEL_NOTES]
     overlap += ["", *OVERLAP_NOTES]
     return {"flat": flat, "model": model, "overlap": overlap, "holds": holds, "short": short(clusters)}
 
@@ -498,6 +505,8 @@ def short(clusters: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+#: Runs that make the same calls: whatever differs between their seconds is not the network's.
+SAME_CALLS = [("synchronous SGD", "naive clipping"), ("PR-SGD I=8", "SlowMo I=8")]
 #: What the cost model section says beyond its numbers (why runs fall outside the band).
 MODEL_NOTES = [
     "Why: the model prices transfers, and a rank's seconds in a call also hold its wait for the "
