@@ -8,7 +8,7 @@ On an ``EmulatedCluster`` (benchmarks/cluster/emulated.py):
    of one), fitted over its ranks: ``memory_alpha`` and ``memory_beta``, what in-node calls
    cost here (the nominal ``shm`` profile, measured on an idle machine, is 20-40 times faster
    than the in-node averages of 4 busy ranks on 2 shared cores); then across the nodes, alpha
-   and beta fitted in the ring form over the nodes to each time less its in-node level
+   and beta fitted in the model's form over the nodes to each time less its in-node level
    (``fit_allreduce`` with ranks = nodes and the layout: the node-aware model prices a spanning
    call as its in-node level plus the nodes' level on the network, so a fit to the whole time
    counted the in-node level twice: 5% of a 7.45 MB average at 100 Mbit/s, 20% at 1 Gbit/s).
@@ -65,23 +65,27 @@ def hpcopt_job(cluster: EmulatedCluster, *args: str, timeout: float,
 
 
 def fit(cluster: EmulatedCluster, tmp: Path, high: str, budget: float, ranks: int,
-        memory: costmodel.NetworkProfile | None = None) -> tuple[costmodel.NetworkProfile, list[str]]:
-    """alpha and beta fitted to ``bench allreduce`` on ``cluster`` (ring form over ``ranks``:
-    its nodes, or its ranks on one node), and the table of the fit. With ``memory`` (the in-node
+        memory: costmodel.NetworkProfile | None = None, timing: str = "seconds",
+        within: str = "world") -> tuple[costmodel.NetworkProfile, list[str]]:
+    """alpha and beta fitted to ``bench allreduce`` on ``cluster`` (in the model's form over
+    ``ranks``: its nodes, or its ranks on one node), and the table of the fit. With ``memory`` (the in-node
     profile), each time less the in-node level the node-aware model adds to a spanning call
-    (``fit_allreduce``'s ``layout``): the table's modelled times are both levels."""
-    path = tmp / f"allreduce-{cluster.nodes}.json"
+    (``fit_allreduce``'s ``layout``): the table's modelled times are both levels. ``timing``:
+    which of ``bench allreduce``'s medians, the slowest rank's ("seconds") or the last to
+    arrive's ("last_arrival", the calls' own); ``within``: "node" times every node's own
+    allreduce at once (``bench allreduce --within node``: ``ranks`` is a node's ranks)."""
+    path = tmp / f"allreduce-{cluster.nodes}-{within}.json"
     hpcopt_job(cluster, "bench", "allreduce", "--min-bytes", "4K", "--max-bytes", high, "--factor", "2",
-               "--budget", str(budget), "--json", str(path), timeout=1800)
+               "--budget", str(budget), "--within", within, "--json", str(path), timeout=1800)
     results = json.loads(path.read_text())["results"]
-    sizes, seconds = [r["bytes"] for r in results], [r["seconds"]["auto"] for r in results]
+    sizes, seconds = [r["bytes"] for r in results], [r[timing]["auto"] for r in results]
     layout = None if memory is None else costmodel.NodeLayout(cluster.nodes, cluster.ranks_per_node, memory)
     fitted = costmodel.fit_allreduce(sizes, seconds, ranks, "fitted", bandwidth_from=256 << 10, layout=layout)
     lines = [f"alpha {1e6 * fitted.alpha:.1f} us, bandwidth {8 * fitted.bandwidth / 1e6:.1f} Mbit/s", "",
              "| size | measured ms | modelled ms | modelled / measured |", "|---:|---:|---:|---:|"]
     for n, t in zip(sizes, seconds):
-        m = (fitted.allreduce(n, ranks, "ring") if layout is None else
-             layout.memory.allreduce(n, layout.per_node) + fitted.allreduce(n, ranks, "ring"))
+        m = (fitted.allreduce(n, ranks) if layout is None else
+             layout.spanning("allreduce", 1, n, ranks * layout.per_node, fitted))
         lines.append(f"| {n >> 10} KB | {1e3 * t:.2f} | {1e3 * m:.2f} | {m / t:.2f} |")
     return fitted, lines
 

@@ -5,8 +5,11 @@
 
 Per cluster (``EmulatedCluster``: 2 and 4 nodes of 2 ranks, 100mbit and 1gbit links):
 
-1. the network fitted to ``hpcopt bench allreduce`` across the nodes, the memory to it in one
-   node (benchmarks/cluster/costmodel_links.py's ``fit``), giving every run's ``--network``;
+1. the memory fitted to ``hpcopt bench allreduce --within node`` (every node's allreduce at
+   once: in-node calls as they cost while the other nodes, on the same 2 cores, make theirs),
+   then the network to ``bench allreduce`` across the nodes less that in-node level
+   (benchmarks/cluster/costmodel_links.py's ``fit``), both on the last-arriving rank's times
+   (``FIT_TIMING``), giving every run's ``--network``;
 2. one study of the algorithms (``ALGORITHMS``): ``hpcopt sweep FILE --out DIR`` writes it,
    every task runs as its array task would, ``python -m hpcopt.study.task INDEX LAUNCHER``, with
    the cluster's ``mpiexec`` as LAUNCHER, and ``hpcopt collect`` gathers it; the bytes each
@@ -40,7 +43,9 @@ from benchmarks.cluster.costmodel_links import comm_seconds, fit, hidden_fractio
 from benchmarks.cluster.emulated import EmulatedCluster, namespaces_unavailable, rate_bits  # noqa: E402
 from benchmarks.common.study import Run, find_run, read_study, sweep_file  # noqa: E402
 from hpcopt.comm import costmodel  # noqa: E402
+from hpcopt.io.timeline import read_timeline  # noqa: E402
 from hpcopt.io.trace import read_trace  # noqa: E402
+from hpcopt.io.waits import own_seconds  # noqa: E402
 
 #: The algorithms: name -> the sweep grid's options (ranks added per cluster).
 ALGORITHMS: dict[str, dict[str, Any]] = {
@@ -60,6 +65,9 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 #: Every option some algorithm sets (a run is found by all of them: None where not given).
 OPTIONS = sorted({key for options in ALGORITHMS.values() for key in options})
 STREAMING = "Streaming DiLoCo I=8"
+#: The fits take ``bench allreduce``'s last-arriving rank's medians: the calls' own seconds, which
+#: the model prices, without the scheduler's waits for a descheduled rank on the shared cores.
+FIT_TIMING = "last_arrival"
 #: The progress thread's run (a study of its own: the environment is not a training option).
 THREAD = "Streaming DiLoCo I=8, progress thread"
 THREAD_ENV = {"MPIR_CVAR_ASYNC_PROGRESS": "1"}
@@ -81,6 +89,7 @@ class Measured:
     in_node: tuple[float, float]  # measured and modelled seconds of the in-node labels
     trace: tuple[float, float]    # measured and modelled seconds of the trace's gathers
     hidden: float | None = None   # streaming: the fraction of its reductions hidden
+    own: float | None = None      # the calls' own seconds (hpcopt/io/waits.py; set-up left out)
 
     @property
     def ms_per_step(self) -> float:
@@ -134,9 +143,12 @@ def measure(name: str, run: Run, sent: float, target: float, spec: str,
     reached = next((w for w, v in zip(wall, loss) if v <= target), None)
     comm, modelled = comm_seconds(trace_path)
     hidden = hidden_fraction(trace_path, spec, layout)[2] if "fragments" in trace.comm else None
+    timeline = read_timeline(trace_path)
+    counted = set(trace.comm) - set(costmodel.SETUP_LABELS)  # the labels and calls comm_seconds sums
+    own = None if timeline is None else sum(own_seconds(timeline, counted, until=wall[-1]).values())
     return Measured(name, steps, wall[-1], sent / steps / 1e6, comm, modelled, reached, loss[-1],
                     (wall, loss), label_seconds(trace, in_node=True), label_seconds(trace, labels=("trace",)),
-                    hidden)
+                    hidden, own)
 
 
 def label_seconds(trace: Any, in_node: bool = False, labels: tuple[str, ...] = ()) -> tuple[float, float]:
@@ -154,8 +166,7 @@ def grid(ranks: int, options: dict[str, Any]) -> dict[str, list[Any]]:
     return {"ranks": [ranks], **{key: [value] for key, value in options.items()}}
 
 
-def cluster_runs(nodes: int, ppn: int, rate: str, memory: costmodel.NetworkProfile, tmp: Path,
-                 args: argparse.Namespace) -> dict[str, Any]:
+def cluster_runs(nodes: int, ppn: int, rate: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Everything measured on one cluster."""
     label = f"{nodes}x{ppn}-{rate}"
     print(f"{label}: {time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f}", flush=True)
@@ -163,11 +174,14 @@ def cluster_runs(nodes: int, ppn: int, rate: str, memory: costmodel.NetworkProfi
     with EmulatedCluster(nodes, ppn, rate) as cluster:
         fitted = tmp / f"{label}-fit"
         fitted.mkdir(exist_ok=True)
-        network, fit_table = fit(cluster, fitted, args.max_bytes, args.bench_budget, nodes, memory)
+        memory, memory_table = fit(cluster, fitted, args.max_bytes, args.bench_budget, ppn,
+                                   timing=FIT_TIMING, within="node")
+        network, fit_table = fit(cluster, fitted, args.max_bytes, args.bench_budget, nodes, memory,
+                                 timing=FIT_TIMING)
         spec = (f"alpha={network.alpha:.4g},beta={network.beta:.4g},"
                 f"memory_alpha={memory.alpha:.4g},memory_beta={memory.beta:.4g}")
         train = {"hidden": args.hidden, "steps": args.steps, "network": spec, "trace_every": 4,
-                 "progress": False}
+                 "progress": False, "timeline": True}
         job = {"name": label.replace(".", ""), "ranks_per_node": ppn}
         grids = [grid(ranks, options) for options in ALGORITHMS.values()]
         runs, sent = run_study(cluster, sweep_file(job, train, grids), tmp / label, args.timeout)
@@ -191,6 +205,7 @@ def cluster_runs(nodes: int, ppn: int, rate: str, memory: costmodel.NetworkProfi
                                layout)
     return {"label": label, "nodes": nodes, "ppn": ppn, "rate": rate, "spec": spec, "fit": fit_table,
             "bandwidth_mbit": 8 * network.bandwidth / 1e6, "alpha_us": 1e6 * network.alpha,
+            "memory_gb_s": memory.bandwidth / 1e9, "memory_alpha_us": 1e6 * memory.alpha,
             "runs": {name: asdict(m) for name, m in measured.items()},
             "wire": json.loads(wire_json.read_text())}
 
@@ -216,12 +231,13 @@ def _to_target(run: Measured) -> str:
 def runs_table(c: dict[str, Any]) -> list[str]:
     sync = c["runs"]["synchronous SGD"]
     lines = ["| algorithm | ms / step | steps/s vs sync | s to target loss | final loss | MB / link / step | "
-             "measured comm s | modelled s | modelled / measured |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "measured comm s | calls' own s | modelled s | modelled / measured | modelled / own |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in c["runs"].items():
+        own, per_own = ("-", "-") if not r.own else (f"{r.own:.2f}", f"{r.modelled / r.own:.2f}")
         lines.append(f"| {name} | {r.ms_per_step:.0f} | {_speedup(sync, r)} | {_to_target(r)} | "
-                     f"{r.final_loss:.3f} | {r.link_mb:.2f} | {r.comm:.2f} | {r.modelled:.2f} | "
-                     f"{r.modelled / r.comm:.2f} |")
+                     f"{r.final_loss:.3f} | {r.link_mb:.2f} | {r.comm:.2f} | {own} | {r.modelled:.2f} | "
+                     f"{r.modelled / r.comm:.2f} | {per_own} |")
     return lines
 
 
@@ -379,11 +395,15 @@ def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[st
            "![loss against wall time](clusters/loss-wall.png)", ""]
     for c in clusters:
         out += [f"### {c['label']}: {c['nodes']} nodes x {c['ppn']} ranks, {c['rate']}", "",
-                f"Fitted network: {c['bandwidth_mbit']:.0f} Mbit/s, alpha {c['alpha_us']:.0f} us "
+                f"Fitted network: {c['bandwidth_mbit']:.0f} Mbit/s, alpha {c['alpha_us']:.0f} us; in-node "
+                f"{c['memory_gb_s']:.2f} GB/s, alpha {c['memory_alpha_us']:.0f} us "
                 f"(`--network {c['spec']}`).", "", *runs_table(c), ""]
     out += ["\"MB / link / step\": what a node's link sent per step (the kernel's counters, mean over "
             "nodes, set-up included). \"measured comm s\": rank 0's seconds in communication calls, set-up "
-            "labels left out; \"modelled s\": the cost model's for the same calls on the cluster's fit.", "",
+            "labels left out; \"calls' own s\": the same calls' own seconds, each the least of its ranks' "
+            "(the rank that arrived last waited for no other: `hpcopt.io.waits`, from the run's "
+            "`--timeline`), the rest of a rank's seconds being its wait for the others; \"modelled s\": "
+            "the cost model's for the same calls on the cluster's fit.", "",
             "## Node-aware rounds against flat ones", "",
             "![flat against node-aware](clusters/flat-vs-node.png)", "",
             "One averaging round of the MLP's 1,863,690 values (`benchmarks/cluster/wire_rounds.py`: the "
@@ -439,19 +459,31 @@ def summaries(clusters: list[dict[str, Any]]) -> dict[str, list[str]]:
                        f"{t.ms_per_step:.0f} with it ({_ratio(t.ms_per_step, s.ms_per_step)}x); modelled / "
                        f"measured {_ratio(s.modelled, s.comm)} and {_ratio(t.modelled, t.comm)}.")
     ratios = [(c["label"], n, r) for c in clusters for n, r in c["runs"].items()]
-    inside = [r for *_, r in ratios if 0.75 <= r.modelled / r.comm <= 1.25]
-    model = [f"{len(inside)} of {len(ratios)} runs model their communication seconds within 25% "
-             f"(modelled / measured {min(r.modelled / r.comm for *_, r in ratios):.2f} to "
-             f"{max(r.modelled / r.comm for *_, r in ratios):.2f}, median "
-             f"{statistics.median(r.modelled / r.comm for *_, r in ratios):.2f}). Outside [0.75, 1.25], with "
-             "the seconds of their in-node labels (measured against modelled) and of the trace's gathers:",
-             ""]
-    model += [f"- {label}, {name}: {_ratio(r.modelled, r.comm)} ({r.comm:.2f} s measured, {r.modelled:.2f} "
-              f"modelled; in-node {r.in_node[0]:.2f} against {r.in_node[1]:.2f}, trace {r.trace[0]:.2f} "
-              f"against {r.trace[1]:.2f})" for label, name, r in ratios if r not in inside]
-    for rate in sorted({c["rate"] for c in clusters}, key=rate_bits):
-        at = [r for c in clusters if c["rate"] == rate for r in c["runs"].values()]
-        model.append(f"- at {rate}: {sum(r in inside for r in at)} of {len(at)} runs within 25%")
+    model = []
+    for against, seconds in (("rank 0's seconds in its calls", lambda r: r.comm),
+                             ("the calls' own seconds", lambda r: r.own or 0.0)):
+        timed = [(label, name, r, r.modelled / seconds(r)) for label, name, r in ratios if seconds(r)]
+        if not timed:
+            continue
+        inside = [t for t in timed if 0.75 <= t[3] <= 1.25]
+        model += [f"Against {against}: {len(inside)} of {len(timed)} runs within 25% (modelled / measured "
+                  f"{min(t[3] for t in timed):.2f} to {max(t[3] for t in timed):.2f}, median "
+                  f"{statistics.median(t[3] for t in timed):.2f}).", ""]
+        for rate in sorted({c["rate"] for c in clusters}, key=rate_bits):
+            at = [t for t in timed if t[0].endswith(rate)]
+            model.append(f"- at {rate}: {sum(t in inside for t in at)} of {len(at)} runs within 25%")
+        model += [f"- outside: {label}, {name}: {ratio:.2f} ({seconds(r):.2f} s measured, {r.modelled:.2f} "
+                  f"modelled; in-node {r.in_node[0]:.2f} against {r.in_node[1]:.2f}, trace {r.trace[0]:.2f} "
+                  f"against {r.trace[1]:.2f})"
+                  for label, name, r, ratio in timed if not 0.75 <= ratio <= 1.25]
+        model.append("")
+    model += ["Runs whose calls are the same (the same operations, sizes and counts), their calls' own "
+              "seconds against each other:", ""]
+    for c in clusters:
+        pairs = [f"{a} {c['runs'][a].own:.2f} s against {b} {c['runs'][b].own:.2f} s "
+                 f"({_ratio(c['runs'][b].own, c['runs'][a].own)}x)" for a, b in SAME_CALLS
+                 if c["runs"][a].own and c["runs"][b].own]
+        model.append(f"- {c['label']}: {'; '.join(pairs)}")
     model += ["", *MODEL_NOTES]
     overlap += ["", *OVERLAP_NOTES]
     return {"flat": flat, "model": model, "overlap": overlap, "holds": holds, "short": short(clusters)}
@@ -473,6 +505,8 @@ def short(clusters: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+#: Runs that make the same calls: whatever differs between their seconds is not the network's.
+SAME_CALLS = [("synchronous SGD", "naive clipping"), ("PR-SGD I=8", "SlowMo I=8")]
 #: What the cost model section says beyond its numbers (why runs fall outside the band).
 MODEL_NOTES = [
     "Why: the model prices transfers, and a rank's seconds in a call also hold its wait for the "
@@ -562,11 +596,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as name:
             tmp = args.runs or Path(name)
             tmp.mkdir(parents=True, exist_ok=True)
-            with EmulatedCluster(1, 2, "none") as node:
-                memory, _ = fit(node, tmp, args.max_bytes, args.bench_budget, 2)
-            saved["meta"]["memory"] = {"alpha_us": 1e6 * memory.alpha, "gb_s": memory.bandwidth / 1e9}
             for nodes, ppn, rate in configs:
-                saved["clusters"].append(cluster_runs(nodes, ppn, rate, memory, tmp, args))
+                saved["clusters"].append(cluster_runs(nodes, ppn, rate, tmp, args))
                 (tmp / "results.json").write_text(json.dumps(saved))
             saved["meta"].update(minutes=(time.monotonic() - start) / 60, load_after=os.getloadavg()[0])
             (tmp / "results.json").write_text(json.dumps(saved))

@@ -3,7 +3,7 @@
     python benchmarks/reproduce/costmodel_validate.py [--ranks 2] [--steps 1200] [--out FILE]
 
 1. Fit: ``mpiexec -n R python -m hpcopt bench allreduce`` (Comm.average_, the averaging path
-   training uses) from 4 KB to 8 MB; beta fitted in the ring form to the sizes from --fit-from
+   training uses) from 4 KB to 8 MB; beta fitted in the model's form to the sizes from --fit-from
    up, alpha to the smaller ones (hpcopt.comm.costmodel.fit_allreduce).
 2. Validate: one PR-SGD run of the default model (MLP on MNIST-5k) with I=1 (an average every
    step) and a small batch (``--validate-batch``), so that the step is communication-bound and

@@ -1,9 +1,12 @@
 """OSU-style allreduce benchmark with the nccl-tests bandwidths, and the cost model fitted to it.
 
     mpiexec -n 2 python -m hpcopt bench allreduce [--min-bytes 4K] [--max-bytes 16M] [--json F]
+                                                  [--within node]
 
 For each message size it times, interleaved over repetitions (a barrier before each call, the
-slowest rank's time kept, the median over repetitions reported):
+slowest rank's time kept, the median over repetitions reported; the JSON also holds the median
+of the least rank's time, ``last_arrival``: the call's own, without waiting for a late rank),
+over all ranks, or with ``--within node`` over each node's ranks, every node at once:
 
   raw        ``MPI_Allreduce(IN_PLACE)`` of the whole buffer, then ``buf /= n``
   <mode>     ``Comm(averaging=mode).average_(buf)`` for each ``--averaging`` mode (default
@@ -14,8 +17,9 @@ slowest rank's time kept, the median over repetitions reported):
 
 Bandwidths as nccl-tests defines them: algbw = bytes / time; busbw = algbw * 2(n-1)/n, the
 rate each rank's link runs at in a ring allreduce, comparable across rank counts. The last
-lines fit the alpha-beta model (hpcopt.comm.costmodel, ring form) to the first ``--averaging`` mode
-and print the ``--network`` value that replays it, with the model's error at each size.
+lines fit the alpha-beta model (hpcopt.comm.costmodel.fit_allreduce, in the form the model prices
+with) to the first ``--averaging`` mode and print the ``--network`` value that replays it, with
+the model's error at each size.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def bus_factor(ranks: int) -> float:
 
 def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "float32",
             budget: float = 0.3, min_reps: int = 5, max_reps: int = 200) -> list[dict[str, Any]]:
-    """Per size: {"bytes", "reps", "seconds": {case: median s}}; the same on every rank."""
+    """Per size: {"bytes", "reps", "seconds" and "last_arrival": {case: median s}}
+    (``_timed_cases``); the same on every rank."""
     comms = {mode: Comm(mpi, averaging=mode) for mode in modes}
     results = []
     try:
@@ -65,7 +70,8 @@ def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "flo
             finally:
                 for comm in sharing.values():
                     comm.free()
-            results.append({"bytes": int(buf.nbytes), "reps": reps, "seconds": medians})
+            results.append({"bytes": int(buf.nbytes), "reps": reps, "seconds": medians["slowest"],
+                            "last_arrival": medians["last_arrival"]})
     finally:
         for comm in comms.values():
             comm.free()
@@ -73,9 +79,12 @@ def measure(mpi: MPI.Comm, sizes: list[int], modes: list[str], dtype: str = "flo
 
 
 def _timed_cases(mpi: MPI.Comm, buf: np.ndarray, comms: dict[str, Comm], sharing: dict[str, Comm],
-                 budget: float, min_reps: int, max_reps: int) -> tuple[int, dict[str, float]]:
-    """(repetitions, {case: median s}) of every case on ``buf``; the ``<mode>-shared`` cases
-    average a copy of it that ``sharing[mode]`` put in node-shared memory."""
+                 budget: float, min_reps: int, max_reps: int) -> tuple[int, dict[str, dict[str, float]]]:
+    """(repetitions, {"slowest" and "last_arrival": {case: median s}}) of every case on ``buf``:
+    per repetition the slowest rank's seconds, and the least of the ranks' (the rank that left
+    the barrier last, which waited for no other: the call's own time, without the others' wait
+    for it, which a loaded machine's scheduler adds); the ``<mode>-shared`` cases average a copy
+    of it that ``sharing[mode]`` put in node-shared memory."""
     cases: dict[str, Callable[[], Any]] = {"raw": _raw(mpi, buf, float(mpi.Get_size()))}
     for mode, comm in comms.items():
         cases[mode] = partial(comm.average_, buf)
@@ -96,10 +105,12 @@ def _timed_cases(mpi: MPI.Comm, buf: np.ndarray, comms: dict[str, Comm], sharing
             t0 = time.perf_counter()
             cases[name]()
             times[name][r] = time.perf_counter() - t0
-    medians = {}
+    medians: dict[str, dict[str, float]] = {"slowest": {}, "last_arrival": {}}
     for name in cases:
-        mpi.Allreduce(MPI.IN_PLACE, times[name], op=MPI.MAX)
-        medians[name] = float(np.median(times[name]))
+        for kind, op in (("slowest", MPI.MAX), ("last_arrival", MPI.MIN)):
+            per_rep = times[name].copy()
+            mpi.Allreduce(MPI.IN_PLACE, per_rep, op=op)
+            medians[kind][name] = float(np.median(per_rep))
     return reps, medians
 
 
@@ -111,7 +122,8 @@ def _raw(mpi: MPI.Comm, buf: np.ndarray, n: float) -> Callable[[], None]:
 
 
 def fit(results: list[dict[str, Any]], case: str, ranks: int) -> NetworkProfile:
-    """The alpha-beta profile (ring form) fitted to one case's medians."""
+    """The alpha-beta profile fitted to one case's medians (in the form the model prices with:
+    ``costmodel.fit_allreduce``)."""
     return fit_allreduce([r["bytes"] for r in results], [r["seconds"][case] for r in results], ranks,
                          name=f"fitted-{case}")
 
@@ -144,27 +156,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-reps", type=int, default=5, help="timed calls per size and case, at least")
     p.add_argument("--max-reps", type=int, default=200, help="timed calls per size and case, at most")
     p.add_argument("--json", type=Path, help="also write the medians here (rank 0)")
+    p.add_argument("--within", choices=("world", "node"), default="world",
+                   help="node: every node averages over its own ranks at once (what in-node calls cost "
+                        "while the other nodes make theirs); rank 0 reports its node and fits --network's "
+                        "memory_alpha and memory_beta")
     args = p.parse_args(argv)
     modes = [m for m in args.averaging.split(",") if m]
     if not modes or any(m not in AVERAGING_MODES for m in modes):
         raise HpcoptError(f"--averaging takes a comma list of {', '.join(AVERAGING_MODES)}")
-    mpi = MPI.COMM_WORLD.Dup()
+    world = MPI.COMM_WORLD
+    node = args.within == "node"
+    mpi = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank()) if node else world.Dup()
     try:
-        n, rank = mpi.Get_size(), mpi.Get_rank()
+        n, rank = mpi.Get_size(), world.Get_rank()
         results = measure(mpi, sizes_between(args.min_bytes, args.max_bytes, args.factor), modes,
                           args.dtype, args.budget, args.min_reps, args.max_reps)
         if rank != 0:
             return 0
-        print(f"# hpcopt bench allreduce: {n} rank(s), {args.dtype}, {mpi_library()}, "
+        scope = f"rank 0's node of {world.Get_size()} ranks: " if node else ""
+        print(f"# hpcopt bench allreduce: {scope}{n} rank(s), {args.dtype}, {mpi_library()}, "
               f"{os.cpu_count()} cpu(s), load {os.getloadavg()[0]:.2f}; median over reps of the "
               f"slowest rank; busbw = algbw * {bus_factor(n):.3f}")
         print("\n".join(table(results, n)))
-        data: dict[str, Any] = {"ranks": n, "dtype": args.dtype, "mpi": mpi_library(), "results": results}
+        data: dict[str, Any] = {"ranks": n, "within": args.within, "dtype": args.dtype, "mpi": mpi_library(),
+                                "results": results}
         if n > 1 and len(results) > 1:
             net = fit(results, modes[0], n)
-            print(f"# fitted to {modes[0]} (ring form): alpha {1e6 * net.alpha:.2f} us, bandwidth "
-                  f"{net.bandwidth / 1e9:.2f} GB/s -> --network alpha={net.alpha:.3g},beta={net.beta:.3g}")
-            errors = [net.allreduce(r["bytes"], n, "ring") / r["seconds"][modes[0]] for r in results]
+            prefix = "memory_" if node else ""
+            print(f"# fitted to {modes[0]}: alpha {1e6 * net.alpha:.2f} us, bandwidth "
+                  f"{net.bandwidth / 1e9:.2f} GB/s -> --network {prefix}alpha={net.alpha:.3g},"
+                  f"{prefix}beta={net.beta:.3g}")
+            errors = [net.allreduce(r["bytes"], n) / r["seconds"][modes[0]] for r in results]
             print("# model / measured: " + ", ".join(f"{fmt_bytes(r['bytes'])} {e:.2f}"
                                                       for r, e in zip(results, errors)))
             data["fit"] = {"case": modes[0], "alpha": net.alpha, "beta": net.beta}

@@ -5,7 +5,8 @@ inverse bandwidth beta in seconds per byte). Allreduce of n bytes over p ranks:
 
 - ring (reduce-scatter + allgather): ``2 (p-1) alpha + 2 (p-1)/p * n * beta``
 - tree (recursive doubling):         ``ceil(log2 p) * (alpha + n * beta)``
-- auto: the cheaper of the two (what MPI libraries choose between, roughly by size)
+- auto: the cheaper of the two (what MPI libraries choose between, roughly by size); a fit
+  (``fit_allreduce``) is made in the same form, so a fitted profile prices its measurements
 
 Other operations ``Comm`` counts: broadcast (binomial tree) ``ceil(log2 p) (alpha + n beta)``;
 barrier ``ceil(log2 p) alpha``; allgather of n bytes a rank (ring) ``(p-1)(alpha + n beta)``;
@@ -201,36 +202,69 @@ def profile_attrs(profile: NetworkProfile, algorithm: str = "auto",
 
 
 
+def large_message_form(ranks: int, algorithm: str = "auto") -> str:
+    """The formula ``NetworkProfile.allreduce`` prices large allreduces over ``ranks`` ranks with:
+    ``algorithm`` itself, or under auto the one with the smaller bandwidth term (tree where
+    ceil(log2 p) <= 2 (p-1)/p, that is p = 2, where its latency term is the smaller too)."""
+    if algorithm != "auto":
+        return algorithm
+    return "tree" if math.ceil(math.log2(max(ranks, 2))) <= 2 * (ranks - 1) / ranks else "ring"
+
+
+def _form_coefficients(ranks: int, form: str) -> tuple[float, float]:
+    """(latency hops, bandwidth share) of a ring or tree allreduce over ``ranks`` ranks: its
+    time is ``hops alpha + share n beta``."""
+    if form == "tree":
+        levels = float(math.ceil(math.log2(ranks)))
+        return levels, levels
+    return 2.0 * (ranks - 1), 2 * (ranks - 1) / ranks
+
+
+def _latency(nbytes: np.ndarray, seconds: np.ndarray, beta: float, ranks: int, algorithm: str) -> float:
+    """The alpha with which ``algorithm``'s price of the small sizes is their measured time (the
+    median over them): under auto the price is the cheaper form's, which is the time exactly
+    when alpha is the larger of the two forms' own alphas."""
+    forms = ("ring", "tree") if algorithm == "auto" else (algorithm,)
+    alphas = []
+    for form in forms:
+        hops, share = _form_coefficients(ranks, form)
+        alphas.append((seconds - share * nbytes * beta) / hops)
+    return max(0.0, float(np.median(np.max(alphas, axis=0))))
+
+
 def fit_allreduce(sizes: Iterable[float], seconds: Iterable[float], ranks: int,
                   name: str = "fitted", bandwidth_from: float = 0.0,
-                  layout: NodeLayout | None = None) -> NetworkProfile:
-    """Least-squares alpha and beta from measured allreduce times (ring form, relative errors).
+                  layout: NodeLayout | None = None, algorithm: str = "auto") -> NetworkProfile:
+    """Least-squares alpha and beta from measured allreduce times (relative errors), in the form
+    the model prices them with (``large_message_form``: ring, or tree at 2 ranks under auto), so
+    that the fitted profile gives the measured times back.
 
     Each measurement is weighted by 1/time so small and large messages count alike. With
     ``bandwidth_from`` (bytes), the fit uses only the sizes from there up, where transfer
     dominates and the bandwidth is pinned down well, and alpha is then set from the smaller
-    sizes: the median, over them, of (time - 2 (p-1)/p n beta) / (2 (p-1)). A fit over large
-    sizes alone cannot resolve the latency (it comes out 0 and small messages are priced far
-    too low). With ``layout`` (allreduces over its nodes x per_node ranks, ``ranks`` its nodes),
-    the network level of ``NodeLayout.spanning``: each time less its in-node level (the
-    allreduce over per_node ranks on ``layout.memory``), which the model adds back.
+    sizes, so that the model's price of them is their time (``_latency``; auto prices small
+    messages with the tree). A fit over large sizes alone cannot resolve the latency (it comes
+    out 0 and small messages are priced far too low). With ``layout`` (allreduces over its
+    nodes x per_node ranks, ``ranks`` its nodes), the network level of ``NodeLayout.spanning``:
+    each time less its in-node level (the allreduce over per_node ranks on ``layout.memory``),
+    which the model adds back.
     """
     n = np.asarray(list(sizes), dtype=float)
     t = np.asarray(list(seconds), dtype=float)
     if layout is not None:
-        in_node = np.array([layout.memory.allreduce(size, layout.per_node) for size in n])
+        in_node = np.array([layout.memory.allreduce(size, layout.per_node, algorithm) for size in n])
         t = np.maximum(t - in_node, 1e-3 * t)
     if ranks < 2 or n.size != t.size or np.any(t <= 0) or np.count_nonzero(n >= bandwidth_from) < 2:
         raise HpcoptError("fitting needs >= 2 ranks and >= 2 positive (size, time) measurements"
                           + (f" from {bandwidth_from:g} bytes up" if bandwidth_from else ""))
-    hops, share = 2 * (ranks - 1), 2 * (ranks - 1) / ranks
+    hops, share = _form_coefficients(ranks, large_message_form(ranks, algorithm))
     large = n >= bandwidth_from
-    design = np.column_stack([np.full(int(large.sum()), float(hops)), share * n[large]])
+    design = np.column_stack([np.full(int(large.sum()), hops), share * n[large]])
     weights = 1 / t[large]
     coef, *_ = np.linalg.lstsq(design * weights[:, None], t[large] * weights, rcond=None)
     alpha, beta = (max(0.0, float(c)) for c in coef)
     if bandwidth_from and not large.all():
-        alpha = max(0.0, float(np.median((t[~large] - share * n[~large] * beta) / hops)))
+        alpha = _latency(n[~large], t[~large], beta, ranks, algorithm)
     return NetworkProfile(name, alpha, beta)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -32,9 +35,23 @@ def test_bench_allreduce_tiny(comm, tmp_path_factory, capsys):
     results = measure(comm.mpi, [4096, 8192], ["mpi"], budget=0.01, min_reps=3, max_reps=3)
     assert [r["reps"] for r in results] == [3, 3]
     assert all(r["seconds"]["mpi"] > 0 and r["seconds"]["raw"] > 0 for r in results)
+    # the last rank to arrive waited for no other: its median is at most the slowest rank's
+    assert all(0 < r["last_arrival"][case] <= r["seconds"][case] for r in results for case in ("mpi", "raw"))
     # shm: a private buffer (copied into the window) and one in node-shared memory (in place)
     results = measure(comm.mpi, [4096], ["shm"], budget=0.01, min_reps=3, max_reps=3)
     assert sorted(results[0]["seconds"]) == ["raw", "shm", "shm-shared"]
+
+
+def test_bench_allreduce_within_a_node(comm, tmp_path_factory, capsys):
+    """``--within node``: every node's own ranks (here one node: all of them); the fit line names
+    the in-node profile's values."""
+    out = shared_dir(tmp_path_factory, comm)
+    assert run_bench("allreduce", ["--min-bytes", "4K", "--max-bytes", "16K", "--budget", "0.01", "--within",
+                                   "node", "--json", f"{out}/node.json"]) == 0
+    if comm.rank == 0:
+        data = json.loads(Path(out, "node.json").read_text())
+        assert (data["within"], data["ranks"]) == ("node", comm.size)
+        assert ("--network memory_alpha=" in capsys.readouterr().out) == (comm.size > 1)
 
 
 def test_bench_p2p_tiny(comm, capsys):

@@ -13,6 +13,7 @@ from hpcopt.comm.costmodel import (
     comm_modelled,
     fit_allreduce,
     get_profile,
+    large_message_form,
     node_layout_of,
     predict_allreduce_seconds,
     profile_attrs,
@@ -49,11 +50,29 @@ def test_fit_recovers_the_parameters_of_synthetic_measurements():
     sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
     rng = np.random.default_rng(0)
     times = [true.allreduce(n, 2, "ring") * (1 + 0.01 * rng.standard_normal()) for n in sizes]
-    fitted = fit_allreduce(sizes, times, ranks=2)
+    fitted = fit_allreduce(sizes, times, ranks=2, algorithm="ring")
     assert fitted.alpha == pytest.approx(true.alpha, rel=0.1)
     assert fitted.beta == pytest.approx(true.beta, rel=0.05)
     with pytest.raises(HpcoptError):
         fit_allreduce([1], [1e-6], ranks=2)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 8])
+def test_a_fit_gives_the_measured_times_back_under_the_model_s_own_pricing(ranks):
+    """Times with a latency of their own for small messages (recursive doubling, log2 p hops)
+    and a ring's bandwidth for large ones: fitted under auto, the model prices the smallest
+    size and the largest as measured. The ring-form fit (the fit before) priced a 2-rank
+    allreduce one alpha low (auto takes the tree there) and small messages at 4 and 8 ranks
+    at 1/3 and 3/7 of their time."""
+    alpha, beta = 2e-3, 1e-8
+    hops = math.ceil(math.log2(ranks))
+    sizes = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+    times = [hops * (alpha + n * beta) if n < 256 << 10 else
+             max(hops, 2 * (ranks - 1)) * alpha + 2 * (ranks - 1) / ranks * n * beta for n in sizes]
+    fitted = fit_allreduce(sizes, times, ranks, bandwidth_from=256 << 10)
+    assert fitted.allreduce(sizes[0], ranks) == pytest.approx(times[0], rel=0.02)
+    assert fitted.allreduce(sizes[-1], ranks) == pytest.approx(times[-1], rel=0.1)
+    assert large_message_form(ranks) == ("tree" if ranks == 2 else "ring")
 
 
 def test_a_fit_with_the_node_layout_leaves_the_in_node_level_to_the_model():
@@ -64,7 +83,7 @@ def test_a_fit_with_the_node_layout_leaves_the_in_node_level_to_the_model():
     network, memory = NetworkProfile("n", alpha=20e-6, beta=8e-9), NetworkProfile("m", 1e-3, 2e-9)
     layout = NodeLayout(4, 2, memory)
     sizes = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
-    times = [memory.allreduce(n, 2) + network.allreduce(n, 4, "ring") for n in sizes]
+    times = [memory.allreduce(n, 2) + network.allreduce(n, 4) for n in sizes]
     fitted = fit_allreduce(sizes, times, 4, bandwidth_from=256 << 10, layout=layout)
     assert fitted.alpha == pytest.approx(network.alpha, rel=1e-6)
     assert fitted.beta == pytest.approx(network.beta)
@@ -82,7 +101,7 @@ def test_fitting_bandwidth_on_large_sizes_takes_the_latency_from_the_small_ones(
     times = [1.5 * n * beta + (6 * alpha if n < 256 << 10 else 0.0) for n in sizes]
     large_only = fit_allreduce(sizes[3:], times[3:], ranks)
     assert large_only.alpha < 1e-12 and large_only.beta == pytest.approx(beta, rel=1e-9)
-    fitted = fit_allreduce(sizes, times, ranks, bandwidth_from=256 << 10)
+    fitted = fit_allreduce(sizes, times, ranks, bandwidth_from=256 << 10, algorithm="ring")
     assert fitted.beta == pytest.approx(beta, rel=1e-9)
     assert fitted.alpha == pytest.approx(alpha, rel=1e-9)
     with pytest.raises(HpcoptError, match="from 1.67772e\\+07 bytes up"):
