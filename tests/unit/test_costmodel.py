@@ -63,7 +63,7 @@ def test_a_fit_gives_the_measured_times_back_under_the_model_s_own_pricing(ranks
     and a ring's bandwidth for large ones: fitted under auto, the model prices the smallest
     size and the largest as measured. The ring-form fit (the fit before) priced a 2-rank
     allreduce one alpha low (auto takes the tree there) and small messages at 4 and 8 ranks
-    at 1/3 and 3/7 of their time."""
+    at 1/3 and 3/14 of their time."""
     alpha, beta = 2e-3, 1e-8
     hops = math.ceil(math.log2(ranks))
     sizes = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
