@@ -145,21 +145,21 @@ def unused_path(path: Path) -> Path:
 
 def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parameters: int,
                resume_at: tuple[int, int] | None, extra_columns: Sequence[str] = (),
-               network: dict[str, Any] | None = None) -> trace_io.TraceWriter | None:
+               attrs: dict[str, Any] | None = None) -> trace_io.TraceWriter | None:
     """Rank 0, in the run directory ``claim`` made: when tracing, the trace, opened with
-    ``extra_columns`` (and modelled communication columns when ``network`` describes a
-    profile), its attributes naming MPI's progress mode (``comm_progress``). None on the other
-    ranks."""
+    ``extra_columns`` and the session's root ``attrs`` (and modelled communication columns when
+    they name a cost-model profile, ``network``), its attributes naming MPI's progress mode
+    (``comm_progress``). None on the other ranks."""
     if comm.rank != 0 or out is None or not config.run.trace:
         return None
     path = out / trace_io.FILE_NAME
     attrs = {**versions(), "run_id": run_id, "world_size": comm.size, "comm_progress": progress_mode(),
-             **(network or {}),
+             **(attrs or {}),
              "algorithm": config.algorithm.algorithm, "config": to_toml(config),
              "parameters": parameters,
              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     return trace_io.TraceWriter(path, attrs, resume_at, extra_columns=extra_columns,
-                                modelled=bool(network))
+                                modelled="network" in (attrs or {}))
 
 
 def header_end(out: Path | None, resumed_at: str, comm: Comm) -> str:
