@@ -297,15 +297,23 @@ def figures(clusters: list[dict[str, Any]], out: Path, target: float) -> None:
     fig.savefig(out / "loss-wall.png", dpi=90)
     plt.close(fig)
     # the cost model
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     ax.axvspan(0.75, 1.25, color="0.9")
     for c in clusters:
-        ax.plot([c["runs"][n].modelled / c["runs"][n].comm for n in names], range(len(names)), "o",
-                label=c["label"], alpha=0.8)
+        runs = [c["runs"][n] for n in names]
+        [line] = ax.plot([r.modelled / r.comm for r in runs], range(len(names)), "o", alpha=0.8,
+                         label=f"{c['label']}: rank 0's seconds")
+        owned = [(r.modelled / r.own, i) for i, r in enumerate(runs) if r.own]
+        if owned:
+            ax.plot(*zip(*owned), "o", mfc="none", color=line.get_color(), label=f"{c['label']}: calls' own")
+    ax.set_xscale("log")
+    ticks = [0.25, 0.5, 0.75, 1, 1.25, 2, 3]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
-    ax.set_xlabel("modelled / measured communication seconds (band: within 25%)")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("modelled / measured communication seconds (log scale; band: within 25%)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(out / "cost-model.png", dpi=90)
     plt.close(fig)
