@@ -193,6 +193,18 @@ def run_config(args: argparse.Namespace) -> Config | None:
     return config
 
 
+def _refuse_singletons(world_size: int) -> None:
+    """HpcoptError (on every process: each is a world of its own) when the launcher started
+    several processes that did not join one MPI world: each would train alone, into the same run
+    directory (hpcopt.comm.launcher)."""
+    from .comm.launcher import singleton_problem
+    from .comm.mpi_support import mpi_library
+
+    problem = singleton_problem(world_size, mpi_library())
+    if problem:
+        raise HpcoptError(problem)
+
+
 def _check_data_path(path: Any) -> None:
     """A ``path`` that names no directory is refused first: the data set cannot be read whatever
     the other options say, so it is the error to see."""
@@ -216,6 +228,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     comm = Comm()
     args = agreed(lambda: parse(argv), comm)
+    if args.command in ("train", "resume"):  # before anything is read or written
+        _refuse_singletons(comm.size)
     if getattr(args, "resume", None):  # before any rank opens it: a child reads it whole first,
         # unless another job holds the run directory
         from .run.files import vet_resumed

@@ -9,7 +9,8 @@ from mpi4py import MPI
 
 from . import __version__
 from .comm import Comm, node_layout
-from .comm.mpi_support import cuda_aware_mpi, launcher_size, mpi_library, parallel_hdf5
+from .comm.launcher import SRUN, Launch, detect, singleton_problem
+from .comm.mpi_support import cuda_aware_mpi, mpi_library, parallel_hdf5
 from .comm.staging import gpu_report
 from .run.threads import configure_threads
 
@@ -24,14 +25,20 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def _launcher_text(launch: Launch) -> str:
+    if not launch.launcher:
+        return "none known (a singleton, or a launcher that says nothing in the environment)"
+    plugin = f", MPI plugin {launch.mpi_type or 'none'}" if launch.launcher == SRUN else ""
+    started = f"{launch.processes} process(es)" if launch.processes is not None else "an unknown number"
+    return f"{launch.launcher} ({started}{plugin})"
+
+
 def info_lines(comm: Comm) -> list[str]:
     local_rank, local_size = node_layout(comm.mpi)
     threads = configure_threads(local_size)
-    expected = launcher_size()
-    size_note = ""
-    if expected is not None and expected != comm.size:
-        size_note = (f"  <-- the launcher started {expected} processes but they do not share one "
-                     "MPI world: mpiexec and mpi4py come from different MPI libraries")
+    launch = detect()
+    problem = singleton_problem(comm.size, mpi_library(), launch)
+    size_note = f"  <-- {problem}" if problem else ""
     aware, why = cuda_aware_mpi()
     aware_text = {True: "yes", False: "no", None: "unknown"}[aware]
     gpu, transfers = gpu_report(local_rank)
@@ -41,6 +48,7 @@ def info_lines(comm: Comm) -> list[str]:
         *(f"{name:<15} {_version(name)}" for name in PACKAGES),
         f"MPI library     {mpi_library()} (MPI {'.'.join(map(str, MPI.Get_version()))})",
         f"world size      {comm.size} ({local_size} rank(s) on this node){size_note}",
+        f"launcher        {_launcher_text(launch)}",
         f"threads         {threads.describe()}",
         f"CUDA-aware MPI  {aware_text} ({why})",
         f"GPU             {gpu}",

@@ -7,8 +7,6 @@ import os
 import signal
 from collections.abc import Mapping
 
-LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
-
 #: Prefixes of the variables by which a launcher (MPICH's Hydra, Open MPI's PRRTE, PMIx, Slurm's
 #: PMI) tells a process that it is one rank of a job. A child process started without them
 #: initializes MPI as a singleton instead of joining (and confusing) the parent's job.
@@ -80,11 +78,3 @@ def parallel_hdf5() -> bool:
 
     return bool(h5py.get_config().mpi)
 
-
-def launcher_size() -> int | None:
-    """World size the launcher announced in the environment, if it did (to catch singletons)."""
-    for name in LAUNCHER_SIZE_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..backend import CPU
 from ..comm import Comm, agreed, node_layout
+from ..comm.launcher import relaunch_command
 from ..comm.staging import prepare_gpu
 from ..comm.ulfm import is_rank_loss
 from ..config import Config
@@ -250,7 +251,7 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
     comm = session.comm  # the survivors' after a lost rank (hpcopt.run.rank_loss)
     if summary.stopped and verbose and comm.rank == 0:
         print(f"hpcopt: {summary.stop_signal}: stopped at {builder.noun} {session.progress()} "
-              f"after writing {summary.checkpoint}; continue with: mpiexec -n {comm.size} "
+              f"after writing {summary.checkpoint}; continue with: {relaunch_command(comm.size)} "
               f"python -m hpcopt resume {summary.checkpoint}{_named_model(config)}", flush=True)
     return summary, session
 
