@@ -1,10 +1,11 @@
 """The sweep file and the tasks it makes.
 
 A sweep file has three tables: ``[job]`` (scheduler, name, time, ranks_per_node, cpus_per_rank,
-gpus_per_node, throttle), ``[train]`` (``hpcopt train`` options every task shares) and
-``[sweep]`` (lists: every combination is one task; ``ranks`` is the number of MPI ranks). A
-study that is several grids writes ``[[sweep]]`` once per grid: its tasks are those of every
-grid, each grid's values on top of ``[train]``.
+gpus_per_node, throttle, requeue; the site's account, partition, qos and memory; and
+``directives``, any other lines for the scheduler), ``[train]`` (``hpcopt train`` options
+every task shares) and ``[sweep]`` (lists: every combination is one task; ``ranks`` is the
+number of MPI ranks). A study that is several grids writes ``[[sweep]]`` once per grid: its
+tasks are those of every grid, each grid's values on top of ``[train]``.
 Every key is checked against ``hpcopt train``'s own options and every task's options are
 resolved as ``hpcopt train`` would resolve them, so a typo or a bad value fails here and not
 after a day in the queue.
@@ -30,10 +31,14 @@ else:  # pragma: no cover
 SCHEDULERS = ("slurm", "pbs")
 JOB_DEFAULTS: dict[str, Any] = {"scheduler": "slurm", "name": "hpcopt", "time": "01:00:00",
                                 "ranks_per_node": 1, "cpus_per_rank": 1, "gpus_per_node": 0,
-                                "throttle": 0}
+                                "throttle": 0, "requeue": 5, "account": "", "partition": "",
+                                "qos": "", "memory": "", "directives": []}
 #: The [job] integers' ranges (beyond any machine: a typo, not a request to pass to the scheduler).
 JOB_RANGES = {"ranks_per_node": (1, 4096), "cpus_per_rank": (1, 4096), "gpus_per_node": (0, 64),
-              "throttle": (0, 1_000_000)}
+              "throttle": (0, 1_000_000), "requeue": (0, 1000)}
+#: The [job] words the scheduler's site needs ("": not asked for): the account to charge, the
+#: partition (PBS: queue), the QoS (Slurm only), the memory per node ("16G").
+SITE_KEYS = ("account", "partition", "qos", "memory")
 #: The most ranks and nodes a task may ask for (more nodes than the largest machines have).
 MAX_RANKS, MAX_NODES = 10_000_000, 200_000
 #: Options the study sets itself: each task's run directory.
@@ -122,10 +127,38 @@ def _job(table: dict[str, Any]) -> dict[str, Any]:
             raise HpcoptError(f"[job] {key} must be an integer from {least} to {most}")
     if job["gpus_per_node"] and job["gpus_per_node"] != job["ranks_per_node"]:
         raise HpcoptError("with GPUs, ranks_per_node must equal gpus_per_node (one rank per GPU)")
-    for key in ("name", "time"):
-        if not isinstance(job[key], str) or not WORD.match(job[key].replace(":", "")):
+    for key in ("name", "time", *SITE_KEYS):
+        if not isinstance(job[key], str) or (job[key] or key in ("name", "time")) and not WORD.match(
+                job[key].replace(":", "")):
             raise HpcoptError(f"[job] {key} must be a word of letters, digits and . _ - (got {job[key]!r})")
+    task_seconds(job["time"])  # HpcoptError for a time the scheduler would not read
+    if job["qos"] and job["scheduler"] == "pbs":
+        raise HpcoptError("[job] qos is Slurm's: PBS has none (use partition for the queue, or directives)")
+    directives = job["directives"]
+    if not isinstance(directives, list) or not all(
+            isinstance(d, str) and d.startswith("-") and d.isprintable() for d in directives):
+        raise HpcoptError('[job] directives must be a list of scheduler options, each one line starting '
+                          'with "-" (e.g. ["--exclusive", "--mail-type=END"])')
     return job
+
+
+def task_seconds(time: str) -> int:
+    """The seconds of a task's time limit in Slurm's forms (``MM``, ``MM:SS``, ``HH:MM:SS``,
+    ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``; PBS's ``HH:MM:SS``); HpcoptError for anything else,
+    or under a minute."""
+    days, dash, clock = time.rpartition("-")
+    parts = clock.split(":")
+    if (dash and not days.isdigit()) or not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise HpcoptError(f"[job] time must be MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], got {time!r}")
+    numbers = [int(p) for p in parts]
+    if dash:  # after the days: hours, minutes, seconds
+        units = (3600, 60, 1)
+    else:  # minutes; minutes:seconds; hours:minutes:seconds
+        units = {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(numbers)]
+    seconds = int(days or 0) * 86400 + sum(n * u for n, u in zip(numbers, units))
+    if seconds < 60:
+        raise HpcoptError(f"[job] time {time!r} is under a minute (schedulers count whole minutes)")
+    return seconds
 
 
 def flag_value(value: Any) -> str:

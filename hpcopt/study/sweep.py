@@ -14,9 +14,12 @@ import argparse
 import itertools
 import math
 import os
+import shlex
 import string
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import HpcoptError
 from ..io.safe_files import replacing, write_replacing
@@ -31,9 +34,13 @@ from .layout import (
     read_manifest,
     stored_manifest,
 )
-from .spec import Study, Task, command_line, load_study, tasks
+from .spec import Study, Task, command_line, load_study, task_seconds, tasks
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: Seconds before the time limit that a Slurm task is asked to stop (``--signal=TERM@LEAD``).
+LEAD = 120
+#: A task time under this many seconds gets a warning: stopping takes a large part of it.
+SHORT_TASK_SECONDS = 600
 DEFAULT_SITE = Path("jobs/site.sh")
 SITE_STUB = ("# Site file: sourced by every array script of this study before hpcopt starts\n"
              "# (module loads, the virtual environment, MPI variables). None was given.\n:\n")
@@ -82,7 +89,9 @@ def scripts(study: Study, found: list[Task]) -> list[Script]:
         per_node, gpus = min(ranks, job["ranks_per_node"]), job["gpus_per_node"]
         name = f"array-n{ranks}.sh"
         values = {
-            "name": f"{job['name']}-n{ranks}",
+            "name": f"{job['name']}-n{ranks}", "requeue": job["requeue"],
+            "lead": stop_lead(task_seconds(job["time"])), "directives": _directives(job),
+            "pbs_memory": f":mem={job['memory']}" if job["memory"] else "",
             "array": _array(job["scheduler"], first, last, job["throttle"]),
             "first": first, "last": last, "script": name, "ranks": ranks,
             "nodes": math.ceil(ranks / job["ranks_per_node"]), "ranks_per_node": per_node,
@@ -101,14 +110,56 @@ def scripts(study: Study, found: list[Task]) -> list[Script]:
     return rendered
 
 
+def stop_lead(seconds: int) -> int:
+    """Seconds before a task's time limit that Slurm is asked to send SIGTERM (``--signal``):
+    ``LEAD`` (room for a checkpoint), but at most a quarter of a short task's time, which Slurm
+    would otherwise stop almost at once (it sends the signal up to 30 s early, every attempt)."""
+    return min(LEAD, seconds // 4)
+
+
+def _directives(job: dict[str, Any]) -> str:
+    """The scheduler lines of ``[job]``'s site keys and ``directives`` (none: "")."""
+    if job["scheduler"] == "pbs":
+        lines = [f"-A {job['account']}" if job["account"] else "",
+                 f"-q {job['partition']}" if job["partition"] else ""]
+    else:
+        lines = [f"--{flag}={job[key]}" for key, flag in (("account", "account"), ("partition", "partition"),
+                                                          ("qos", "qos"), ("memory", "mem")) if job[key]]
+    prefix = "#PBS" if job["scheduler"] == "pbs" else "#SBATCH"
+    return "\n".join(f"{prefix} {line}" for line in [*lines, *job["directives"]] if line)
+
+
 def _site_text(site: str | None) -> str:
+    """The study's site file: what this machine's Python environment needs in a job (``site_
+    preamble``), then the user's site file (``--site``, else jobs/site.sh where it exists)."""
     path = Path(site) if site else DEFAULT_SITE
     if not site and not path.is_file():
-        return SITE_STUB
+        return site_preamble() + SITE_STUB
     try:
-        return path.read_text()
+        return site_preamble() + path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise HpcoptError(f"cannot read the site file {path}: {exc}") from None
+
+
+def site_preamble() -> str:
+    """Lines that make a job's environment this one's: the virtual environment ``hpcopt sweep``
+    runs in (activated where it exists on the node: neither Slurm under ``--export=NONE`` nor PBS
+    passes the submitting shell's on), and srun's MPI plugin for the MPI library mpi4py uses
+    (``SLURM_MPI_TYPE``, unless the site sets one: with ``MpiDefault=none`` a bare srun starts
+    singletons, which ``hpcopt train`` refuses)."""
+    from ..comm.launcher import SRUN_MPI_TYPES
+    from ..comm.mpi_support import mpi_library
+
+    lines = ["# Written by hpcopt sweep: this machine's Python environment, then the site file."]
+    if sys.prefix != sys.base_prefix:
+        activate = shlex.quote(str(Path(sys.prefix) / "bin" / "activate"))
+        lines.append(f"if [ -f {activate} ]; then source {activate}; fi")
+    library = mpi_library()
+    family = next((family for family in SRUN_MPI_TYPES if family in library), "")
+    if family:
+        lines.append(f'export SLURM_MPI_TYPE="${{SLURM_MPI_TYPE:-{SRUN_MPI_TYPES[family]}}}"   '
+                     f'# srun --mpi for {family}')
+    return "\n".join(lines) + "\n"
 
 
 def write_study(out: Path, study: Study, found: list[Task], arrays: list[Script], site: str) -> None:
@@ -145,6 +196,11 @@ def run(args: argparse.Namespace) -> int:
         run = task.run.as_posix()
         print(f"{task.index:>4}  {task.ranks:>3} rank(s)  {run:<{width}}  {command_line(task)}")
     described = ", ".join(f"{a.name} (tasks {a.first}-{a.last}, {a.ranks} rank(s))" for a in arrays)
+    seconds = task_seconds(study.job["time"])
+    if seconds < SHORT_TASK_SECONDS and study.job["scheduler"] == "slurm":
+        print(f"hpcopt: warning: [job] time {study.job['time']} is short: each attempt is asked to stop "
+              f"{stop_lead(seconds)} s before its limit and Slurm may signal up to 30 s earlier still",
+              flush=True)
     if args.dry_run:
         print(f"would write {len(found)} task(s) into {out}: {MANIFEST}, {described}")
         return 0

@@ -8,30 +8,50 @@ LAUNCHER (``srun ...`` or ``mpiexec -n R``), with this Python:
 - ``hpcopt resume RUN`` when it holds checkpoints (a requeued task continues where it stopped),
   with ``--ranks-changed`` when LAUNCHER starts another number of ranks than wrote the newest
   checkpoint (a task requeued onto fewer or more nodes);
-- ``hpcopt train OPTIONS --out RUN`` otherwise.
+- ``hpcopt train OPTIONS --out RUN`` otherwise, with ``TASK_DEFAULTS`` for what OPTIONS leave out.
 
 A task with ``--on-rank-loss continue`` goes on without a lost rank only under Open MPI's ULFM:
 an Open MPI ``mpiexec`` or ``mpirun`` LAUNCHER gets ``--with-ft ulfm`` (unless it has it); any
 other launcher runs as given, and the run says in one line why it cannot continue.
 
 While the run goes, the task's record (``logs/task-INDEX.json``) is locked; at the end it
-gets the exit status, which is also this process's. SIGTERM, SIGINT and SIGUSR1 reach the ranks
-from the scheduler, the terminal or ``sweep --local``; this process only waits for them and
-records how the run ended.
+gets the exit status, which is also this process's.
+
+Stop signals: LAUNCHER runs in a session of its own, and this process passes the first SIGTERM,
+SIGINT or SIGUSR1 of each kind on to it (``scancel --signal=USR1 --batch`` reaches only the batch
+shell, which this process is; a group signal from ``sweep --local`` or a terminal reaches only
+this process, so a launcher never gets one twice): SIGINT as SIGTERM to ``srun`` (whose first
+SIGINT only reports status), SIGUSR1 for SIGTERM or SIGINT to Open MPI's ``mpirun``. A signal
+before the launcher starts stops the task before it starts (exit 143 or 130, nothing lost).
+Slurm's own ``--signal=TERM@N`` and ``scancel --signal`` reach the ranks directly.
+
+``--requeue N`` (the Slurm arrays): a run stopped at a checkpoint (exit 143) requeues its job
+(``scontrol requeue``) while it has been requeued fewer than N times (``SLURM_RESTART_COUNT``);
+any other exit, a bad input's 2 included, is final. Each attempt's first line names it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import HpcoptError
-from ..run.signals import SIGNALS
+from ..run.signals import SIGNALS, exit_code, signal_name
 from .layout import Entry, TaskRecord, read_manifest
+
+#: A run stopped at a checkpoint by SIGTERM (or SIGUSR1): hpcopt's exit status, and srun's.
+EXIT_STOPPED = 128 + signal.SIGTERM
+#: What a study's run does unless its sweep file says otherwise: a collective stuck this many
+#: seconds (a node lost without an MPI error: its link cut, its power gone) ends the job, with
+#: a line naming the ranks, instead of waiting minutes for the scheduler to declare the node
+#: down (hpcopt.run.watchdog).
+TASK_DEFAULTS = {"--stall-timeout": "300"}
 
 
 def finished(run: Path) -> bool:
@@ -51,7 +71,7 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
     run = study / entry.run
     launcher = fault_tolerant(entry, launcher)
     hpcopt = [*launcher, sys.executable, "-m", "hpcopt"]
-    train = [*hpcopt, "train", *entry.args, "--out", entry.run.as_posix()]
+    train = [*hpcopt, "train", *task_defaults(entry.args), *entry.args, "--out", entry.run.as_posix()]
     if not run.exists():  # a first start: nothing to read (and no reader to import)
         return train
     from ..io.data_parallel_checkpoint import has_checkpoints
@@ -62,6 +82,12 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
         return train
     changed = ["--ranks-changed"] if _ranks_changed(run, launcher) else []
     return [*hpcopt, "resume", entry.run.as_posix(), *changed, *_named_model(entry.args)]
+
+
+def task_defaults(args: Sequence[str]) -> list[str]:
+    """The flags of ``TASK_DEFAULTS`` that the task's own ``args`` do not set."""
+    given = set(args[::2])
+    return [part for flag, value in TASK_DEFAULTS.items() if flag not in given for part in (flag, value)]
 
 
 def fault_tolerant(entry: Entry, launcher: Sequence[str]) -> list[str]:
@@ -121,47 +147,139 @@ def _wait(process: subprocess.Popen) -> int:
     return 128 - code if code < 0 else code
 
 
-def run_task(study: Path, index: int, launcher: Sequence[str]) -> int:
-    """Run task ``index`` of ``study`` under ``launcher``, recording it; its exit status."""
+class _Forward:
+    """The stop signals this process receives, passed on to the launcher once it runs (the
+    first of each kind; see the module docstring)."""
+
+    def __init__(self, launcher: Sequence[str]) -> None:
+        self.srun = bool(launcher) and Path(launcher[0]).name == "srun"
+        self.received: list[int] = []
+        self.process: subprocess.Popen | None = None
+
+    def receive(self, signum: int, frame: object = None) -> None:
+        if signum not in self.received:
+            self.received.append(signum)
+            self._pass_on(signum)
+
+    def started(self, process: subprocess.Popen) -> None:
+        self.process = process
+        for signum in self.received:  # one that came while it was being started
+            self._pass_on(signum)
+
+    def _pass_on(self, signum: int) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        if self.srun:
+            forwarded = signal.SIGTERM if signum == signal.SIGINT else signum
+        else:
+            from ..comm.mpi_support import launcher_stop_signal
+
+            forwarded = launcher_stop_signal(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, forwarded)
+
+
+def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0) -> int:
+    """Run task ``index`` of ``study`` under ``launcher``, recording it, and requeue its Slurm
+    job when it stopped at a checkpoint and may be requeued (``requeue``); its exit status."""
     entries = read_manifest(study)
     if not 0 <= index < len(entries):
         raise HpcoptError(f"task {index} is not in {study}/manifest.tsv (tasks 0 to {len(entries) - 1})")
-    record = TaskRecord(study, entries[index])
-    record.start()
-    code = 1
+    forward = _Forward(launcher)
+    previous = {s: signal.signal(s, forward.receive) for s in SIGNALS}
     try:
-        code = _carry_on(study, entries[index], launcher)
-    except HpcoptError:
-        code = 2
-        raise
+        record = TaskRecord(study, entries[index])
+        record.start()
+        code = 1
+        try:
+            code = _carry_on(study, entries[index], launcher, forward)
+        except HpcoptError:
+            code = 2
+            raise
+        finally:
+            record.end(code)
     finally:
-        record.end(code)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if code == EXIT_STOPPED and requeue:
+        _requeue(index, requeue)
     return code
 
 
-def _carry_on(study: Path, entry: Entry, launcher: Sequence[str]) -> int:
+def _carry_on(study: Path, entry: Entry, launcher: Sequence[str], forward: _Forward) -> int:
+    print(f"task {entry.index}: {_attempt()}", flush=True)
     argv = command(study, entry, launcher)
     if argv is None:
         print(f"task {entry.index}: {entry.run} has finished; nothing to do", flush=True)
         return 0
+    if forward.received:
+        signum = forward.received[0]
+        print(f"task {entry.index}: {signal_name(signum)} before the run started; stopped, nothing "
+              "lost", flush=True)
+        return exit_code(signum)
     print(f"task {entry.index}: {' '.join(argv)}", flush=True)
-    previous = {s: signal.signal(s, lambda *_: None) for s in SIGNALS}
-    try:  # caught, not ignored: the launcher starts with the default handlers
-        code = _wait(subprocess.Popen(argv, cwd=study, stdin=subprocess.DEVNULL))
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+    process = subprocess.Popen(argv, cwd=study, stdin=subprocess.DEVNULL, start_new_session=True)
+    forward.started(process)
+    code = _wait(process)
     print(f"task {entry.index}: exit {code}", flush=True)
     return code
 
 
+def _attempt() -> str:
+    """Which attempt this is, where: the Slurm job and how often it was requeued, the host."""
+    host = socket.gethostname()
+    job = _slurm_job()
+    if not job:
+        return f"started on {host}"
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return f"attempt {restarts + 1} (Slurm job {job}) on {host}"
+
+
+def _slurm_job() -> str:
+    """The Slurm job this task is ("ARRAY_TASK" for an array's task; "" outside Slurm)."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID", ""), os.environ.get("SLURM_ARRAY_TASK_ID", "")
+    return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
+
+
+def _requeue(index: int, most: int) -> None:
+    """Requeue this task's Slurm job (``scontrol requeue``) unless it was requeued ``most``
+    times already; a line says which."""
+    job = _slurm_job()
+    if not job:
+        return
+    done = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if done >= most:
+        print(f"task {index}: stopped at a checkpoint; not requeued: requeued {done} time(s) "
+              f"already, the most [job] requeue allows", flush=True)
+        return
+    print(f"task {index}: stopped at a checkpoint; requeueing Slurm job {job} "
+          f"(requeue {done + 1} of at most {most})", flush=True)
+    try:
+        failed = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True).returncode
+    except OSError as exc:
+        failed, reason = 1, str(exc)
+    else:
+        reason = "scontrol requeue failed"
+    if failed:
+        print(f"task {index}: not requeued: {reason}; submit the array again to resume it", flush=True)
+
+
+USAGE = "usage: python -m hpcopt.study.task INDEX [--requeue N] LAUNCHER... (in the study directory)"
+
+
 def main(argv: list[str]) -> int:
+    requeue = 0
+    if argv[1:2] == ["--requeue"]:
+        if len(argv) < 3 or not argv[2].isdigit():
+            print(USAGE, file=sys.stderr)
+            return 2
+        requeue = int(argv[2])
+        argv = [argv[0], *argv[3:]]
     if len(argv) < 2 or not argv[0].isdigit():
-        print("usage: python -m hpcopt.study.task INDEX LAUNCHER... (in the study directory)",
-              file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     try:
-        return run_task(Path.cwd(), int(argv[0]), argv[1:])
+        return run_task(Path.cwd(), int(argv[0]), argv[1:], requeue)
     except HpcoptError as exc:
         print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -77,7 +77,8 @@ def test_one_array_per_rank_count_renders_to_valid_bash(tmp_path, scheduler, gpu
     three = arrays[2].text
     if scheduler == "slurm":
         assert "#SBATCH --array=4-5%2" in three and "#SBATCH --nodes=2" in three
-        assert "#SBATCH --ntasks=3" in three and '"${SLURM_ARRAY_TASK_ID}" srun' in three
+        assert "#SBATCH --ntasks=3" in three and '"${SLURM_ARRAY_TASK_ID}" --requeue 5 srun' in three
+        assert "#SBATCH --open-mode=append" in three and "#SBATCH --signal=TERM@120" in three
     else:
         assert "#PBS -J 4-5" in three and "select=2:" in three and "max_run_subjobs=2" in three
         assert '"${PBS_ARRAY_INDEX}" mpiexec -n 3' in three
@@ -162,7 +163,10 @@ def test_the_study_directory_and_its_manifest(tmp_path, capsys):
     assert sweep.run(sweep_args(str(path), "--out", str(out), "--site", str(site))) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "array-n1.sh", "array-n2.sh", "array-n3.sh", "logs", "manifest.tsv", "site.sh", "study.toml"]
-    assert (out / "site.sh").read_text() == "module load mpi\n"
+    preamble, user = (out / "site.sh").read_text().split("# srun --mpi for MPICH\n")
+    assert user == "module load mpi\n"  # the user's site file, after what this environment needs:
+    assert f"source {sys.prefix}/bin/activate" in preamble  # PBS passes no environment on
+    assert 'export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"' in preamble  # a bare srun: singletons
     assert (out / "study.toml").read_text() == path.read_text()
     assert "cd " + str(out) + "; qsub array-n1.sh; qsub array-n2.sh; qsub array-n3.sh" in capsys.readouterr().out
     entries = layout.read_manifest(out)
@@ -179,7 +183,7 @@ def test_the_study_directory_and_its_manifest(tmp_path, capsys):
 def test_without_a_site_file_the_study_gets_a_stub(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no jobs/site.sh here
     assert sweep.run(sweep_args(str(basic(tmp_path)), "--out", "s")) == 0
-    assert (tmp_path / "s" / "site.sh").read_text() == sweep.SITE_STUB
+    assert (tmp_path / "s" / "site.sh").read_text() == sweep.site_preamble() + sweep.SITE_STUB
     with pytest.raises(HpcoptError, match="cannot read the site file"):
         sweep.run(sweep_args(str(basic(tmp_path)), "--out", "s", "--site", "nowhere.sh"))
     with pytest.raises(HpcoptError, match="-j K needs --local"):
