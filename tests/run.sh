@@ -7,11 +7,13 @@
 # GPU, and run on the real CuPy where it does. Tests of optional packages (torch) skip where
 # those are not installed.
 # After the serial tests, the cluster pass runs tests/cluster on an emulated cluster of network
-# namespaces; where `ip netns add` is not permitted it is skipped with the reason.
+# namespaces; where `ip netns add` is not permitted it is skipped with the reason. The slurm pass
+# runs tests/slurm on a real Slurm of 2 namespaced nodes (benchmarks/cluster/slurm.py: Debian's
+# slurm-wlm and munge, as root); where it cannot be made it is skipped with the reason.
 #
 # Arguments name the passes to run (default: all of them): `serial` (every serial test but the
-# cluster's), `faults` (the serial tests of tests/faults only: signals, kills, hostile files),
-# `cluster`, `mpi` (the MPI tests at each size), `gpu` (the emulated-GPU passes); e.g.
+# cluster's and Slurm's), `faults` (the serial tests of tests/faults only: signals, kills, hostile
+# files), `cluster`, `slurm`, `mpi` (the MPI tests at each size), `gpu` (the emulated-GPU passes); e.g.
 # `bash tests/run.sh mpi faults`.
 #
 # First it installs what the tests need (the `test` extra) when some of it is missing. It runs
@@ -31,11 +33,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 passes=("$@")
-[ "${#passes[@]}" -ne 0 ] || passes=(serial cluster mpi gpu)
+[ "${#passes[@]}" -ne 0 ] || passes=(serial cluster slurm mpi gpu)
 for name in "${passes[@]}"; do
     case "$name" in
-        serial|faults|cluster|mpi|gpu) ;;
-        *) echo "unknown pass '$name': serial, faults, cluster, mpi or gpu"; exit 2 ;;
+        serial|faults|cluster|slurm|mpi|gpu) ;;
+        *) echo "unknown pass '$name': serial, faults, cluster, slurm, mpi or gpu"; exit 2 ;;
     esac
 done
 # wanted NAME: whether the pass NAME was asked for
@@ -118,7 +120,7 @@ mpi_pytest() {
 }
 
 if wanted serial; then
-    pass "serial tests" python -m pytest "${pytest_args[@]}" --ignore tests/cluster tests
+    pass "serial tests" python -m pytest "${pytest_args[@]}" --ignore tests/cluster --ignore tests/slurm tests
 elif wanted faults; then
     pass "serial fault tests" python -m pytest "${pytest_args[@]}" tests/faults
 fi
@@ -134,6 +136,17 @@ print(why())')"
             timeout -k 10 "$outer_limit" python -m pytest "${pytest_args[@]}" tests/cluster
     else
         echo "== cluster tests (2 nodes x 2 ranks, 100 Mbit/s): skipped: $no_cluster"
+    fi
+fi
+
+if wanted slurm; then
+    no_slurm="$(python -c 'from benchmarks.cluster.slurm import slurm_unavailable as why
+print(why())')"
+    if [ -z "$no_slurm" ]; then
+        pass "Slurm tests (2 namespaced nodes, $library)" \
+            timeout -k 10 "$(limit 900)" python -m pytest "${pytest_args[@]}" tests/slurm
+    else
+        echo "== Slurm tests: skipped: $no_slurm"
     fi
 fi
 

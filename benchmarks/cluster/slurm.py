@@ -77,6 +77,9 @@ PROGRAMS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scontr
 #: memory: the nodes are one kernel); Open MPI's TCP transport on the node's own link.
 MPICH_ON_THE_NETWORK = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": UPLINK}
 OPEN_MPI_ON_THE_NETWORK = {"OMPI_MCA_btl_tcp_if_include": UPLINK, "OMPI_MCA_oob_tcp_if_include": UPLINK}
+#: The states of a job that has ended (``squeue -t all``).
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT")
 #: A clean environment for the daemons and the jobs: a job gets what sbatch's caller exports.
 BASE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -310,25 +313,27 @@ class SlurmCluster:
         done = self.client(["sbatch", "--parsable", *options, str(script)], env=env, cwd=cwd)
         return done.stdout.strip().split(";")[0]
 
-    def states(self, job: str) -> list[str]:
-        """The states of ``job``'s entries in the queue (an array's tasks; [] once gone)."""
-        done = self.client(["squeue", "-h", "-j", job, "-o", "%T"], check=False)
-        return done.stdout.split() if done.returncode == 0 else []
+    def states(self, job: str) -> list[str] | None:
+        """The states of ``job``'s entries (an array's tasks), ended ones included; None when
+        the controller could not be asked."""
+        done = self.client(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False)
+        return done.stdout.split() if done.returncode == 0 else None
 
     def wait_gone(self, job: str, timeout: float) -> None:
-        """Wait until ``job`` has left the queue (TimeoutError after ``timeout`` seconds)."""
+        """Wait until every entry of ``job`` has ended (TimeoutError after ``timeout`` s)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self.states(job):
+            states = self.states(job)
+            if states is not None and all(state in ENDED for state in states):
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"job {job} still queued after {timeout:.0f} s: {self.states(job)}")
+        raise TimeoutError(f"job {job} not ended after {timeout:.0f} s: {self.states(job)}")
 
     def wait_state(self, job: str, state: str, timeout: float) -> None:
         """Wait until an entry of ``job`` is in ``state`` (e.g. RUNNING)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if state in self.states(job):
+            if state in (self.states(job) or []):
                 return
             time.sleep(0.25)
         raise TimeoutError(f"job {job} not {state} after {timeout:.0f} s: {self.states(job)}")
