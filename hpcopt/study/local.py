@@ -83,15 +83,18 @@ class _Stop:
             self.groups.discard(process.pid)
 
 
-def run_local(study: Path, entries: Sequence[Entry], jobs: int) -> int:
-    """Run ``entries`` of ``study``, ``jobs`` at a time, with a line as each starts and ends;
-    0 when every task finished (exit 0, or 5 on the survivors of a lost rank), else 1 (the
-    others are listed); 130 or 143 when a signal stopped the study (see the module's
-    docstring)."""
+def run_local(study: Path, entries: Sequence[Entry], jobs: int,
+              launch: Callable[[Entry], list[str]] | None = None, ranks: int = 0) -> int:
+    """Run ``entries`` of ``study``, ``jobs`` at a time (and, with ``ranks``, while their ranks
+    add up to at most ``ranks``), each as ``launch(entry)`` (default: ``task_command``), with a
+    line as each starts and ends; 0 when every task finished (exit 0, or 5 on the survivors of a
+    lost rank), else 1 (the others are listed); 130 or 143 when a signal stopped the study (see
+    the module's docstring)."""
     _check_logs(study, entries)
     stop = _Stop()
     with handled_by(stop.receive):
-        failed, not_started, start = _run(study, list(entries), jobs, stop)
+        failed, not_started, start = _run(study, list(entries), Slots(jobs, ranks), stop,
+                                          launch or task_command)
     total = len(entries)
     if stop.received:
         signum = max(stop.received)
@@ -119,19 +122,33 @@ def _check_logs(study: Path, entries: Sequence[Entry]) -> None:
                 safe_files.open_regular(log_path(study, entry.index), LOG_KIND, folder=folder).close()
 
 
-def _start(study: Path, entry: Entry, env: dict[str, str]) -> _Running:
-    """Task ``entry`` in a session (so a process group) of its own, its output to its log."""
+@dataclass(frozen=True)
+class Slots:
+    """How many tasks run at once: at most ``tasks``, and (``ranks`` > 0) while their ranks add
+    up to at most ``ranks`` (an allocation's tasks)."""
+
+    tasks: int
+    ranks: int = 0
+
+    def free(self, running: Sequence[_Running], entry: Entry) -> bool:
+        return len(running) < self.tasks and (
+            not self.ranks or sum(t.entry.ranks for t in running) + entry.ranks <= self.ranks)
+
+
+def _start(study: Path, entry: Entry, env: dict[str, str], command: list[str]) -> _Running:
+    """Task ``entry`` in a session (so a process group) of its own, its output appended to its log."""
     path = log_path(study, entry.index)
     with logs_folder(path.parent, create=True) as folder:  # a planted link, at logs/ too, or FIFO: one line
         fd = safe_files.open_writable(path, LOG_KIND, create=True, folder=folder)
-    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_END)
     log = os.fdopen(fd, "wb")
-    process = subprocess.Popen(task_command(entry), cwd=study, env=env, stdout=log, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(command, cwd=study, env=env, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     return _Running(entry, process, log, time.monotonic())
 
 
-def _run(study: Path, pending: list[Entry], jobs: int, stop: _Stop) -> tuple[list[str], int, float]:
+def _run(study: Path, pending: list[Entry], slots: Slots, stop: _Stop,
+         launch: Callable[[Entry], list[str]]) -> tuple[list[str], int, float]:
     """Run the tasks until every one has ended, or a signal stopped the launching and the running
     ones have ended; the failed tasks, the number not started and the start time."""
     from ..child import child_environment
@@ -140,9 +157,9 @@ def _run(study: Path, pending: list[Entry], jobs: int, stop: _Stop) -> tuple[lis
     running, failed = list[_Running](), list[str]()
     total, done, start = len(pending), 0, time.monotonic()
     while (pending and not stop.received) or running:
-        while pending and len(running) < jobs:
+        while pending and slots.free(running, pending[0]):
             try:
-                started = stop.launch(lambda: _start(study, pending[0], env))
+                started = stop.launch(lambda: _start(study, pending[0], env, launch(pending[0])))
             except HpcoptError as exc:  # planted at its log since _check_logs: this task fails
                 failed.append(f"task {pending.pop(0).index} (not started: {exc})")
                 done += 1

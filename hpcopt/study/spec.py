@@ -32,10 +32,11 @@ SCHEDULERS = ("slurm", "pbs")
 JOB_DEFAULTS: dict[str, Any] = {"scheduler": "slurm", "name": "hpcopt", "time": "01:00:00",
                                 "ranks_per_node": 1, "cpus_per_rank": 1, "gpus_per_node": 0,
                                 "throttle": 0, "requeue": 5, "account": "", "partition": "",
-                                "qos": "", "memory": "", "directives": []}
+                                "qos": "", "memory": "", "directives": [], "pack_nodes": 0,
+                                "pack_time": ""}
 #: The [job] integers' ranges (beyond any machine: a typo, not a request to pass to the scheduler).
 JOB_RANGES = {"ranks_per_node": (1, 4096), "cpus_per_rank": (1, 4096), "gpus_per_node": (0, 64),
-              "throttle": (0, 1_000_000), "requeue": (0, 1000)}
+              "throttle": (0, 1_000_000), "requeue": (0, 1000), "pack_nodes": (0, 200_000)}
 #: The [job] words the scheduler's site needs ("": not asked for): the account to charge, the
 #: partition (PBS: queue), the QoS (Slurm only), the memory per node ("16G").
 SITE_KEYS = ("account", "partition", "qos", "memory")
@@ -132,6 +133,12 @@ def _job(table: dict[str, Any]) -> dict[str, Any]:
                 job[key].replace(":", "")):
             raise HpcoptError(f"[job] {key} must be a word of letters, digits and . _ - (got {job[key]!r})")
     task_seconds(job["time"])  # HpcoptError for a time the scheduler would not read
+    if job["pack_nodes"] and job["scheduler"] != "slurm":
+        raise HpcoptError("[job] pack_nodes runs tasks as Slurm job steps: Slurm only")
+    if job["pack_time"]:
+        if not isinstance(job["pack_time"], str):
+            raise HpcoptError("[job] pack_time must be a time like 04:00:00")
+        task_seconds(job["pack_time"])
     if job["qos"] and job["scheduler"] == "pbs":
         raise HpcoptError("[job] qos is Slurm's: PBS has none (use partition for the queue, or directives)")
     directives = job["directives"]

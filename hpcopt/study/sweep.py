@@ -39,6 +39,8 @@ from .spec import Study, Task, command_line, load_study, task_seconds, tasks
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: Seconds before the time limit that a Slurm task is asked to stop (``--signal=TERM@LEAD``).
 LEAD = 120
+#: The script of a packed study (``[job] pack_nodes``).
+PACKED = "packed.sh"
 #: A task time under this many seconds gets a warning: stopping takes a large part of it.
 SHORT_TASK_SECONDS = 600
 DEFAULT_SITE = Path("jobs/site.sh")
@@ -107,7 +109,30 @@ def scripts(study: Study, found: list[Task]) -> list[Script]:
             else "",
         }
         rendered.append(Script(name, template.substitute(values), first, last, ranks))
+    if job["pack_nodes"]:
+        rendered.append(packed_script(study, found))
     return rendered
+
+
+def packed_script(study: Study, found: list[Task]) -> Script:
+    """``packed.sh``: every task as job steps of one allocation of ``[job] pack_nodes`` nodes,
+    for ``[job] pack_time`` (default: a task's time for each round of tasks the allocation
+    holds at once, at most 7 days)."""
+    job = study.job
+    slots = job["pack_nodes"] * job["ranks_per_node"]
+    rounds = math.ceil(sum(t.ranks for t in found) / slots)
+    seconds = task_seconds(job["pack_time"]) if job["pack_time"] else min(
+        rounds * task_seconds(job["time"]), 7 * 86400)
+    hours, minutes = seconds % 86400 // 3600, seconds % 3600 // 60
+    time = job["pack_time"] or f"{seconds // 86400}-{hours:02d}:{minutes:02d}:00"
+    gpus = job["gpus_per_node"]
+    values = {"name": f"{job['name']}-packed", "nodes": job["pack_nodes"], "ranks": slots,
+              "ranks_per_node": job["ranks_per_node"], "cpus_per_rank": job["cpus_per_rank"], "time": time,
+              "lead": stop_lead(seconds), "requeue": job["requeue"], "script": PACKED,
+              "gpu_directives": f"#SBATCH --gpus-per-node={gpus}" if gpus else "",
+              "directives": _directives(job)}
+    text = string.Template((TEMPLATES / "packed.sh").read_text()).substitute(values)
+    return Script(PACKED, text, found[0].index, found[-1].index, slots)
 
 
 def stop_lead(seconds: int) -> int:
@@ -195,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
     for task in found:
         run = task.run.as_posix()
         print(f"{task.index:>4}  {task.ranks:>3} rank(s)  {run:<{width}}  {command_line(task)}")
-    described = ", ".join(f"{a.name} (tasks {a.first}-{a.last}, {a.ranks} rank(s))" for a in arrays)
+    described = ", ".join(f"{a.name} (tasks {a.first}-{a.last}, {a.ranks} rank(s))" for a in arrays
+                          if a.name != PACKED)
+    described += f", {PACKED} (every task in one allocation)" if study.job["pack_nodes"] else ""
     seconds = task_seconds(study.job["time"])
     if seconds < SHORT_TASK_SECONDS and study.job["scheduler"] == "slurm":
         print(f"hpcopt: warning: [job] time {study.job['time']} is short: each attempt is asked to stop "
@@ -212,5 +239,8 @@ def run(args: argparse.Namespace) -> int:
 
         return run_local(out, read_manifest(out), args.jobs)
     submit = "qsub" if study.job["scheduler"] == "pbs" else "sbatch"
-    print(f"submit from the study directory: cd {out}; " + "; ".join(f"{submit} {a.name}" for a in arrays))
+    submitted = [a.name for a in arrays if a.name != PACKED]
+    packed = f" (or, every task in one allocation: {submit} {PACKED})" if study.job["pack_nodes"] else ""
+    print(f"submit from the study directory: cd {out}; "
+          + "; ".join(f"{submit} {name}" for name in submitted) + packed)
     return 0

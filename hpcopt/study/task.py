@@ -202,12 +202,12 @@ def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0)
         for number, handler in previous.items():
             signal.signal(number, handler)
     if code == EXIT_STOPPED and requeue:
-        _requeue(index, requeue)
+        requeue_job(index, requeue)
     return code
 
 
 def _carry_on(study: Path, entry: Entry, launcher: Sequence[str], forward: _Forward) -> int:
-    print(f"task {entry.index}: {_attempt()}", flush=True)
+    print(f"task {entry.index}: {attempt()}", flush=True)
     argv = command(study, entry, launcher)
     if argv is None:
         print(f"task {entry.index}: {entry.run} has finished; nothing to do", flush=True)
@@ -225,7 +225,7 @@ def _carry_on(study: Path, entry: Entry, launcher: Sequence[str], forward: _Forw
     return code
 
 
-def _attempt() -> str:
+def attempt() -> str:
     """Which attempt this is, where: the Slurm job and how often it was requeued, the host."""
     host = socket.gethostname()
     job = _slurm_job()
@@ -241,18 +241,19 @@ def _slurm_job() -> str:
     return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
 
 
-def _requeue(index: int, most: int) -> None:
-    """Requeue this task's Slurm job (``scontrol requeue``) unless it was requeued ``most``
-    times already; a line says which."""
+def requeue_job(index: int, most: int) -> None:
+    """Requeue this task's Slurm job (``scontrol requeue``; index -1: a packed allocation's)
+    unless it was requeued ``most`` times already; a line says which."""
     job = _slurm_job()
     if not job:
         return
+    who = f"task {index}" if index >= 0 else "packed"
     done = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if done >= most:
-        print(f"task {index}: stopped at a checkpoint; not requeued: requeued {done} time(s) "
+        print(f"{who}: stopped at a checkpoint; not requeued: requeued {done} time(s) "
               f"already, the most [job] requeue allows", flush=True)
         return
-    print(f"task {index}: stopped at a checkpoint; requeueing Slurm job {job} "
+    print(f"{who}: stopped at a checkpoint; requeueing Slurm job {job} "
           f"(requeue {done + 1} of at most {most})", flush=True)
     try:
         failed = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True).returncode
@@ -261,10 +262,11 @@ def _requeue(index: int, most: int) -> None:
     else:
         reason = "scontrol requeue failed"
     if failed:
-        print(f"task {index}: not requeued: {reason}; submit the array again to resume it", flush=True)
+        print(f"{who}: not requeued: {reason}; submit the script again to resume", flush=True)
 
 
 USAGE = "usage: python -m hpcopt.study.task INDEX [--requeue N] LAUNCHER... (in the study directory)"
+USAGE_REQUEUE = "usage: {program} [--requeue N] (in the study directory, inside a Slurm allocation)"
 
 
 def main(argv: list[str]) -> int:

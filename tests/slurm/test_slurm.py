@@ -17,6 +17,7 @@ Open MPI: ``srun --mpi=pmix``, both from the study's generated site file):
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -217,3 +218,21 @@ def test_slurms_own_signal_at_the_time_limit_stops_the_task_at_a_checkpoint(clus
     text = log(study, 0)
     assert record(study, 0)["exit_code"] == 143 and "stopped at step" in text, text
     assert time.monotonic() - begun > 30  # not at once
+
+
+def test_a_packed_studys_runs_equal_its_array_runs_bit_for_bit(cluster, tmp_path):
+    """The same study run as arrays (one job per task) and packed (every task a job step of one
+    allocation of 2 nodes, two 1-rank tasks at once beside each other or one 2-rank task across
+    both): every run directory bitwise the same."""
+    arrays = make_study(tmp_path, "p", SHORT, [1, 2], pack_nodes=2)
+    packed = tmp_path / "packed"
+    shutil.copytree(arrays, packed)
+    jobs = [cluster.sbatch(script, cwd=arrays) for script in ("array-n1.sh", "array-n2.sh")]
+    jobs.append(cluster.sbatch("packed.sh", cwd=packed))
+    for job in jobs:
+        cluster.wait_gone(job, scaled(180))
+    text = (packed / "logs" / "packed.log").read_text()
+    assert "2 task(s) on 2 task slot(s)" in text and "all 2 task(s) finished" in text, text
+    for index, ranks in enumerate([1, 2]):
+        assert record(packed, index)["exit_code"] == 0 and "srun --exact --ntasks" in log(packed, index)
+        assert_same_run(packed / "runs" / f"p-n{ranks}", arrays / "runs" / f"p-n{ranks}")
