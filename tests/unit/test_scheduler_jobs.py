@@ -67,7 +67,8 @@ def test_pbs_gets_account_queue_and_memory_and_refuses_a_qos(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     ('account = "a b"', "account must be a word"), ('memory = "16G;rm"', "memory must be a word"),
     ('directives = "--exclusive"', "directives must be a list"),
-    ('directives = ["--x\\n#SBATCH --y"]', "each one line"), ('directives = ["exclusive"]', 'starting with "-"'),
+    ('directives = ["--x\\n#SBATCH --y"]', "each one line"),
+    ('directives = ["exclusive"]', 'starting with "-"'),
     ("requeue = -1", "requeue must be an integer"),
 ])
 def test_bad_job_keys_are_refused_in_one_line(tmp_path, extra, message):
@@ -97,8 +98,8 @@ def test_a_short_tasks_stop_signal_comes_a_quarter_of_its_time_early_not_two_min
 
 STAND_IN = """#!/bin/bash
 # records the signals it gets and its arguments in $RECORD, then waits to be stopped
-echo "started $*" >> "$RECORD"
 for s in TERM INT USR1; do trap "echo got $s >> \\"\\$RECORD\\"; exit {code}" $s; done
+echo "started $*" >> "$RECORD"
 sleep 60 > /dev/null 2>&1 & wait
 """
 
@@ -124,7 +125,8 @@ def stand_ins(tmp_path: Path, code: int) -> tuple[Path, Path]:
     return bin_dir, record
 
 
-def start_task(study: Path, bin_dir: Path, record: Path, restarts: int = 0, requeue: int = 2) -> subprocess.Popen:
+def start_task(study: Path, bin_dir: Path, record: Path, restarts: int = 0,
+               requeue: int = 2) -> subprocess.Popen:
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", RECORD=str(record),
                PYTHONPATH=str(ROOT), SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="0", SLURM_JOB_ID="78",
                SLURM_RESTART_COUNT=str(restarts))
