@@ -17,8 +17,8 @@ Open MPI: ``srun --mpi=pmix``, both from the study's generated site file):
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster.slurm import MPICH_ON_THE_NETWORK, OPEN_MPI_ON_THE_NETWORK, SlurmCluster
+from benchmarks.cluster.slurm import MPICH_ON_THE_NETWORK, OPEN_MPI_ON_THE_NETWORK
 from hpcopt.comm.mpi_support import open_mpi
 from hpcopt.io.trace import read_trace
 from tests.command_line import ROOT
@@ -202,7 +202,8 @@ def test_the_mpis_own_launcher_inside_sbatch_runs_one_world_across_the_nodes(clu
                       f"--steps 16 --out run\n")
     job = cluster.sbatch(script, cwd=tmp_path)
     cluster.wait_gone(job, scaled(120))
-    assert read_trace(tmp_path / "run" / "trace.h5").attrs["world_size"] == 2, (tmp_path / "job.log").read_text()
+    trace = read_trace(tmp_path / "run" / "trace.h5")
+    assert trace.attrs["world_size"] == 2, (tmp_path / "job.log").read_text()
 
 
 @pytest.mark.slow
