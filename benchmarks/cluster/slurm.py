@@ -245,6 +245,14 @@ class SlurmCluster:
                   "--propagation", "private", "sh", "-c", setup], f"slurmd of {name}",
                  env=self._environment())
 
+    def revive(self) -> None:
+        """Start the slurmd of every node whose daemon is gone (e.g. after :meth:`kill_node`)."""
+        for i, name in enumerate(self.node_names, start=1):
+            pid_file = self.runtime / "run" / f"slurmd-{name}.pid"
+            text = pid_file.read_text().strip() if pid_file.is_file() else ""
+            if not (text.isdigit() and _alive(int(text)) and not _zombie(int(text))):
+                self.start_slurmd(i)
+
     def wait_idle(self, timeout: float = 60) -> None:
         """Wait until every node is idle (RuntimeError after ``timeout`` seconds)."""
         deadline = time.monotonic() + timeout

@@ -11,7 +11,8 @@ A stop signal to the batch shell (``--signal=B:TERM@N``, ``scancel --batch``) re
 process: no task starts after it, every running task's runner passes it on to its srun and stops
 at a checkpoint. Exit 143 then (130 for SIGINT), 0 when every task finished, 1 when one failed;
 after 143 the allocation requeues itself (``--requeue N``, as ``hpcopt.study.task``), and the
-next attempt resumes the stopped tasks and leaves the finished ones alone.
+next attempt resumes the stopped tasks and leaves the finished ones alone (after a lost node
+too: ``hpcopt.study.task.requeue_job``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from ..errors import HpcoptError
 from .layout import Entry, read_manifest
 from .local import run_local
-from .task import EXIT_STOPPED, USAGE_REQUEUE, attempt, requeue_job
+from .task import USAGE_REQUEUE, attempt, requeue_job
 
 
 def step_command(entry: Entry) -> list[str]:
@@ -46,8 +47,8 @@ def run_packed(study: Path, requeue: int) -> int:
         print(f"task {entry.index}: not started: it needs {entry.ranks} ranks, the allocation has {ranks}",
               flush=True)
     code = code if code or not too_big else 1
-    if code == EXIT_STOPPED and requeue:
-        requeue_job(-1, requeue)
+    if requeue:
+        requeue_job("packed", code, requeue)
     return code
 
 

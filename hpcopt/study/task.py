@@ -25,9 +25,11 @@ SIGINT only reports status), SIGUSR1 for SIGTERM or SIGINT to Open MPI's ``mpiru
 before the launcher starts stops the task before it starts (exit 143 or 130, nothing lost).
 Slurm's own ``--signal=TERM@N`` and ``scancel --signal`` reach the ranks directly.
 
-``--requeue N`` (the Slurm arrays): a run stopped at a checkpoint (exit 143) requeues its job
-(``scontrol requeue``) while it has been requeued fewer than N times (``SLURM_RESTART_COUNT``);
-any other exit, a bad input's 2 included, is final. Each attempt's first line names it.
+``--requeue N`` (the Slurm arrays): a run that stopped at a checkpoint (exit 143) or lost a rank
+or node (any exit but ``FINAL_EXITS``) requeues its job (``scontrol requeue``) while the job
+still runs (not after ``scancel``) and has been requeued fewer than N times
+(``SLURM_RESTART_COUNT``); finished runs, bad input (2) and NaN (3) are final. Each attempt's
+first line names it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import HpcoptError
+from ..errors import EXIT_CONTINUED, HpcoptError
 from ..run.signals import SIGNALS, exit_code, signal_name
 from .layout import Entry, TaskRecord, read_manifest
 
@@ -52,6 +54,10 @@ EXIT_STOPPED = 128 + signal.SIGTERM
 #: a line naming the ranks, instead of waiting minutes for the scheduler to declare the node
 #: down (hpcopt.run.watchdog).
 TASK_DEFAULTS = {"--stall-timeout": "300"}
+#: Exits a requeue cannot mend: finished (0; 5 on the survivors of a lost rank), bad input (2),
+#: NaN or Inf (3). Any other (143: stopped at a checkpoint; a lost rank or node: 1, 4, 6 or the
+#: launcher's own code) requeues a task that may be requeued.
+FINAL_EXITS = (0, EXIT_CONTINUED, 2, 3)
 
 
 def finished(run: Path) -> bool:
@@ -201,8 +207,8 @@ def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    if code == EXIT_STOPPED and requeue:
-        requeue_job(index, requeue)
+    if requeue:
+        requeue_job(f"task {index}", code, requeue)
     return code
 
 
@@ -228,33 +234,39 @@ def _carry_on(study: Path, entry: Entry, launcher: Sequence[str], forward: _Forw
 def attempt() -> str:
     """Which attempt this is, where: the Slurm job and how often it was requeued, the host."""
     host = socket.gethostname()
-    job = _slurm_job()
+    job = slurm_job()
     if not job:
         return f"started on {host}"
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     return f"attempt {restarts + 1} (Slurm job {job}) on {host}"
 
 
-def _slurm_job() -> str:
+def slurm_job() -> str:
     """The Slurm job this task is ("ARRAY_TASK" for an array's task; "" outside Slurm)."""
     array, task = os.environ.get("SLURM_ARRAY_JOB_ID", ""), os.environ.get("SLURM_ARRAY_TASK_ID", "")
     return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
 
 
-def requeue_job(index: int, most: int) -> None:
-    """Requeue this task's Slurm job (``scontrol requeue``; index -1: a packed allocation's)
-    unless it was requeued ``most`` times already; a line says which."""
-    job = _slurm_job()
-    if not job:
+def requeue_job(who: str, code: int, most: int) -> None:
+    """Requeue this Slurm job (``scontrol requeue``) after exit ``code`` unless the code is final
+    (``FINAL_EXITS``), the job is no longer running (cancelled, or Slurm requeues it itself after
+    a node failure) or it was requeued ``most`` times already; a line says which. ``who`` names
+    the task (or the packed allocation) in that line."""
+    job = slurm_job()
+    if not job or code in FINAL_EXITS:
         return
-    who = f"task {index}" if index >= 0 else "packed"
     done = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    if done >= most:
-        print(f"{who}: stopped at a checkpoint; not requeued: requeued {done} time(s) "
-              f"already, the most [job] requeue allows", flush=True)
+    why = f"exit {code}" + (" (stopped at a checkpoint)" if code == EXIT_STOPPED else "")
+    state = _job_state(job)
+    if state != "RUNNING":
+        print(f"{who}: {why}; not requeued: the job is {state or 'not known to squeue'} "
+              "(cancelled, or Slurm requeues it itself)", flush=True)
         return
-    print(f"{who}: stopped at a checkpoint; requeueing Slurm job {job} "
-          f"(requeue {done + 1} of at most {most})", flush=True)
+    if done >= most:
+        print(f"{who}: {why}; not requeued: requeued {done} time(s) already, the most [job] requeue "
+              "allows", flush=True)
+        return
+    print(f"{who}: {why}; requeueing Slurm job {job} (requeue {done + 1} of at most {most})", flush=True)
     try:
         failed = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True).returncode
     except OSError as exc:
@@ -263,6 +275,15 @@ def requeue_job(index: int, most: int) -> None:
         reason = "scontrol requeue failed"
     if failed:
         print(f"{who}: not requeued: {reason}; submit the script again to resume", flush=True)
+
+
+def _job_state(job: str) -> str:
+    """``job``'s state as squeue tells it ("" when it cannot)."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True)
+    except OSError:
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 USAGE = "usage: python -m hpcopt.study.task INDEX [--requeue N] LAUNCHER... (in the study directory)"

@@ -37,5 +37,6 @@ def _interrupt(signum: int, frame: object) -> None:
 def cluster(slurm: SlurmCluster) -> Iterator[SlurmCluster]:
     """The session's cluster, with every job a test left cancelled and every node back after it."""
     yield slurm
-    slurm.client(["scancel", "--full", "-u", "root"], check=False)
+    slurm.client(["scancel", "-u", "root"], check=False)
+    slurm.revive()
     slurm.client(["scontrol", "update", "nodename=ALL", "state=resume"], check=False)

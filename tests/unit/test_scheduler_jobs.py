@@ -2,8 +2,9 @@
 account, partition, QoS, memory and any other directives; the stop signal's lead scaled to short
 tasks), and how a task's runner behaves under a scheduler: it passes a stop signal it receives on
 to its launcher (the first of each kind; SIGINT as SIGTERM to srun), stops before starting when
-the signal came first, and requeues its Slurm job only after a stop at a checkpoint (exit 143),
-at most ``[job] requeue`` times. Stand-in ``srun`` and ``scontrol`` programs record what they got."""
+the signal came first, and requeues its Slurm job after a stop or a lost node, never after bad
+input, NaN, a finished run or ``scancel``, at most ``[job] requeue`` times. Stand-in ``srun``,
+``scontrol`` and ``squeue`` programs record what they got and tell the job's state."""
 
 from __future__ import annotations
 
@@ -120,16 +121,17 @@ def stand_ins(tmp_path: Path, code: int) -> tuple[Path, Path]:
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(STAND_IN.format(code=code))
     (bin_dir / "scontrol").write_text('#!/bin/bash\necho "scontrol $*" >> "$RECORD"\n')
-    for name in ("srun", "scontrol"):
+    (bin_dir / "squeue").write_text('#!/bin/bash\necho "${JOB_STATE:-RUNNING}"\n')
+    for name in ("srun", "scontrol", "squeue"):
         (bin_dir / name).chmod(0o755)
     return bin_dir, record
 
 
 def start_task(study: Path, bin_dir: Path, record: Path, restarts: int = 0,
-               requeue: int = 2) -> subprocess.Popen:
+               requeue: int = 2, state: str = "RUNNING") -> subprocess.Popen:
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", RECORD=str(record),
-               PYTHONPATH=str(ROOT), SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="0", SLURM_JOB_ID="78",
-               SLURM_RESTART_COUNT=str(restarts))
+               JOB_STATE=state, PYTHONPATH=str(ROOT), SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="0",
+               SLURM_JOB_ID="78", SLURM_RESTART_COUNT=str(restarts))
     return subprocess.Popen([sys.executable, "-m", "hpcopt.study.task", "0", "--requeue", str(requeue),
                              str(bin_dir / "srun")], cwd=study, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -160,25 +162,37 @@ def test_a_stop_signal_to_the_batch_shell_reaches_srun_and_a_stop_at_a_checkpoin
     assert task.returncode == 143, out
     lines = record.read_text().splitlines()
     assert lines[1:] == [f"got {passed}", "scontrol requeue 77_0"], lines
-    assert "attempt 1 (Slurm job 77_0)" in out and "requeueing Slurm job 77_0 (requeue 1 of at most 2)" in out
+    assert "attempt 1 (Slurm job 77_0)" in out
+    assert "exit 143 (stopped at a checkpoint); requeueing Slurm job 77_0 (requeue 1 of at most 2)" in out
 
 
-def test_a_failed_run_or_a_spent_requeue_budget_is_never_requeued(tmp_path):
+@pytest.mark.parametrize("code, requeued", [(137, True), (1, True), (2, False), (3, False), (0, False)])
+def test_a_lost_node_requeues_but_bad_input_nan_or_a_finished_run_never_does(tmp_path, code, requeued):
+    """Under Open MPI the survivors of a killed node end at once (srun: exit 14, before Slurm
+    declares the node down): that run is resumable, so it requeues; 2 and 3 would fail again."""
     study = make_study(tmp_path)
-    bin_dir, record = stand_ins(tmp_path, code=2)  # bad input: a requeue cannot mend it
+    bin_dir, record = stand_ins(tmp_path, code=code)
     task = start_task(study, bin_dir, record)
     wait_for(record, "started")
     task.send_signal(signal.SIGTERM)
-    task.communicate(timeout=scaled(30))
-    assert task.returncode == 2 and "scontrol" not in record.read_text()
-    (tmp_path / "spent").mkdir()
-    bin_dir, record = stand_ins(tmp_path / "spent", code=143)
-    task = start_task(study, bin_dir, record, restarts=2)  # requeued twice already, the most allowed
+    out, _ = task.communicate(timeout=scaled(30))
+    assert task.returncode == code, out
+    assert ("scontrol requeue 77_0" in record.read_text()) == requeued, out
+
+
+@pytest.mark.parametrize("restarts, state, message", [
+    (2, "RUNNING", "not requeued: requeued 2 time(s) already"),  # its budget spent
+    (0, "CANCELLED", "not requeued: the job is CANCELLED"),  # scancel must not be undone
+])
+def test_a_spent_budget_or_a_cancelled_job_is_not_requeued(tmp_path, restarts, state, message):
+    study = make_study(tmp_path)
+    bin_dir, record = stand_ins(tmp_path, code=143)
+    task = start_task(study, bin_dir, record, restarts=restarts, state=state)
     wait_for(record, "started")
     task.send_signal(signal.SIGTERM)
     out, _ = task.communicate(timeout=scaled(30))
-    assert "scontrol" not in record.read_text() and "not requeued: requeued 2 time(s) already" in out
-    assert "attempt 3 (Slurm job 77_0)" in out
+    assert task.returncode == 143 and "scontrol" not in record.read_text() and message in out, out
+    assert f"attempt {restarts + 1} (Slurm job 77_0)" in out
 
 
 def test_a_signal_before_the_launcher_starts_stops_the_task_before_it_starts(tmp_path):
