@@ -296,6 +296,9 @@ class RunConfig:
     progress: bool = option(True, "print progress lines and the summary (rank 0)")
     out: str = option("", "run directory ({time}: the start time); '' = no files")
     checkpoint_every: int = option(0, "clock ticks between checkpoints; 0 = only the final one")
+    checkpoint_minutes: float = option(0.0, "also a checkpoint once M minutes of wall time have passed "
+                                       "since the start or the last checkpoint, at the next trace row "
+                                       "every rank sees; 0 = off (needs --out)")
     keep_checkpoints: int = option(3, "the newest K checkpoints are kept, older ones deleted")
     trace: bool = option(True, "write OUT/trace.h5")
     trace_every: int = option(8, "clock ticks per trace row (SIGTERM or Ctrl-C stops a run within two)")
@@ -354,6 +357,9 @@ class RunConfig:
         for name in ("keep_checkpoints", "trace_every", "timeline_max_spans"):
             if getattr(self, name) < 1:
                 raise HpcoptError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (0 <= self.checkpoint_minutes < math.inf):
+            raise HpcoptError(f"checkpoint_minutes must be >= 0 minutes (0 = off), "
+                              f"got {self.checkpoint_minutes}")
         if not (0 <= self.stall_timeout < math.inf):
             raise HpcoptError(f"stall_timeout must be >= 0 seconds (0 = off), got {self.stall_timeout}")
         if self.on_nonfinite not in NONFINITE_MODES:
@@ -601,9 +607,9 @@ def config_from_stored(values: dict[str, Any]) -> Config:
 #: and the length of the run (not with the sqrt_nt and cosine schedules, whose step size depends on it),
 #: and the device (a GPU run's checkpoint resumes on CPU and vice versa: to float tolerance),
 #: and the failure handling (stall_timeout, on_nonfinite, on_rank_loss: docs/failures.md).
-RESUME_SAFE = ("out", "checkpoint_every", "keep_checkpoints", "trace", "trace_every", "timeline",
-               "timeline_max_spans", "progress", "eval_every", "steps", "epochs", "device", "stall_timeout",
-               "on_nonfinite", "straggler", "fault", "on_rank_loss")
+RESUME_SAFE = ("out", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "trace", "trace_every",
+               "timeline", "timeline_max_spans", "progress", "eval_every", "steps", "epochs", "device",
+               "stall_timeout", "on_nonfinite", "straggler", "fault", "on_rank_loss")
 
 
 def check_resume(stored: Config, config: Config) -> None:

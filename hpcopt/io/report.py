@@ -44,8 +44,8 @@ from .trace import FILE_NAME, Trace, read_trace
 from .vet import vet_traces
 
 #: Options that do not change what a run computes; never used to tell runs apart.
-NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "keep_checkpoints", "trace", "trace_every",
-                   "network")
+NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "trace",
+                   "trace_every", "network")
 MB = 1e6
 
 

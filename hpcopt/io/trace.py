@@ -10,9 +10,9 @@ of every column: docs/formats.md.
 
 Cost: each rank keeps its per-step losses on the device and reduces one window per row in one
 small non-blocking collective (an Iallgather of 3 numbers a rank, 5 with clipping, finished at the next row;
-label "trace"), only at ticks of the algorithm's clock; only rank 0 touches the file, appending
-rows in chunks and flushing them, so after a crash (even kill -9) the file opens and holds
-every flushed row.
+label "trace"; the third, the stop value, also carries a checkpoint request: ``stop_value``), only at
+ticks of the algorithm's clock; only rank 0 touches the file, appending rows in chunks and flushing
+them, so after a crash (even kill -9) the file opens and holds every flushed row.
 """
 
 from __future__ import annotations
@@ -89,6 +89,11 @@ NODE_COLUMNS = {"in_node_calls": "int64", "in_node_bytes": "int64"}
 MODELLED = "modelled"
 #: The order of the values of a label in ``comm_totals``.
 TOTALS = (*COMM_COLUMNS, *NODE_COLUMNS, MODELLED)
+#: A rank's stop value in a row's reduction is its stop signal (0: none) plus this mark when it
+#: asks for a checkpoint (``--checkpoint-minutes``: rank 0's wall clock, hpcopt.run.runner), so
+#: the ranks agree on both at the one finished row that shows them, with no byte or collective
+#: more: the signal is the integer part of the highest value, as before the mark existed.
+CHECKPOINT_MARK = 0.5
 CHUNK_ROWS = 256
 #: Rows a reader takes from ``/rows`` at a time (about 1.3 MB of a row of ten columns).
 READ_ROWS = 1 << 14
@@ -98,8 +103,8 @@ Oracle = Callable[[Any, Any], Any]
 
 @dataclass(frozen=True)
 class WindowStats:
-    """A window reduced over ranks: means and maxima of each rank's value, and the stop signal
-    (the highest number any rank sent; 0: none)."""
+    """A window reduced over ranks: means and maxima of each rank's value, the stop signal
+    (the highest number any rank sent; 0: none) and whether a rank asked for a checkpoint."""
 
     loss_mean: float
     loss_max: float
@@ -107,12 +112,25 @@ class WindowStats:
     grad_norm_max: float
     stop: int
     clip_fraction: float = math.nan  # clipped steps / steps over all ranks (clipping runs only)
+    checkpoint: bool = False  # a rank's stop value carried CHECKPOINT_MARK
 
     def columns(self, clipping: bool = False) -> dict[str, float]:
         """The trace row's columns of these statistics (with ``clip_fraction`` when clipping)."""
         values = {"loss_mean": self.loss_mean, "loss_max": self.loss_max,
                   "grad_norm": self.grad_norm, "grad_norm_max": self.grad_norm_max}
         return {**values, "clip_fraction": self.clip_fraction} if clipping else values
+
+
+def stop_value(stop: int, checkpoint: bool) -> float:
+    """What a rank sends in a row's reduction: its stop signal ``stop`` (0: none), marked when
+    it asks for a ``checkpoint`` (``CHECKPOINT_MARK``)."""
+    return stop + (CHECKPOINT_MARK if checkpoint else 0.0)
+
+
+def read_stop(values: np.ndarray) -> tuple[int, bool]:
+    """(stop signal, checkpoint asked for) of every rank's ``stop_value``: the highest signal,
+    and whether any value carries the mark."""
+    return int(values.max()), bool((values % 1 != 0).any())
 
 
 @dataclass
@@ -144,7 +162,7 @@ class Window:
     after a resume gives the same bits as one fold.
 
     A row's reduction over ranks is one non-blocking collective (label "trace"): ``post``
-    starts an Iallgather of each rank's (mean loss, gradient norm, stop signal), 24 bytes a
+    starts an Iallgather of each rank's (mean loss, gradient norm, stop value), 24 bytes a
     rank (with ``clipping`` also the window's clipped steps and steps: 40 bytes), and
     ``complete`` finishes it, normally at the next row tick, so no rank ever waits
     for it on the step path. Every rank then takes means and maxima in rank order: the same
@@ -201,9 +219,9 @@ class Window:
         self.loss_sum, self.steps = float(folded[0]), int(folded[1])
         self.clips = int(folded[2]) if self.clipping else 0
 
-    def post(self, comm: Comm, stop: int, row: Row) -> None:
+    def post(self, comm: Comm, stop: float, row: Row) -> None:
         """End the window: start its reduction over ranks (collective) for ``row``, with this
-        rank's stop signal (0: none)."""
+        rank's ``stop_value``."""
         self.fold()
         mean = self.loss_sum / self.steps if self.steps else math.nan
         norm = math.sqrt(self._grad_sq) if self._grad_sq is not None else math.nan
@@ -227,8 +245,9 @@ class Window:
             if self.clipping:
                 totals = p.everyone.sum(axis=0)
                 clip_fraction = totals[3] / totals[4] if totals[4] else math.nan
-            p.row.stats = WindowStats(means[0], maxima[0], means[1], maxima[1], int(maxima[2]),
-                                      clip_fraction)
+            stop, checkpoint = read_stop(p.everyone[:, 2])
+            p.row.stats = WindowStats(means[0], maxima[0], means[1], maxima[1], stop, clip_fraction,
+                                      checkpoint)
         return [p.row for p in posted]
 
 

@@ -337,7 +337,7 @@ class DataParallelSession:
         return evaluation
 
     def row(self, tick: int, evaluation: ModelEvaluation | None,
-            stop: int) -> list[trace_io.Row]:
+            stop: float) -> list[trace_io.Row]:
         """Finish the previous row's reduction and start this tick's."""
         finished = self.window.complete(self.comm)
         state = self.state

@@ -15,13 +15,13 @@ At an iteration t (every rank passes the same ones, in order):
 1. ``eval_every`` divides t: f(x_t) without smoothing, by one forward pass (label ``eval``);
 2. ``trace_every`` or ``eval_every`` divides t: a trace row, from one small allgather (label
    ``trace``) of each stage's window: loss (last stage), ||g|| of its block, busy and idle
-   seconds, messages sent, the stop signal. The row: loss, ||g||, per-stage busy/idle, the
-   measured bubble (mean over stages of idle / (busy + idle)) against the ideal
-   (Delta - 1) / (K + Delta - 1), tau (the slowest stage's busy seconds per forward or
-   backward of one sample), the modelled pipeline time sum of 2 tau (K + Delta - 1) per
-   iteration, and the messages sent so far by all stages;
-3. a checkpoint (``checkpoint_every``, the last iteration, or a stop): each stage's block and
-   optimizer state (``hpcopt.io.pipeline_checkpoint``).
+   seconds, messages sent, the stop value (the stop signal and a checkpoint request). The row:
+   loss, ||g||, per-stage busy/idle, the measured bubble (mean over stages of idle / (busy +
+   idle)) against the ideal (Delta - 1) / (K + Delta - 1), tau (the slowest stage's busy
+   seconds per forward or backward of one sample), the modelled pipeline time sum of
+   2 tau (K + Delta - 1) per iteration, and the messages sent so far by all stages;
+3. a checkpoint (``checkpoint_every``, ``checkpoint_minutes``, the last iteration, or a stop):
+   each stage's block and optimizer state (``hpcopt.io.pipeline_checkpoint``).
 
 The runner (``hpcopt.run.runner``) does the rest, as for every workload: set-up agreed by all
 ranks, the run directory, SIGTERM and SIGINT, the stall watchdog, progress lines and the summary.
@@ -270,18 +270,19 @@ class PipelineSession:
         return sum(stats.totals(label=f"{self.label}.{kind}", op="send").calls
                    for kind in ("activation", "gradient"))
 
-    def row(self, tick: int, evaluation: float | None, stop: int) -> list[trace_io.Row]:
+    def row(self, tick: int, evaluation: float | None, stop: float) -> list[trace_io.Row]:
         """One allgather (label "trace") of each stage's window; the row, finished at once."""
         comm, timing = self.comm, self.pipe.timing
         sends = self._sends()
         grad_sq = float(comm.backend.xp.dot(self.state.grad, self.state.grad))
         mine = np.array([self.loss_sum, self.loss_max, self.iterations, grad_sq, timing.busy,
-                         timing.idle, timing.samples, sends - self.sends_base, float(stop),
+                         timing.idle, timing.samples, sends - self.sends_base, stop,
                          0.0 if evaluation is None else evaluation])
         everyone = comm.allgather(mine, trace_io.LABEL)
         col = {name: everyone[:, i] for i, name in enumerate(_FIELDS)}
         last = comm.size - 1
         iterations = int(col["iterations"][last])
+        signal, checkpoint = trace_io.read_stop(col["stop"])
         busy, idle = col["busy"], col["idle"]
         spent = busy + idle
         bubbles = np.divide(idle, spent, out=np.zeros_like(idle), where=spent > 0)
@@ -296,7 +297,7 @@ class PipelineSession:
             loss_mean=col["loss_sum"][last] / iterations if iterations else math.nan,
             loss_max=col["loss_max"][last] if iterations else math.nan,
             grad_norm=math.sqrt(col["grad_sq"].sum()), grad_norm_max=math.sqrt(col["grad_sq"].max()),
-            stop=int(col["stop"].max()))
+            stop=signal, checkpoint=checkpoint)
         fields: dict[str, Any] = {
             "step": tick, "rounds": 0, "lr": self.built.algorithm.step_size(self.state),
             "wall": self._files().wall(),

@@ -11,10 +11,11 @@ every rank passes in the same order), and at a tick t:
 1. ``session.evaluate`` when ``eval_every`` divides t;
 2. ``session.row`` when ``trace_every`` or ``eval_every`` divides t: a trace row carrying
    this rank's stop signal, so the ranks agree to stop at the first finished row that shows
-   one, without an extra collective;
-3. ``session.save`` when ``checkpoint_every`` divides t, at the last tick, or when stopping
-   (the rows in flight are finished first, so a checkpoint counts every row before it, and a
-   stop signal in them is seen there).
+   one, without an extra collective; rank 0's value also asks for a checkpoint once
+   ``checkpoint_minutes`` of wall time have passed by its clock (:class:`CheckpointClock`);
+3. ``session.save`` when ``checkpoint_every`` divides t, at the last tick, when stopping, or
+   at the first finished row that asks for one (the rows in flight are finished first, so a
+   checkpoint counts every row before it, and a stop signal in them is seen there).
 
 After the last tick, ``session.last_rows`` and ``session.final`` (the partial last window,
 the end of a partial round, the final evaluation), then ``session.summarize``. With
@@ -31,7 +32,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,6 +44,7 @@ from ..comm.launcher import relaunch_command
 from ..comm.staging import prepare_gpu
 from ..comm.ulfm import is_rank_loss
 from ..config import Config
+from ..errors import HpcoptError
 from ..io import timeline as timeline_io
 from ..io import trace as trace_io
 from .files import claim, header_end, open_trace, run_directory, vet_resumed
@@ -70,6 +72,25 @@ class Ticks:
 
     def checkpoint_due(self, tick: int) -> bool:
         return tick == self.total or bool(self.checkpoint_every and tick % self.checkpoint_every == 0)
+
+
+@dataclass
+class CheckpointClock:
+    """``checkpoint_minutes`` (docs/failures.md): rank 0 asks for a checkpoint once ``seconds``
+    of wall time have passed since the segment started or since the last checkpoint. The ask
+    rides in its next trace row (``trace_io.stop_value``), so every rank checkpoints at the first
+    finished row that shows it, the same tick everywhere, with no byte or collective more."""
+
+    seconds: float  # 0: never
+    since: float = field(default_factory=time.perf_counter)
+
+    def asks(self, rank: int) -> bool:
+        """Whether this rank's next row asks for a checkpoint (only rank 0's clock counts)."""
+        return rank == 0 and 0 < self.seconds <= time.perf_counter() - self.since
+
+    def restart(self) -> None:
+        """A checkpoint was written: count from now."""
+        self.since = time.perf_counter()
 
 
 @dataclass
@@ -150,9 +171,9 @@ class Session(Protocol):
     def evaluate(self, tick: int) -> Any:
         """Collective: evaluate the model at ``tick``."""
 
-    def row(self, tick: int, evaluation: Any, stop: int) -> list[trace_io.Row]:
-        """Collective: start the trace row of ``tick`` with this rank's stop signal (0: none);
-        the rows finished by now."""
+    def row(self, tick: int, evaluation: Any, stop: float) -> list[trace_io.Row]:
+        """Collective: start the trace row of ``tick`` with this rank's ``trace_io.stop_value``
+        (its stop signal, 0: none, and whether it asks for a checkpoint); the rows finished by now."""
 
     def finish_rows(self) -> list[trace_io.Row]:
         """Collective: finish the rows in flight; they are returned."""
@@ -217,6 +238,9 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
     if ckpt is not None:
         agreed(lambda: session.restore(ckpt), comm)
     out, run_id = run_directory(config, ckpt, comm)
+    if out is None and config.run.checkpoint_minutes:  # the same on every rank
+        raise HpcoptError("checkpoint_minutes writes checkpoints: it needs a run directory (--out DIR)",
+                          everywhere=True)
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out or "")))
     # rank 0 locks the run directory for the job's life and checks it holds no other run
     lock = agreed(lambda: claim(out, run_id, ckpt is not None, verbose) if comm.rank == 0 else None, comm)
@@ -276,6 +300,7 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
         comm.barrier(label="start")
         session.begin(files, ckpt)
         files.started = time.perf_counter()
+        clock = CheckpointClock(60 * files.config.run.checkpoint_minutes)
         progress.start -= files.wall_before
         timeline = files.timeline
         if timeline is not None:  # spans of every step, evaluation, checkpoint and counted call
@@ -285,7 +310,7 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
             recovery.snapshot(session, tick)
         while True:
             try:
-                final, stop, train_loss = _ticks(session, files, comm, tick, stop_signal, progress)
+                final, stop, train_loss = _ticks(session, files, comm, tick, stop_signal, clock, progress)
                 break
             except Exception as exc:
                 if recovery is None or not is_rank_loss(exc):
@@ -303,7 +328,7 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
 
 
 def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal: StopSignal,
-           progress: Progress) -> tuple[Any, int, float]:
+           clock: CheckpointClock, progress: Progress) -> tuple[Any, int, float]:
     """The steps from ``tick`` to the end (or a stop signal), the last rows and the final
     evaluation: (the final evaluation or None when stopped, the stop signal, the train loss)."""
     ticks, recovery = session.ticks, session.rank_loss
@@ -322,12 +347,16 @@ def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal
         tick = ended
         report_due = progress.due(tick) or report_due
         evaluation = evaluate(tick) if ticks.evaluation_due(tick) else None
-        rows = session.row(tick, evaluation, stop_signal.raised) if ticks.row_due(tick) else []
-        checkpoint = files.out is not None and ticks.checkpoint_due(tick)
+        rows = []
+        if ticks.row_due(tick):
+            value = trace_io.stop_value(stop_signal.raised, clock.asks(comm.rank))
+            rows = session.row(tick, evaluation, value)
+        due = files.out is not None and ticks.checkpoint_due(tick)
         snapshot = recovery is not None and recovery.due(session, tick)
-        if checkpoint or snapshot or _stop(rows):
+        if due or snapshot or _stop(rows) or _asked(rows):
             rows += session.finish_rows()
         stop = _stop(rows) if tick < ticks.total else 0  # rows finished just now count too
+        checkpoint = due or _asked(rows)  # asked only with a run directory
         session.check_rows(rows, tick)
         for row in rows:
             train_loss = _stats(row).loss_mean
@@ -338,6 +367,7 @@ def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal
             timeline.rows_finished(len(rows), comm, due=checkpoint or bool(stop))
         if checkpoint or stop:
             save(tick)
+            clock.restart()
         if snapshot and recovery is not None:
             recovery.snapshot(session, tick)
         if stop:
@@ -353,6 +383,11 @@ def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal
 def _stop(rows: list[trace_io.Row]) -> int:
     """The stop signal the finished ``rows`` show (the same on every rank; 0: none)."""
     return max((_stats(row).stop for row in rows), default=0)
+
+
+def _asked(rows: list[trace_io.Row]) -> bool:
+    """Whether a finished row asks for a checkpoint (``checkpoint_minutes``; the same on every rank)."""
+    return any(_stats(row).checkpoint for row in rows)
 
 
 def _stats(row: trace_io.Row) -> trace_io.WindowStats:

@@ -103,6 +103,11 @@ def test_an_unwritable_checkpoint_directory_is_refused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flags,fragment", [
     (["--stall-timeout", "-1"], "stall_timeout must be >= 0"),
+    (["--checkpoint-minutes", "-1"], "checkpoint_minutes must be >= 0 minutes (0 = off), got -1.0"),
+    (["--checkpoint-minutes", "inf"], "checkpoint_minutes must be >= 0 minutes (0 = off), got inf"),
+    (["--checkpoint-minutes", "nan"], "checkpoint_minutes must be >= 0 minutes (0 = off), got nan"),
+    (["--checkpoint-minutes", "5", "--out", ""], "checkpoint_minutes writes checkpoints: it needs a run "
+                                                 "directory (--out DIR)"),
     (["--on-nonfinite", "ignore"], "on_nonfinite must be one of stop, skip"),
     (["--debug-fail-at", "1"], "--debug-fail-at takes RANK:STEP[:KIND]"),
     (["--debug-fail-at", "0:3:explode"], "unknown kind 'explode'"),
