@@ -319,3 +319,36 @@ def test_averaging_auto_is_plain_mpi_under_continue(tmp_path: Path) -> None:
         with h5py.File(run / "trace.h5", "r") as f:
             averaging[mode] = f.attrs["averaging"]
     assert averaging == {"abort": "shm", "continue": "mpi"}
+
+
+#: Every step takes 10 ms longer (it changes no number): a few rows pass in one period of
+#: ``--checkpoint-minutes 0.0005`` (30 ms).
+SLOW_STEPS = """
+from hpcopt.run import data_parallel
+
+step = data_parallel.DataParallelSession.step
+
+def slow(self):
+    time.sleep(0.01)
+    return step(self)
+
+data_parallel.DataParallelSession.step = slow
+"""
+
+
+@needs_ulfm
+def test_checkpoints_by_wall_time_go_on_after_a_lost_rank(tmp_path: Path) -> None:
+    """``--checkpoint-minutes`` under continue: the survivors' rank 0 asks on (in the rows of
+    the survivors' communicator), so checkpoints by wall time are written after the loss too,
+    and the job finishes on the survivors."""
+    from hpcopt.io import data_parallel_checkpoint as ckpt_io
+
+    run = tmp_path / "run"
+    argv = _continued(run, "--checkpoint-every", "0", "--checkpoint-minutes", "0.0005",
+                      "--keep-checkpoints", "100")
+    job = run_job([], ranks=4, python_code=PATCHED.format(patch=SLOW_STEPS, argv=argv),
+                  mpiexec_args=("--with-ft", "ulfm"))
+    assert job.returncode == EXIT_CONTINUED, job.describe()
+    assert f"going on at 3 ranks from step {ROUND}" in job.stdout, job.describe()
+    ticks = [int(ckpt_io.NAME_PATTERN.match(p.name).group(1)) for p in ckpt_io.checkpoints(run)]
+    assert ticks[-1] == 32 and len([t for t in ticks if KILLED_AT + 2 < t < 32]) >= 2, ticks
