@@ -296,9 +296,9 @@ class RunConfig:
     progress: bool = option(True, "print progress lines and the summary (rank 0)")
     out: str = option("", "run directory ({time}: the start time); '' = no files")
     checkpoint_every: int = option(0, "clock ticks between checkpoints; 0 = only the final one")
-    checkpoint_minutes: float = option(0.0, "also a checkpoint once M minutes of wall time have passed "
-                                       "since the start or the last checkpoint, at the next trace row "
-                                       "every rank sees; 0 = off (needs --out)")
+    checkpoint_minutes: float = option(0.0, "also a checkpoint once this many minutes of wall time have "
+                                       "passed since the start or the last checkpoint, at a trace row "
+                                       "every rank agrees on; 0 = off (needs a run directory)")
     keep_checkpoints: int = option(3, "the newest K checkpoints are kept, older ones deleted")
     trace: bool = option(True, "write OUT/trace.h5")
     trace_every: int = option(8, "clock ticks per trace row (SIGTERM or Ctrl-C stops a run within two)")
