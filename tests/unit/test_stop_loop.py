@@ -14,11 +14,10 @@ from itertools import product
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from hpcopt.config import Config
-import numpy as np
-
 from hpcopt.io.trace import Row, WindowStats, read_stop, stop_value
 from hpcopt.run.runner import CheckpointClock, RunFiles, Ticks, _loop
 from hpcopt.run.signals import StopSignal
@@ -137,7 +136,7 @@ def test_the_loop_stops_within_two_rows_at_a_checkpoint(deferred):
 def test_a_row_asking_for_a_checkpoint_gets_one_where_it_is_finished(deferred, monkeypatch):
     never = TOTAL + 1  # no signal
     for ce, te, ev, ask in product((0, 3, 8), (1, 3, 4), (0, 5), range(1, TOTAL + 1)):
-        summary, session = run_loop(ce, te, ev, never, deferred, monkeypatch, lambda t: t == ask)
+        summary, session = run_loop(ce, te, ev, never, deferred, monkeypatch, {ask}.__contains__)
         ticks = Ticks(TOTAL, te, ev, ce)
         case = f"ce {ce}, te {te}, eval_every {ev}, asked at {ask}"
         due = [t for t in range(1, TOTAL + 1) if ticks.checkpoint_due(t)]
