@@ -158,10 +158,8 @@ def task_seconds(time: str) -> int:
     if (dash and not days.isdigit()) or not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
         raise HpcoptError(f"[job] time must be MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], got {time!r}")
     numbers = [int(p) for p in parts]
-    if dash:  # after the days: hours, minutes, seconds
-        units = (3600, 60, 1)
-    else:  # minutes; minutes:seconds; hours:minutes:seconds
-        units = {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(numbers)]
+    # after the days: hours, minutes, seconds; else minutes; minutes:seconds; hours:minutes:seconds
+    units: tuple[int, ...] = (3600, 60, 1) if dash else {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(numbers)]
     seconds = int(days or 0) * 86400 + sum(n * u for n, u in zip(numbers, units))
     if seconds < 60:
         raise HpcoptError(f"[job] time {time!r} is under a minute (schedulers count whole minutes)")
