@@ -315,9 +315,9 @@ class RunConfig:
     on_nonfinite: str = option("stop", "stop | skip: NaN/Inf in the loss or model (hpcopt.run.nonfinite)")
     preset: str = option("", f"a named bundle of option defaults that the config file and flags "
                              f"override (hpcopt.presets): {describe_presets()}; '' = none")
-    straggler: str = option("", "RANK:FACTOR[,...]: rank RANK runs at FACTOR (0 < FACTOR < 1) of its "
-                            "speed, sleeping (1/FACTOR - 1) x each gradient's measured time; '' = "
-                            "none (hpcopt.run.fault_schedule)")
+    straggler: str = option("", "RANK:FACTOR[,...]: rank RANK runs at FACTOR (0.01 <= FACTOR < 1) of "
+                            "its speed, sleeping (1/FACTOR - 1) x each gradient's measured time (a "
+                            "stop signal ends the sleep); '' = none (hpcopt.run.fault_schedule)")
     fault: str = option("", "RANK:STEP: kill -9 of rank RANK at its local step STEP, once per run "
                         "(resume goes on past it); needs checkpoint_every below STEP (unless "
                         "on_rank_loss continue); '' = none "

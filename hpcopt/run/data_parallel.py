@@ -49,7 +49,7 @@ from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io.rescale import rescaled
 from ..workload import ModelEvaluation, Workload
-from .fault_schedule import Schedule, check_ranks
+from .fault_schedule import Schedule, check_ranks, stop_received
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
@@ -227,7 +227,7 @@ class DataParallelSession:
         self.comm_progress = progress_mode()  # how much of a non-blocking reduction can be hidden
         self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
         self.schedule = Schedule(run, comm.rank if job_rank is None else job_rank,  # --fault, --straggler
-                                 parts.backend.synchronize)
+                                 parts.backend.synchronize, stop_received)
         self.oracle = self.window.traced(self.guard.wrap(
             self.schedule.wrap(workload.problem.oracle, lambda: self.state.step), lambda: self.state.step))
         self.history: list[tuple[int, ModelEvaluation]] = []

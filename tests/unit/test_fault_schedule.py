@@ -6,6 +6,7 @@ study task's ``--ranks-changed`` on a requeue onto another number of ranks."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -39,8 +40,11 @@ def test_schedules_parse():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"straggler": "1:1.5"}, "FACTOR must be > 0 and < 1"),
-    ({"straggler": "1:0"}, "FACTOR must be > 0 and < 1"),
+    ({"straggler": "1:1.5"}, "FACTOR must be >= 0.01 and < 1"),
+    ({"straggler": "1:0"}, "FACTOR must be >= 0.01 and < 1"),
+    ({"straggler": "1:1e-300"}, "FACTOR must be >= 0.01 and < 1"),  # once an OverflowError
+    ({"straggler": "1:1e-9"}, "FACTOR must be >= 0.01 and < 1"),  # once a sleep for ever
+    ({"straggler": "1:nan"}, "FACTOR must be >= 0.01 and < 1"),
     ({"straggler": "1"}, "--straggler takes RANK:FACTOR"),
     ({"straggler": "1:0.5,1:0.6"}, "names rank 1 twice"),
     ({"straggler": "-1:0.5"}, "RANK must be >= 0"),
@@ -94,6 +98,25 @@ def test_a_straggler_sleeps_in_proportion_to_its_gradients_time_and_changes_noth
     start = time.perf_counter()
     assert slow(x, grad) == 1.5 and (grad == x).all()
     assert time.perf_counter() - start >= 4 * 0.02  # the gradient's 0.02 s, then 3 x that asleep
+
+
+def test_a_stop_signal_ends_a_stragglers_sleep_and_those_after_it():
+    """The slowest straggler sleeps 99 times its gradient's time; a stop ends that at once."""
+    run = build_config(None, {"straggler": "1:0.01"}).run
+    stopped: list[bool] = []
+
+    def oracle(x, grad):
+        time.sleep(0.02)
+        return 1.0
+
+    slow = Schedule(run, rank=1, stopping=lambda: bool(stopped)).wrap(oracle, lambda: 0)
+    threading.Timer(0.3, stopped.append, (True,)).start()
+    start = time.perf_counter()
+    slow(np.zeros(1), np.zeros(1))  # 0.02 s, then 1.98 s asleep but for the stop at 0.3 s
+    assert time.perf_counter() - start < 1.0
+    start = time.perf_counter()
+    slow(np.zeros(1), np.zeros(1))
+    assert time.perf_counter() - start < 0.5  # no sleep once stopping
 
 
 def test_a_fault_record_is_data_checked_field_by_field(tmp_path):
