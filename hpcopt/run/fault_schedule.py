@@ -86,7 +86,7 @@ def parse_stragglers(text: str) -> dict[int, float]:
             raise HpcoptError(f"--straggler takes {form}, got {text!r}") from None
         if not MIN_FACTOR <= factor < 1:
             raise HpcoptError(f"--straggler: FACTOR must be >= {MIN_FACTOR:g} and < 1 (the rank's "
-                              f"share of its speed; at most 1/{MIN_FACTOR:g} of it), got {value} in {text!r}")
+                              f"share of its speed), got {value} in {text!r}")
         if rank in factors:
             raise HpcoptError(f"--straggler names rank {rank} twice in {text!r}")
         factors[rank] = factor
