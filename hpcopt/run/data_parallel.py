@@ -19,6 +19,7 @@ and each evaluation its own (``summary_line``, ``row_fields``, ``final_fields``)
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io.rescale import rescaled
 from ..workload import ModelEvaluation, Workload
-from .fault_schedule import Schedule, check_ranks, stop_received
+from .fault_schedule import Schedule, check_ranks, check_reached, stop_received
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
@@ -201,7 +202,10 @@ class DataParallelSessionBuilder:
 
     def build(self, config: Config, comm: Comm, ckpt: Any) -> DataParallelSession:
         check_ranks(config.run, comm.size, resumed=ckpt is not None)
-        return DataParallelSession(config, comm, build_run(config, comm, self.workload), self.faults)
+        parts = build_run(config, comm, self.workload)
+        check_reached(config.run, lambda rank: parts.algorithm.steps_for(parts.total_steps, rank, comm.size),
+                      comm.size)
+        return DataParallelSession(config, comm, parts, self.faults)
 
 
 class DataParallelSession:
@@ -251,6 +255,9 @@ class DataParallelSession:
                       else algorithm.init(workload.x0, comm, buffers=workload.buffers))
         self.scratch = self.parts.backend.xp.empty_like(self.state.x)
         agree_ticks(self.ticks.total, self.parts.local_steps, comm)
+        if comm.rank == 0:
+            for warning in algorithm.warnings():
+                print(f"hpcopt: warning: {warning}", file=sys.stderr, flush=True)
         # with --network on several nodes, the cost model prices in-node calls at memory speed
         self.layout = node_layout_of(node_indices(comm.mpi), self.network.memory) if self.network else None
 

@@ -146,6 +146,20 @@ def check_ranks(run: Any, size: int, resumed: bool = False) -> None:
                               f"(0 to {size - 1})")
 
 
+def check_reached(run: Any, steps_of: Callable[[int], int], size: int) -> None:
+    """HpcoptError unless the fault of ``run`` (its RunConfig) comes within its rank's steps
+    (``steps_of(rank)``, in a job of ``size`` ranks): a fault past the run's end never fires, and
+    the run would pass for a faulted one."""
+    fault = parse_fault(run.fault)
+    if fault is None or fault[0] >= size:  # a resumed job without the rank: check_ranks
+        return
+    rank, step = fault
+    steps = steps_of(rank)
+    if step > steps:
+        raise HpcoptError(f"--fault {run.fault}: rank {rank} runs {steps} steps, so its step {step} "
+                          f"never comes: choose a STEP up to {steps}, or a longer run")
+
+
 @dataclass(frozen=True)
 class FaultRecord:
     """``OUT/fault.json``: the fault that fired, and when the job that resumed it began."""

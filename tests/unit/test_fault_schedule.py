@@ -21,6 +21,7 @@ from hpcopt.run.fault_schedule import (
     FaultRecord,
     Schedule,
     check_ranks,
+    check_reached,
     parse_fault,
     parse_stragglers,
     read_record,
@@ -68,6 +69,19 @@ def test_a_schedule_naming_a_rank_the_job_has_not_is_refused_except_a_resumed_fa
     check_ranks(run, 2, resumed=True)  # fired already, or no such rank to kill
     with pytest.raises(HpcoptError, match="--straggler names rank 1, and the job has 1 rank"):
         check_ranks(run, 1, resumed=True)
+
+
+def test_a_fault_past_its_ranks_last_step_is_refused_before_training(tmp_path):
+    """It would never fire, and the run would pass for a faulted one."""
+    run = build_config(None, {"fault": "1:9", "checkpoint_every": "4"}).run
+    check_reached(run, lambda rank: 9, 2)
+    with pytest.raises(HpcoptError, match="--fault 1:9: rank 1 runs 8 steps, so its step 9 never "
+                                          "comes: choose a STEP up to 8, or a longer run"):
+        check_reached(run, lambda rank: 8, 2)
+    check_reached(run, lambda rank: 8, 1)  # a resumed job without rank 1: check_ranks's
+    with pytest.raises(HpcoptError, match="rank 0 runs 8 steps, so its step 9 never comes"):
+        fresh_train(build_config(None, {**SMALL, "fault": "0:9", "out": str(tmp_path / "run")}))
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_sweep_refuses_a_schedule_naming_a_rank_its_task_has_not(tmp_path):
