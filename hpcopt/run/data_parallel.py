@@ -31,7 +31,7 @@ from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
 from ..build import RunParts, build_run
 from ..comm import GROUP_LABEL, Comm
-from ..comm.core import node_indices, progress_mode
+from ..comm.core import agreed, node_indices, progress_mode
 from ..comm.costmodel import (
     HIDDEN,
     SETUP_LABELS,
@@ -319,7 +319,11 @@ class DataParallelSession:
         self.tracing = files.config.run.trace and files.out is not None
         if ckpt is not None:
             ckpt_io.restore_counters(ckpt.comm, self.comm)
-        self.schedule.begin(files.out, files.run_id, ckpt.tick if ckpt else None)
+        resumed_tick = ckpt.tick if ckpt else None
+        if self.schedule.fault is None:
+            self.schedule.begin(files.out, files.run_id, resumed_tick)
+        else:  # every rank reads the fault's record: a bad one is one line from rank 0, not one a rank
+            agreed(lambda: self.schedule.begin(files.out, files.run_id, resumed_tick), self.comm)
         self.window.armed = self._arm((ckpt.tick if ckpt else 0) + 1)
 
     def _arm(self, tick: int) -> bool:
