@@ -244,10 +244,13 @@ def algorithm_section(classes: Mapping[str, type]) -> type[AlgorithmSection]:
         chosen = classes.get(section.algorithm)
         if chosen is None:
             raise not_registered(section.algorithm)
+        unset = {o.key for o in options.values() if getattr(section, o.key) is ALGORITHM_DEFAULT}
         for o in options.values():
             value = getattr(section, o.key)
             if value is ALGORITHM_DEFAULT:
                 value = o.defaults.get(section.algorithm, o.default)
+                if _default_left_behind(chosen, o.key, section, unset):
+                    value = o.default
                 object.__setattr__(section, o.key, value)
             if (section.algorithm not in o.defaults and value != o.default
                     and getattr(chosen, "implied", {}).get(o.key, o.default) != value):
@@ -260,6 +263,17 @@ def algorithm_section(classes: Mapping[str, type]) -> type[AlgorithmSection]:
                                                  "options": options})
     # make_dataclass returns a plain ``type``; AlgorithmSection is how a checker reads it
     return cast("type[AlgorithmSection]", made)
+
+
+def _default_left_behind(chosen: type, key: str, section: Any, unset: set[str]) -> bool:
+    """Whether ``chosen``'s own default of ``key`` belongs with its default of another option
+    (``defaults_with``: DiLoCo's outer lr 0.7 and mu 0.9 are its Nesterov's) that this section
+    sets to something else: then ``key``, left unset, takes the general default (outer_lr 1,
+    outer_momentum 0), which each outer optimizer reads as its own (fedadam: lr 0.01)."""
+    other = getattr(chosen, "defaults_with", {}).get(key)
+    if other is None or other in unset:
+        return False
+    return getattr(section, other) != getattr(chosen, other)
 
 
 def algorithm_config() -> type[AlgorithmSection]:
