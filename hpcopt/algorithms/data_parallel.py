@@ -86,7 +86,10 @@ class ScheduledSGD:
     inner_optimizer: str = option("sgd", f"the local step: {' | '.join(INNER_OPTIMIZERS)} "
                                          "(momentum and nesterov are sgd's and muon's; muon "
                                          "orthogonalises each weight matrix's step, other "
-                                         "parameters take sgd's)")
+                                         "parameters take sgd's; its Newton-Schulz iterations "
+                                         "cost the same at any batch: about 36x sgd's time per "
+                                         "step on the default MLP at batch 32, 6x at 512, "
+                                         "docs/algorithms.md)")
     adam_beta1: float = option(ADAMW_DEFAULTS["adam_beta1"], "adamw: decay of the first moment m")
     adam_beta2: float = option(ADAMW_DEFAULTS["adam_beta2"], "adamw: decay of the second moment v")
     adam_eps: float = option(ADAMW_DEFAULTS["adam_eps"], "adamw: eps added to sqrt(v)")
