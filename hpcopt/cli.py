@@ -111,8 +111,9 @@ def make_parser() -> argparse.ArgumentParser:
     _add_config_flags(train)
     _add_debug_flags(train)
     resume = sub.add_parser("resume", help="continue a run from a checkpoint, on as many ranks "
-                            "as wrote it; flags may change only where files go, how often, "
-                            "what is printed, evaluation, and the number of steps",
+                            "as wrote it (on another number: --ranks-changed); flags may change "
+                            "only where files go, how often, what is printed, evaluation, and the "
+                            "number of steps",
                             description=RESUME_RULES)
     resume.add_argument("checkpoint", metavar="CKPT",
                         help="a checkpoint file, or a run directory (its newest checkpoint)")
@@ -121,7 +122,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="carry a data-parallel checkpoint over to this job's number of ranks: "
                              "the averaged model exactly, per-rank state by each field's policy, "
                              "the data partitioned anew; a streaming run's only with no fragment "
-                             "reduction in flight at the checkpoint (docs/failures.md)")
+                             "reduction in flight at the checkpoint; the old count's checkpoints "
+                             "after CKPT in the run directory are replaced and pruned as this run "
+                             "writes its own: rank 0 names them (docs/failures.md)")
     _add_config_flags(resume)
     _add_debug_flags(resume)
     report = sub.add_parser("report", help="plots and a table comparing run traces "

@@ -319,12 +319,27 @@ class DataParallelSession:
         self.tracing = files.config.run.trace and files.out is not None
         if ckpt is not None:
             ckpt_io.restore_counters(ckpt.comm, self.comm)
+        if ckpt is not None and ckpt.world_size != self.comm.size and files.out is not None:
+            self._say_what_is_replaced(files.out, ckpt)
         resumed_tick = ckpt.tick if ckpt else None
         if self.schedule.fault is None:
             self.schedule.begin(files.out, files.run_id, resumed_tick)
         else:  # every rank reads the fault's record: a bad one is one line from rank 0, not one a rank
             agreed(lambda: self.schedule.begin(files.out, files.run_id, resumed_tick), self.comm)
         self.window.armed = self._arm((ckpt.tick if ckpt else 0) + 1)
+
+    def _say_what_is_replaced(self, out: Path, ckpt: ckpt_io.Checkpoint) -> None:
+        """Rank 0, resuming on another number of ranks: one line naming the old count's newer
+        checkpoints in the run directory, which this run's replace (same step) and prune."""
+        newer = ckpt_io.checkpoints_after(out, ckpt.tick)
+        if self.comm.rank != 0 or not newer:
+            return
+        names = ", ".join(path.name for path in newer[:3]) + (", ..." if len(newer) > 3 else "")
+        print(f"hpcopt: --ranks-changed: {out / ckpt_io.SUBDIR} holds {len(newer)} checkpoint(s) "
+              f"after step {ckpt.tick} ({names}) of the run before on {ckpt.world_size} rank(s): "
+              f"this run on {self.comm.size} replaces the one at each step where it writes its "
+              "own, and --keep-checkpoints prunes the oldest (resume with --out DIR to keep them)",
+              flush=True)
 
     def _arm(self, tick: int) -> bool:
         """Take ||g|| on the steps up to ``tick`` when it ends a traced row."""
