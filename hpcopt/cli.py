@@ -27,14 +27,26 @@ from .config import (
     require_named_model,
     sections,
 )
-from .errors import EXIT_CONTINUED, HpcoptError, abort_job
+from .errors import EXIT_CONTINUED, HpcoptError, abort_job, did_you_mean
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage on every rank."""
+    """argparse that raises instead of printing usage on every rank, and that names the option
+    closest to a mistyped one (argparse before Python 3.12 names none)."""
 
     def error(self, message: str) -> typing.NoReturn:
         raise HpcoptError(message)
+
+    def parse_known_args(self, args: typing.Any = None, namespace: typing.Any = None) -> typing.Any:
+        """argparse's, but an unknown option is an error here, in the (sub)command that knows
+        which options it has: "unrecognized arguments: --intervl 4; did you mean --interval?"."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        unknown = [word for word in extras if word.startswith("--")]
+        if unknown:
+            options = [name for name in self._option_string_actions if name.startswith("--")]
+            hint = did_you_mean(unknown[0].partition("=")[0], options)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed, extras
 
 
 #: Defaults of the command line that differ from the config's (the Python API writes no files

@@ -25,7 +25,7 @@ from .algorithms.schedules import BY_RUN_LENGTH
 from .algorithms.streaming import streamed
 from .backend import DEVICES
 from .comm import AVERAGING_MODES
-from .errors import HpcoptError
+from .errors import HpcoptError, did_you_mean
 from .presets import apply_preset, describe_presets, preset_values
 
 if sys.version_info >= (3, 11):
@@ -581,11 +581,12 @@ def build_config(file_values: dict[str, Any] | None = None,
             raise HpcoptError(f"config section [{section}] must be a table")
         for key, value in table.items():
             if key not in index or index[key][0] != section:
-                raise HpcoptError(f"unknown key {key!r} in [{section}]")
+                hint = _unknown_key_hint(key, section, index)
+                raise HpcoptError(f"unknown key {key!r} in [{section}]{hint}")
             chosen[section][key] = value
     for key, value in (overrides or {}).items():
         if key not in index:
-            raise HpcoptError(f"unknown option {key!r}")
+            raise HpcoptError(f"unknown option {key!r}{did_you_mean(key, index)}")
         chosen[index[key][0]][key] = value
     if "preset" in chosen["run"]:
         chosen["run"]["preset"] = coerce("preset", chosen["run"]["preset"], str)
@@ -595,6 +596,14 @@ def build_config(file_values: dict[str, Any] | None = None,
         values = {k: coerce(k, v, _field_type(cls, k)) for k, v in chosen[section].items()}
         parts[section] = cls(**values)
     return Config(**parts)
+
+
+def _unknown_key_hint(key: str, section: str, index: Mapping[str, tuple[str, Any]]) -> str:
+    """For a key a config file's ``[section]`` does not have: the section it belongs in, or the
+    section's key closest to it."""
+    if key in index:
+        return f" (it belongs in [{index[key][0]}])"
+    return did_you_mean(key, (name for name, (where, _) in index.items() if where == section))
 
 
 def config_from_stored(values: dict[str, Any]) -> Config:
