@@ -27,14 +27,26 @@ from .config import (
     require_named_model,
     sections,
 )
-from .errors import EXIT_CONTINUED, HpcoptError, abort_job
+from .errors import EXIT_CONTINUED, HpcoptError, abort_job, did_you_mean
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage on every rank."""
+    """argparse that raises instead of printing usage on every rank, and that names the option
+    closest to a mistyped one (argparse before Python 3.12 names none)."""
 
     def error(self, message: str) -> typing.NoReturn:
         raise HpcoptError(message)
+
+    def parse_known_args(self, args: typing.Any = None, namespace: typing.Any = None) -> typing.Any:
+        """argparse's, but an unknown option is an error here, in the (sub)command that knows
+        which options it has: "unrecognized arguments: --intervl 4; did you mean --interval?"."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        unknown = [word for word in extras if word.startswith("--")]
+        if unknown:
+            options = [name for name in self._option_string_actions if name.startswith("--")]
+            hint = did_you_mean(unknown[0].partition("=")[0], options)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed, extras
 
 
 #: Defaults of the command line that differ from the config's (the Python API writes no files
@@ -111,8 +123,9 @@ def make_parser() -> argparse.ArgumentParser:
     _add_config_flags(train)
     _add_debug_flags(train)
     resume = sub.add_parser("resume", help="continue a run from a checkpoint, on as many ranks "
-                            "as wrote it; flags may change only where files go, how often, "
-                            "what is printed, evaluation, and the number of steps",
+                            "as wrote it (on another number: --ranks-changed); flags may change "
+                            "only where files go, how often, what is printed, evaluation, and the "
+                            "number of steps",
                             description=RESUME_RULES)
     resume.add_argument("checkpoint", metavar="CKPT",
                         help="a checkpoint file, or a run directory (its newest checkpoint)")
@@ -121,7 +134,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="carry a data-parallel checkpoint over to this job's number of ranks: "
                              "the averaged model exactly, per-rank state by each field's policy, "
                              "the data partitioned anew; a streaming run's only with no fragment "
-                             "reduction in flight at the checkpoint (docs/failures.md)")
+                             "reduction in flight at the checkpoint; the old count's checkpoints "
+                             "after CKPT in the run directory are replaced and pruned as this run "
+                             "writes its own: rank 0 names them (docs/failures.md)")
     _add_config_flags(resume)
     _add_debug_flags(resume)
     report = sub.add_parser("report", help="plots and a table comparing run traces "

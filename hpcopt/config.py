@@ -25,7 +25,7 @@ from .algorithms.schedules import BY_RUN_LENGTH
 from .algorithms.streaming import streamed
 from .backend import DEVICES
 from .comm import AVERAGING_MODES
-from .errors import HpcoptError
+from .errors import HpcoptError, did_you_mean
 from .presets import apply_preset, describe_presets, preset_values
 
 if sys.version_info >= (3, 11):
@@ -244,10 +244,13 @@ def algorithm_section(classes: Mapping[str, type]) -> type[AlgorithmSection]:
         chosen = classes.get(section.algorithm)
         if chosen is None:
             raise not_registered(section.algorithm)
+        unset = {o.key for o in options.values() if getattr(section, o.key) is ALGORITHM_DEFAULT}
         for o in options.values():
             value = getattr(section, o.key)
             if value is ALGORITHM_DEFAULT:
                 value = o.defaults.get(section.algorithm, o.default)
+                if _default_left_behind(chosen, o.key, section, unset):
+                    value = o.default
                 object.__setattr__(section, o.key, value)
             if (section.algorithm not in o.defaults and value != o.default
                     and getattr(chosen, "implied", {}).get(o.key, o.default) != value):
@@ -260,6 +263,17 @@ def algorithm_section(classes: Mapping[str, type]) -> type[AlgorithmSection]:
                                                  "options": options})
     # make_dataclass returns a plain ``type``; AlgorithmSection is how a checker reads it
     return cast("type[AlgorithmSection]", made)
+
+
+def _default_left_behind(chosen: type, key: str, section: Any, unset: set[str]) -> bool:
+    """Whether ``chosen``'s own default of ``key`` belongs with its default of another option
+    (``defaults_with``: DiLoCo's outer lr 0.7 and mu 0.9 are its Nesterov's) that this section
+    sets to something else: then ``key``, left unset, takes the general default (outer_lr 1,
+    outer_momentum 0), which each outer optimizer reads as its own (fedadam: lr 0.01)."""
+    other = getattr(chosen, "defaults_with", {}).get(key)
+    if other is None or other in unset:
+        return False
+    return getattr(section, other) != getattr(chosen, other)
 
 
 def algorithm_config() -> type[AlgorithmSection]:
@@ -318,9 +332,9 @@ class RunConfig:
     on_nonfinite: str = option("stop", "stop | skip: NaN/Inf in the loss or model (hpcopt.run.nonfinite)")
     preset: str = option("", f"a named bundle of option defaults that the config file and flags "
                              f"override (hpcopt.presets): {describe_presets()}; '' = none")
-    straggler: str = option("", "RANK:FACTOR[,...]: rank RANK runs at FACTOR (0 < FACTOR < 1) of its "
-                            "speed, sleeping (1/FACTOR - 1) x each gradient's measured time; '' = "
-                            "none (hpcopt.run.fault_schedule)")
+    straggler: str = option("", "RANK:FACTOR[,...]: rank RANK runs at FACTOR (0.01 <= FACTOR < 1) of "
+                            "its speed, sleeping (1/FACTOR - 1) x each gradient's measured time (a "
+                            "stop signal ends the sleep); '' = none (hpcopt.run.fault_schedule)")
     fault: str = option("", "RANK:STEP: kill -9 of rank RANK at its local step STEP, once per run "
                         "(resume goes on past it); needs checkpoint_every below STEP (unless "
                         "on_rank_loss continue); '' = none "
@@ -573,11 +587,12 @@ def build_config(file_values: dict[str, Any] | None = None,
             raise HpcoptError(f"config section [{section}] must be a table")
         for key, value in table.items():
             if key not in index or index[key][0] != section:
-                raise HpcoptError(f"unknown key {key!r} in [{section}]")
+                hint = _unknown_key_hint(key, section, index)
+                raise HpcoptError(f"unknown key {key!r} in [{section}]{hint}")
             chosen[section][key] = value
     for key, value in (overrides or {}).items():
         if key not in index:
-            raise HpcoptError(f"unknown option {key!r}")
+            raise HpcoptError(f"unknown option {key!r}{did_you_mean(key, index)}")
         chosen[index[key][0]][key] = value
     if "preset" in chosen["run"]:
         chosen["run"]["preset"] = coerce("preset", chosen["run"]["preset"], str)
@@ -587,6 +602,14 @@ def build_config(file_values: dict[str, Any] | None = None,
         values = {k: coerce(k, v, _field_type(cls, k)) for k, v in chosen[section].items()}
         parts[section] = cls(**values)
     return Config(**parts)
+
+
+def _unknown_key_hint(key: str, section: str, index: Mapping[str, tuple[str, Any]]) -> str:
+    """For a key a config file's ``[section]`` does not have: the section it belongs in, or the
+    section's key closest to it."""
+    if key in index:
+        return f" (it belongs in [{index[key][0]}])"
+    return did_you_mean(key, (name for name, (where, _) in index.items() if where == section))
 
 
 def config_from_stored(values: dict[str, Any]) -> Config:

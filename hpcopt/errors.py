@@ -3,9 +3,19 @@ failure on one rank ends the whole job."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 import time
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """"; did you mean X?" for the one of ``choices`` closest to a mistyped ``word`` (difflib's
+    ratio, at least 0.6), or "" when none is close: argparse before Python 3.12 suggests none."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
 
 #: Exit codes of ``--on-rank-loss continue`` (docs/failures.md, "Exit codes"): the job finished
 #: on the survivors of a lost rank, or a rank was lost and the survivors could not go on.

@@ -154,6 +154,7 @@ class DataParallelAlgorithm(Protocol):
     def finish(self, state: Any, comm: Comm, label: str) -> None: ...
     def describe(self) -> str: ...
     def describe_schedule(self) -> str: ...  # the lr schedule beyond a constant lr ("" for none)
+    def warnings(self) -> tuple[str, ...]: ...  # options it runs but users rarely mean (rank 0 prints)
     def in_flight(self, state: Any) -> bool: ...  # a reduction is in flight after the last step
     def state_vectors(self) -> tuple[int, int]: ...  # (per-rank, shared) d-vectors besides x
     # what it reports besides the loss: the session asks, and names no algorithm

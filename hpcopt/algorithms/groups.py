@@ -63,7 +63,8 @@ class GroupRounds:
                               f"{self.group_interval}")
         if not self.group_interval:
             if self.group_size != 1:
-                raise HpcoptError("group_size needs group_interval > 0 (the steps between group averages)")
+                raise HpcoptError("group_size (--group-size) needs group_interval > 0 (--group-interval "
+                                  "I1: the local steps between group averages)")
             return
         if self.group_interval >= interval or interval % self.group_interval:
             raise HpcoptError(f"group_interval {self.group_interval} must divide interval "

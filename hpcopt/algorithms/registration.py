@@ -85,15 +85,17 @@ def builtin() -> dict[str, type[AlgorithmClass]]:
 @cache
 def from_entry_points() -> dict[str, type[AlgorithmClass]]:
     """The algorithms the installed packages declare in ``ENTRY_POINT_GROUP``, by name; an
-    entry point that fails to load, or that names no algorithm class, is a HpcoptError naming
-    it and its package."""
+    entry point that fails to load (whatever its module raises, ``sys.exit`` and
+    KeyboardInterrupt included), or that names no algorithm class, is a HpcoptError naming it
+    and its package."""
     found: dict[str, tuple[type[AlgorithmClass], EntryPoint]] = {}
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
         where = _described(point)
         try:
             value = point.load()
-        except Exception as exc:  # noqa: BLE001 - whatever the user's module raised, in one line
-            raise HpcoptError(f"{where} could not be loaded: {type(exc).__name__}: {exc} "
+        except BaseException as exc:  # noqa: BLE001 - whatever the user's module raised, in one line:
+            # sys.exit(0) at its import once made every train exit 0, training nothing
+            raise HpcoptError(f"{where} could not be loaded: {_raised(exc)} "
                               "(fix that package or uninstall it)") from None
         _check_class(value, where)
         if value.name != point.name:
@@ -108,6 +110,15 @@ def from_entry_points() -> dict[str, type[AlgorithmClass]]:
     classes = {name: cls for name, (cls, _) in found.items()}
     _check_options({**builtin(), **classes}, "the entry points of group " + repr(ENTRY_POINT_GROUP))
     return classes
+
+
+def _raised(exc: BaseException) -> str:
+    """What a user's module raised at its import, for one line: ``SystemExit(0)`` (its
+    ``sys.exit``), a KeyboardInterrupt or any exception, by type and text."""
+    text = str(exc)
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _described(point: EntryPoint) -> str:
@@ -177,9 +188,9 @@ def _parent_modules() -> tuple[str, ...]:
             continue
         try:
             importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - whatever the user's module raised, in one line
+        except BaseException as exc:  # noqa: BLE001 - whatever the user's module raised, in one line
             raise HpcoptError(f"module {module!r}, where the parent process registered an algorithm, "
-                              f"could not be imported here: {type(exc).__name__}: {exc}") from None
+                              f"could not be imported here: {_raised(exc)}") from None
     return tuple(unimportable)
 
 

@@ -47,6 +47,14 @@ from .common import (
     write_json,
 )
 
+#: ``--help``'s account of the table's cases and columns (the module docstring has the detail).
+COLUMNS = ("Cases: raw = MPI_Allreduce(IN_PLACE) of the whole buffer, then buf /= n; auto, mpi, "
+           "shm (--averaging) = hpcopt's Comm.average_ in that mode, of a private buffer; MODE-shared "
+           "= the same of a node-shared buffer, averaged in place (what training does with the "
+           "model). Columns per case: us = a call's microseconds (the slowest rank's, median over "
+           "reps), algbw = bytes / time and busbw = algbw x 2(n-1)/n (nccl-tests' bandwidths: busbw "
+           "compares across rank counts).")
+
 
 def bus_factor(ranks: int) -> float:
     """nccl-tests' allreduce bus bandwidth factor 2(n-1)/n."""
@@ -145,7 +153,7 @@ def table(results: list[dict[str, Any]], ranks: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="hpcopt bench allreduce", description=__doc__.splitlines()[0])
+    p = Parser(prog="hpcopt bench allreduce", description=__doc__.splitlines()[0], epilog=COLUMNS)
     p.add_argument("--min-bytes", type=parse_bytes, default="4K", help="smallest message (4096, 64K, 16M)")
     p.add_argument("--max-bytes", type=parse_bytes, default="16M", help="largest message")
     p.add_argument("--factor", type=int, default=4, help="each size is this many times the last")

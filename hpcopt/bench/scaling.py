@@ -2,7 +2,7 @@
 this machine allows.
 
     python -m hpcopt bench scaling [--ranks 1 2 4] [--algorithms prsgd celgc] [--repeats 3]
-                                   [--steps 600] [--out docs/results/scaling.md]
+                                   [--steps 600] [--no-thread-rows] [--out docs/results/scaling.md]
 
 Weak scaling keeps the batch per rank (32) fixed, so N ranks process N times the samples per
 step; efficiency = (time per step at 1 rank) / (time per step at N ranks). Strong scaling keeps
@@ -10,8 +10,10 @@ the global batch (32 x max ranks) fixed and splits it over the ranks; efficiency
 Every scaling row, the 1-rank baseline included, runs 1 BLAS thread per rank (hpcopt's default,
 set explicitly): one core per rank at every size, so the baseline is not slowed (or sped up) by
 threads the other rows lack. Two more rows, 1 and 2 ranks with 2 threads each, show what threads
-are worth, as a ratio to 1 thread printed below the table. An efficiency above 1 comes with a
-note saying where it comes from; the header gives the load average at the start and the end.
+are worth, as a ratio to 1 thread printed below the table (``--no-thread-rows`` leaves them out:
+on a machine whose cores are busy they take 5-20x as long as the others). An efficiency above 1
+comes with a note saying where it comes from; the header gives the load average at the start
+and the end.
 Every configuration runs in its own ``mpiexec`` launch (this command itself is started without
 ``mpiexec``), the cases interleaved over repeats (each launch is reported on stderr as it starts
 and ends, with an estimate of the time left), and the table gives medians; "comm share" is the
@@ -20,6 +22,7 @@ time inside MPI calls over the wall time.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -82,22 +85,22 @@ ABOVE_ONE_NOTE = ("efficiency above 1 is not a gain from the ranks: every scalin
                   "from a smaller batch per rank fitting the caches")
 
 
-def cases_for(ranks: list[int], algorithms: list[str], batch: int) -> list[Case]:
+def cases_for(ranks: list[int], algorithms: list[str], batch: int, thread_rows: bool = True) -> list[Case]:
     """The scaling rows, each at 1 BLAS thread per rank (one core per rank at every size, so that
-    the 1-rank baseline is not the only row with several threads), then the rows that show
-    what 2 threads per rank are worth, at 1 and 2 ranks."""
+    the 1-rank baseline is not the only row with several threads), then, with ``thread_rows``,
+    the rows that show what 2 threads per rank are worth, at 1 and 2 ranks."""
     global_batch = batch * max(ranks)
     cases: list[Case] = []
     for algorithm in algorithms:
         cases += [(algorithm, "weak", n, batch, 1) for n in ranks]
         cases += [(algorithm, "strong", n, global_batch // n, 1) for n in ranks]
-    return cases + [(algorithms[0], "weak", n, batch, 2) for n in (1, 2) if n in ranks]
+    return cases + [(algorithms[0], "weak", n, batch, 2) for n in (1, 2) if n in ranks and thread_rows]
 
 
 def run(ranks: list[int], algorithms: list[str], repeats: int, steps: int, interval: int,
-        batch: int) -> tuple[list[str], dict[Case, dict[str, float]]]:
+        batch: int, thread_rows: bool = True) -> tuple[list[str], dict[Case, dict[str, float]]]:
     """Launch every case ``repeats`` times, interleaved; (table lines, medians per case)."""
-    cases = cases_for(ranks, algorithms, batch)
+    cases = cases_for(ranks, algorithms, batch, thread_rows)
     runs: dict[Case, list[dict]] = {case: [] for case in cases}
     total, started, load = repeats * len(cases), time.perf_counter(), _load()
     for repeat in range(repeats):
@@ -173,12 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=int, default=8, help="I: local steps between averages")
     parser.add_argument("--batch", type=int, default=32,
                         help="batch per rank in weak scaling (strong: this times the most ranks, split)")
+    parser.add_argument("--thread-rows", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time 1 and 2 ranks with 2 BLAS threads each (--no-thread-rows: "
+                             "only 1 thread per rank; the thread rows can take 5-20x as long)")
     parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = parser.parse_args(argv)
     if min(args.ranks) < 1 or args.repeats < 1 or args.steps < 1 or args.batch < 1:
         raise HpcoptError("--ranks, --repeats, --steps and --batch must be >= 1")
     lines, _ = run(sorted(set(args.ranks)), args.algorithms, args.repeats, args.steps, args.interval,
-                   args.batch)
+                   args.batch, args.thread_rows)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
@@ -192,8 +198,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if "--worker" in sys.argv:
-        import argparse
-
         w = argparse.ArgumentParser()
         for name in ("--algorithm",):
             w.add_argument(name)

@@ -22,12 +22,13 @@ USER_SETTING_PREFIXES = ("PRTE_MCA_", "PMIX_MCA_")
 
 def mpi_library() -> str:
     """The first line of ``MPI.Get_library_version()``, printable: Open MPI's string ends in a NUL
-    byte (and h5py refuses NULs in string attributes), so every control character is dropped."""
+    byte (and h5py refuses NULs in string attributes), so every control character is dropped,
+    and runs of spaces are one (MPICH pads its: "MPICH Version:      5.0.2")."""
     from mpi4py import MPI
 
     text = MPI.Get_library_version().replace("\0", "").strip()
     first = text.splitlines()[0] if text else "unknown MPI library"
-    return "".join(ch for ch in first if ch.isprintable()).strip()
+    return " ".join("".join(ch for ch in first if ch.isprintable()).split())
 
 
 def open_mpi() -> bool:

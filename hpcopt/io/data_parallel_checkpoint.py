@@ -135,6 +135,11 @@ def checkpoints(out: Path) -> list[Path]:
     return [path for _, path in _complete(out / SUBDIR)]
 
 
+def checkpoints_after(out: Path, tick: int) -> list[Path]:
+    """The complete checkpoints of run directory ``out`` past clock tick ``tick``, oldest first."""
+    return [path for at, path in _complete(out / SUBDIR) if at > tick]
+
+
 def run_id_of(path: Path) -> str | None:
     """The ``run_id`` attribute of a checkpoint or trace, read alone; None where it cannot be
     read (a damaged file, or no regular file: a FIFO is never opened; its owner is unknown)."""

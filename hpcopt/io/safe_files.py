@@ -55,7 +55,7 @@ def open_regular(path: Path, what: str, *, follow: bool = True, folder: int | No
     except FileNotFoundError:
         raise
     except OSError as exc:  # a socket: ENXIO; no permission; a link, when not followed: ELOOP
-        raise _refusal(path, what, "read", exc) from None
+        raise _refusal(path, what, "read", exc, folder, follow=not no_link) from None
     return os.fdopen(_regular(fd, path, what), "rb")
 
 
@@ -89,7 +89,7 @@ def open_writable(path: Path, what: str, create: bool = False, folder: int | Non
         fd = os.open(path if folder is None else path.name, flags | (os.O_CREAT if create else 0), 0o644,
                      dir_fd=folder)
     except OSError as exc:
-        raise _refusal(path, what, "open", exc) from None
+        raise _refusal(path, what, "open", exc, folder) from None
     fd = _regular(fd, path, what)
     os.set_blocking(fd, True)
     return fd
@@ -124,11 +124,19 @@ def _regular(fd: int, path: Path, what: str) -> int:
     return fd
 
 
-def _refusal(path: Path, what: str, verb: str, exc: OSError) -> HpcoptError:
-    """Why ``path`` could not be opened, in one line: a link (``O_NOFOLLOW``'s ELOOP) or the
-    system's words."""
+def _refusal(path: Path, what: str, verb: str, exc: OSError, folder: int | None = None, *,
+             follow: bool = False) -> HpcoptError:
+    """Why ``path`` (in the folder of descriptor ``folder``, if any) could not be opened, in one
+    line: a link (``O_NOFOLLOW``'s ELOOP), a socket (ENXIO: what it is, not the system's "No
+    such device or address") or the system's words."""
     if exc.errno == errno.ELOOP:
         return HpcoptError(f"{path} is a symbolic link, not a regular file (expected a {what})")
+    if exc.errno == errno.ENXIO:
+        with contextlib.suppress(OSError):
+            name = path if folder is None else path.name
+            mode = os.stat(name, dir_fd=folder, follow_symlinks=follow).st_mode
+            if not stat.S_ISREG(mode):
+                return HpcoptError(f"{path} is {kind(mode)}, not a regular file (expected a {what})")
     return HpcoptError(f"cannot {verb} the {what} {path}: {exc.strerror or exc}")
 
 

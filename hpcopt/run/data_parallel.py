@@ -19,6 +19,7 @@ and each evaluation its own (``summary_line``, ``row_fields``, ``final_fields``)
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
 from ..build import RunParts, build_run
 from ..comm import GROUP_LABEL, Comm
-from ..comm.core import node_indices, progress_mode
+from ..comm.core import agreed, node_indices, progress_mode
 from ..comm.costmodel import (
     HIDDEN,
     SETUP_LABELS,
@@ -49,7 +50,7 @@ from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io.rescale import rescaled
 from ..workload import ModelEvaluation, Workload
-from .fault_schedule import Schedule, check_ranks
+from .fault_schedule import Schedule, check_ranks, check_reached, stop_received
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
@@ -201,7 +202,10 @@ class DataParallelSessionBuilder:
 
     def build(self, config: Config, comm: Comm, ckpt: Any) -> DataParallelSession:
         check_ranks(config.run, comm.size, resumed=ckpt is not None)
-        return DataParallelSession(config, comm, build_run(config, comm, self.workload), self.faults)
+        parts = build_run(config, comm, self.workload)
+        check_reached(config.run, lambda rank: parts.algorithm.steps_for(parts.total_steps, rank, comm.size),
+                      comm.size)
+        return DataParallelSession(config, comm, parts, self.faults)
 
 
 class DataParallelSession:
@@ -227,7 +231,7 @@ class DataParallelSession:
         self.comm_progress = progress_mode()  # how much of a non-blocking reduction can be hidden
         self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
         self.schedule = Schedule(run, comm.rank if job_rank is None else job_rank,  # --fault, --straggler
-                                 parts.backend.synchronize)
+                                 parts.backend.synchronize, stop_received)
         self.oracle = self.window.traced(self.guard.wrap(
             self.schedule.wrap(workload.problem.oracle, lambda: self.state.step), lambda: self.state.step))
         self.history: list[tuple[int, ModelEvaluation]] = []
@@ -251,6 +255,9 @@ class DataParallelSession:
                       else algorithm.init(workload.x0, comm, buffers=workload.buffers))
         self.scratch = self.parts.backend.xp.empty_like(self.state.x)
         agree_ticks(self.ticks.total, self.parts.local_steps, comm)
+        if comm.rank == 0:
+            for warning in algorithm.warnings():
+                print(f"hpcopt: warning: {warning}", file=sys.stderr, flush=True)
         # with --network on several nodes, the cost model prices in-node calls at memory speed
         self.layout = node_layout_of(node_indices(comm.mpi), self.network.memory) if self.network else None
 
@@ -312,8 +319,27 @@ class DataParallelSession:
         self.tracing = files.config.run.trace and files.out is not None
         if ckpt is not None:
             ckpt_io.restore_counters(ckpt.comm, self.comm)
-        self.schedule.begin(files.out, files.run_id, ckpt.tick if ckpt else None)
+        if ckpt is not None and ckpt.world_size != self.comm.size and files.out is not None:
+            self._say_what_is_replaced(files.out, ckpt)
+        resumed_tick = ckpt.tick if ckpt else None
+        if self.schedule.fault is None:
+            self.schedule.begin(files.out, files.run_id, resumed_tick)
+        else:  # every rank reads the fault's record: a bad one is one line from rank 0, not one a rank
+            agreed(lambda: self.schedule.begin(files.out, files.run_id, resumed_tick), self.comm)
         self.window.armed = self._arm((ckpt.tick if ckpt else 0) + 1)
+
+    def _say_what_is_replaced(self, out: Path, ckpt: ckpt_io.Checkpoint) -> None:
+        """Rank 0, resuming on another number of ranks: one line naming the old count's newer
+        checkpoints in the run directory, which this run's replace (same step) and prune."""
+        newer = ckpt_io.checkpoints_after(out, ckpt.tick)
+        if self.comm.rank != 0 or not newer:
+            return
+        names = ", ".join(path.name for path in newer[:3]) + (", ..." if len(newer) > 3 else "")
+        print(f"hpcopt: --ranks-changed: {out / ckpt_io.SUBDIR} holds {len(newer)} checkpoint(s) "
+              f"after step {ckpt.tick} ({names}) of the run before on {ckpt.world_size} rank(s): "
+              f"this run on {self.comm.size} replaces the one at each step where it writes its "
+              "own, and --keep-checkpoints prunes the oldest (resume with --out DIR to keep them)",
+              flush=True)
 
     def _arm(self, tick: int) -> bool:
         """Take ||g|| on the steps up to ``tick`` when it ends a traced row."""

@@ -5,14 +5,17 @@ same schedule replays on every algorithm, and recovery and heterogeneity are com
 terms (docs/studies.md). RANK is a rank of the job as it started; STEP counts a rank's local
 steps from 1 (for the data-parallel algorithms a clock tick is a step).
 
-- ``--straggler R:F`` (0 < F < 1; a comma list for several ranks): rank R runs at F times its
-  speed. After each step's gradient it sleeps (1/F - 1) times the seconds that gradient took
+- ``--straggler R:F`` (``MIN_FACTOR`` <= F < 1; a comma list for several ranks): rank R runs at
+  F times its speed. After each step's gradient it sleeps (1/F - 1) times the seconds that gradient took
   it, so its compute takes 1/F as long. The sleep is proportional to the measured gradient time,
   not to a fixed model time: "0.6x" then means the same for any model, batch or device without
   the user knowing a step's time, and the ratio holds on a loaded machine where a fixed sleep
   would be a different share of a step from run to run. Which rank, which steps and the ratio
   replay exactly; the seconds follow the machine. The sleep changes no number: losses and
-  models are bitwise those of the run without it.
+  models are bitwise those of the run without it. F is bounded below (``MIN_FACTOR``: at most
+  99 sleeps of a gradient's time each step), and the sleep ends at a stop signal (SIGTERM,
+  SIGINT, SIGUSR1: ``hpcopt.run.signals``), after which the rank sleeps no more: the run reaches
+  its next row and stops at a checkpoint as any other does.
 - ``--fault R:K``: rank R is killed by SIGKILL (as ``kill -9`` would) at the start of its K-th
   step, before its gradient: the job ends as for any lost rank (docs/failures.md), and a
   requeue resumes it from its newest checkpoint (so a checkpoint must come before step K).
@@ -46,6 +49,10 @@ RECORD_KIND = "fault record"
 MAX_RECORD_BYTES = 1 << 12
 
 Oracle = Callable[[Any, Any], Any]
+#: The slowest straggler: 1/100 of its speed (longer sleeps model a lost rank, not a slow one).
+MIN_FACTOR = 0.01
+#: Seconds between two looks at the stop signals while a straggler sleeps.
+SLEEP_SLICE = 0.05
 
 
 def _pairs(text: str, flag: str, form: str) -> list[tuple[int, str]]:
@@ -65,20 +72,21 @@ def _pairs(text: str, flag: str, form: str) -> list[tuple[int, str]]:
 
 
 def parse_stragglers(text: str) -> dict[int, float]:
-    """``--straggler``: ``RANK:FACTOR[,RANK:FACTOR...]`` (0 < FACTOR < 1, each rank once) as
-    rank -> factor; "" for none. HpcoptError for anything else."""
+    """``--straggler``: ``RANK:FACTOR[,RANK:FACTOR...]`` (MIN_FACTOR <= FACTOR < 1, each rank once)
+    as rank -> factor; "" for none. HpcoptError for anything else."""
     if not text:
         return {}
-    form = "RANK:FACTOR[,RANK:FACTOR...] with 0 < FACTOR < 1 (e.g. 1:0.6: rank 1 at 0.6x speed)"
+    form = (f"RANK:FACTOR[,RANK:FACTOR...] with {MIN_FACTOR:g} <= FACTOR < 1 (e.g. 1:0.6: rank 1 at "
+            "0.6x speed)")
     factors: dict[int, float] = {}
     for rank, value in _pairs(text, "--straggler", form):
         try:
             factor = float(value)
         except ValueError:
             raise HpcoptError(f"--straggler takes {form}, got {text!r}") from None
-        if not 0 < factor < 1:
-            raise HpcoptError(f"--straggler: FACTOR must be > 0 and < 1 (the rank's share of its "
-                              f"speed), got {value} in {text!r}")
+        if not MIN_FACTOR <= factor < 1:
+            raise HpcoptError(f"--straggler: FACTOR must be >= {MIN_FACTOR:g} and < 1 (the rank's "
+                              f"share of its speed), got {value} in {text!r}")
         if rank in factors:
             raise HpcoptError(f"--straggler names rank {rank} twice in {text!r}")
         factors[rank] = factor
@@ -101,6 +109,15 @@ def parse_fault(text: str) -> tuple[int, int] | None:
     if step < 1:
         raise HpcoptError(f"--fault: STEP counts a rank's steps from 1, got {text!r}")
     return rank, step
+
+
+def stop_received() -> bool:
+    """Whether this rank received a stop signal (SIGTERM, SIGINT, SIGUSR1) under the command
+    line's ``JobSignals``: the runner stops at the next row, and a straggler sleeps no more."""
+    from .signals import SIGNALS, JobSignals
+
+    job = JobSignals.active
+    return job is not None and any(signum in SIGNALS for signum in job.received)
 
 
 def check_schedule(run: Any, pipeline: bool) -> None:
@@ -127,6 +144,20 @@ def check_ranks(run: Any, size: int, resumed: bool = False) -> None:
         if rank >= size:
             raise HpcoptError(f"{flag} names rank {rank}, and the job has {size} rank(s) "
                               f"(0 to {size - 1})")
+
+
+def check_reached(run: Any, steps_of: Callable[[int], int], size: int) -> None:
+    """HpcoptError unless the fault of ``run`` (its RunConfig) comes within its rank's steps
+    (``steps_of(rank)``, in a job of ``size`` ranks): a fault past the run's end never fires, and
+    the run would pass for a faulted one."""
+    fault = parse_fault(run.fault)
+    if fault is None or fault[0] >= size:  # a resumed job without the rank: check_ranks
+        return
+    rank, step = fault
+    steps = steps_of(rank)
+    if step > steps:
+        raise HpcoptError(f"--fault {run.fault}: rank {rank} runs {steps} steps, so its step {step} "
+                          f"never comes: choose a STEP up to {steps}, or a longer run")
 
 
 @dataclass(frozen=True)
@@ -181,8 +212,9 @@ def _write_record(out: Path, record: FaultRecord) -> None:
 class Schedule:
     """This rank's part of the run's fault and straggler schedule (``run``: the RunConfig)."""
 
-    def __init__(self, run: Any, rank: int, synchronize: Callable[[], None] = lambda: None) -> None:
-        self.rank, self.synchronize = rank, synchronize
+    def __init__(self, run: Any, rank: int, synchronize: Callable[[], None] = lambda: None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.rank, self.synchronize, self.stopping = rank, synchronize, stopping
         self.factor = parse_stragglers(run.straggler).get(rank)
         self.fault = parse_fault(run.fault)
         self.out: Path | None = None
@@ -222,10 +254,16 @@ class Schedule:
             start = time.perf_counter()
             loss = oracle(x, grad)
             self.synchronize()  # a GPU's kernels have ended: their time is the step's compute
-            time.sleep(sleep_per_second * (time.perf_counter() - start))
+            self._sleep(sleep_per_second * (time.perf_counter() - start))
             return loss
 
         return scheduled
+
+    def _sleep(self, seconds: float) -> None:
+        """A straggler's sleep, in slices of ``SLEEP_SLICE`` seconds: none once ``stopping()``."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping() and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, SLEEP_SLICE))
 
     def _first_step(self) -> None:
         """Rank 0, at the first step of a job that continues a fired fault: when it began."""

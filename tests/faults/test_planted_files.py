@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
 import pytest
 
@@ -55,6 +56,24 @@ def test_a_fifo_where_a_file_is_expected_is_one_line_not_a_hang(tmp_path, plante
     os.mkfifo(out / planted)
     job = run_job(args, timeout=PROMPT)
     assert_one_line_error(job, f"{out / planted} is a FIFO, not a regular file")
+
+
+@pytest.mark.parametrize("planted", ["text", "socket"])
+def test_a_planted_fault_record_is_one_line_from_rank_0(tmp_path, planted):
+    """Every rank reads the record of ``--fault``: each once refused it with a line of its own;
+    a socket read "No such device or address"."""
+    out = tmp_path / "run"
+    out.mkdir()
+    if planted == "socket":
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(out / "fault.json"))
+        said = f"{out / 'fault.json'} is a socket, not a regular file (expected a fault record)"
+    else:
+        (out / "fault.json").write_text('{"run_id": 3}\n')
+        said = f"{out / 'fault.json'}: not a fault record (fields run_id, rank, step"
+    job = run_job(["train", *SMALL, "--steps", "8", "--fault", "1:6", "--checkpoint-every", "4",
+                   "--out", str(out)], timeout=PROMPT)
+    assert_one_line_error(job, said)
 
 
 #: ``train`` with no room to write (a file size limit of 0 bytes: every write fails with EFBIG,

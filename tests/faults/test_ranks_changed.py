@@ -41,6 +41,10 @@ def test_a_requeue_onto_fewer_ranks_resumes_with_the_flag_and_runs_to_the_end(tm
     assert job.returncode == 0, job.describe()
     assert ("hpcopt: carrying a checkpoint of 4 rank(s) over to 2: the averaged model as it is; "
             "averaged momentum;") in job.stdout, job.describe()
+    # the 4 ranks' newer checkpoint, which this run replaces at its step 16, once without a word
+    assert (f"hpcopt: --ranks-changed: {out / 'checkpoints'} holds 1 checkpoint(s) after step 8 "
+            "(step-000000016.h5) of the run before on 4 rank(s): this run on 2 replaces the one at "
+            "each step where it writes its own") in job.stdout, job.describe()
     final = read_checkpoint(out / "checkpoints" / f"step-{STEPS:09d}.h5")
     assert final.world_size == 2 and final.tick == STEPS
     assert not np.array_equal(final.model, model)  # it trained on

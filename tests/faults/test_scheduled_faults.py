@@ -6,6 +6,7 @@ no number; a task requeued onto fewer ranks resumes with ``--ranks-changed`` and
 from __future__ import annotations
 
 import csv
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,19 @@ def test_a_task_requeued_onto_fewer_ranks_resumes_with_ranks_changed(tmp_path):
     assert "carrying a checkpoint of 2 rank(s) over to 1" in done.stdout
     trace = read_trace(tmp_path / entry.run / "trace.h5")
     assert trace.summary is not None and trace.summary["step"] == 32
+
+
+def test_a_stop_signal_ends_a_stragglers_sleep_and_the_run_stops_at_a_checkpoint(tmp_path):
+    """The slowest straggler (0.01x) with batches of 512 on the default MLP sleeps seconds per
+    step, so a row of 8 steps lies far beyond the stop's time limit (42 s without the sleep's end
+    at a stop, 0.7 s with it): SIGUSR1, which every launcher forwards, ends its sleep, and the job
+    stops at the next row's checkpoint. Its sleep once ignored stop signals (a factor of 1e-9
+    made a job that SIGTERM could not end)."""
+    from tests.faults.jobs import Send, run_job
+    from tests.faults.test_signals import JOB, assert_stopped_at_a_checkpoint
+
+    out = tmp_path / "run"
+    job = run_job([*JOB, "--dataset", "mnist5k", "--hidden", "512,256", "--batch-size", "512",
+                   "--straggler", "1:0.01", "--checkpoint-every", "8", "--out", str(out)],
+                  send=Send(signal.SIGUSR1, 0.5))
+    assert_stopped_at_a_checkpoint(job, signal.SIGUSR1, 8, out)

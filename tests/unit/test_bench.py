@@ -54,6 +54,7 @@ def test_scaling_efficiency_is_against_one_thread_per_rank_and_above_one_is_expl
 
     cases = cases_for([1, 2], ["prsgd"], 32)
     assert [c for c in cases if c[4] != 1] == [("prsgd", "weak", 1, 32, 2), ("prsgd", "weak", 2, 32, 2)]
+    assert cases_for([1, 2], ["prsgd"], 32, thread_rows=False) == [c for c in cases if c[4] == 1]
     ms = {("prsgd", "weak", 1, 32, 1): 2.0, ("prsgd", "weak", 2, 32, 1): 2.5,
           ("prsgd", "strong", 1, 64, 1): 4.0, ("prsgd", "strong", 2, 32, 1): 2.5,
           ("prsgd", "weak", 1, 32, 2): 8.0, ("prsgd", "weak", 2, 32, 2): 30.0}

@@ -50,6 +50,12 @@ CONFIG_ERRORS = [
     (["train", "--model", "plain_cnn", "--buffer-policy", "rank0"], ["buffer_policy applies only"]),
     (["train", "--model", "resnet", "--buffer-policy", "mean"], ["unknown buffer_policy 'mean'"]),
     (["train", "--model", "resnet", "--algorithm", "pprs"], ["batch norm", "data-parallel"]),
+    # a mistyped option names the closest of its command's (argparse before 3.12 names none)
+    (["train", "--intervl", "4"], ["unrecognized arguments: --intervl 4; did you mean --interval?"]),
+    (["train", "--inteval=4"], ["did you mean --interval?"]),
+    (["resume", "RUN", "--rank-changed"], ["did you mean --ranks-changed?"]),
+    (["train", "--group-size", "node"],  # the flags, not only the config keys
+     ["group_size (--group-size) needs group_interval > 0 (--group-interval I1"]),
 ]
 #: Bad input found when the run sets up its data or model, on every rank of a launched job.
 SETUP_ERRORS = [
@@ -81,6 +87,19 @@ def test_bad_options_are_one_error_agreed_by_every_rank_before_training(args, fr
     assert raised.value.everywhere and raised.value.exit_code == 2
     for fragment in fragments:
         assert fragment in str(raised.value), (fragment, str(raised.value))
+
+
+def test_a_mistyped_config_key_names_the_closest_key_or_the_section_it_belongs_in():
+    from hpcopt.config import build_config
+
+    with pytest.raises(HpcoptError, match=r"unknown key 'intervall' in \[algorithm\]; did you mean interval\?"):
+        build_config({"algorithm": {"intervall": 4}})
+    with pytest.raises(HpcoptError, match=r"unknown key 'epochs' in \[algorithm\] \(it belongs in \[run\]\)"):
+        build_config({"algorithm": {"epochs": 3}})
+    with pytest.raises(HpcoptError, match=r"unknown option 'intervl'; did you mean interval\?"):
+        build_config(None, {"intervl": "4"})
+    with pytest.raises(HpcoptError, match=r"^unknown option 'zzz'$"):  # nothing close: no guess
+        build_config(None, {"zzz": "4"})
 
 
 @pytest.mark.parametrize("args,fragments", LAUNCHED_CONFIG_ERRORS + SETUP_ERRORS)

@@ -6,6 +6,7 @@ study task's ``--ranks-changed`` on a requeue onto another number of ranks."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from hpcopt.run.fault_schedule import (
     FaultRecord,
     Schedule,
     check_ranks,
+    check_reached,
     parse_fault,
     parse_stragglers,
     read_record,
@@ -39,8 +41,11 @@ def test_schedules_parse():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"straggler": "1:1.5"}, "FACTOR must be > 0 and < 1"),
-    ({"straggler": "1:0"}, "FACTOR must be > 0 and < 1"),
+    ({"straggler": "1:1.5"}, "FACTOR must be >= 0.01 and < 1"),
+    ({"straggler": "1:0"}, "FACTOR must be >= 0.01 and < 1"),
+    ({"straggler": "1:1e-300"}, "FACTOR must be >= 0.01 and < 1"),  # once an OverflowError
+    ({"straggler": "1:1e-9"}, "FACTOR must be >= 0.01 and < 1"),  # once a sleep for ever
+    ({"straggler": "1:nan"}, "FACTOR must be >= 0.01 and < 1"),
     ({"straggler": "1"}, "--straggler takes RANK:FACTOR"),
     ({"straggler": "1:0.5,1:0.6"}, "names rank 1 twice"),
     ({"straggler": "-1:0.5"}, "RANK must be >= 0"),
@@ -64,6 +69,19 @@ def test_a_schedule_naming_a_rank_the_job_has_not_is_refused_except_a_resumed_fa
     check_ranks(run, 2, resumed=True)  # fired already, or no such rank to kill
     with pytest.raises(HpcoptError, match="--straggler names rank 1, and the job has 1 rank"):
         check_ranks(run, 1, resumed=True)
+
+
+def test_a_fault_past_its_ranks_last_step_is_refused_before_training(tmp_path):
+    """It would never fire, and the run would pass for a faulted one."""
+    run = build_config(None, {"fault": "1:9", "checkpoint_every": "4"}).run
+    check_reached(run, lambda rank: 9, 2)
+    with pytest.raises(HpcoptError, match="--fault 1:9: rank 1 runs 8 steps, so its step 9 never "
+                                          "comes: choose a STEP up to 8, or a longer run"):
+        check_reached(run, lambda rank: 8, 2)
+    check_reached(run, lambda rank: 8, 1)  # a resumed job without rank 1: check_ranks's
+    with pytest.raises(HpcoptError, match="rank 0 runs 8 steps, so its step 9 never comes"):
+        fresh_train(build_config(None, {**SMALL, "fault": "0:9", "out": str(tmp_path / "run")}))
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_sweep_refuses_a_schedule_naming_a_rank_its_task_has_not(tmp_path):
@@ -94,6 +112,25 @@ def test_a_straggler_sleeps_in_proportion_to_its_gradients_time_and_changes_noth
     start = time.perf_counter()
     assert slow(x, grad) == 1.5 and (grad == x).all()
     assert time.perf_counter() - start >= 4 * 0.02  # the gradient's 0.02 s, then 3 x that asleep
+
+
+def test_a_stop_signal_ends_a_stragglers_sleep_and_those_after_it():
+    """The slowest straggler sleeps 99 times its gradient's time; a stop ends that at once."""
+    run = build_config(None, {"straggler": "1:0.01"}).run
+    stopped: list[bool] = []
+
+    def oracle(x, grad):
+        time.sleep(0.02)
+        return 1.0
+
+    slow = Schedule(run, rank=1, stopping=lambda: bool(stopped)).wrap(oracle, lambda: 0)
+    threading.Timer(0.3, stopped.append, (True,)).start()
+    start = time.perf_counter()
+    slow(np.zeros(1), np.zeros(1))  # 0.02 s, then 1.98 s asleep but for the stop at 0.3 s
+    assert time.perf_counter() - start < 1.0
+    start = time.perf_counter()
+    slow(np.zeros(1), np.zeros(1))
+    assert time.perf_counter() - start < 0.5  # no sleep once stopping
 
 
 def test_a_fault_record_is_data_checked_field_by_field(tmp_path):

@@ -18,7 +18,7 @@ from tests.registered import refused
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"group_size": "2"}, "group_size needs group_interval > 0"),
+    ({"group_size": "2"}, r"group_size \(--group-size\) needs group_interval > 0 \(--group-interval I1"),
     ({"group_size": "2", "group_interval": "3", "interval": "8"},
      "group_interval 3 must divide interval 8 and be smaller"),
     ({"group_size": "2", "group_interval": "8", "interval": "8"},

@@ -209,3 +209,18 @@ def test_muon_needs_the_parameter_shapes():
 def test_options_that_do_not_apply_are_refused(options, message):
     with pytest.raises(HpcoptError, match=message):
         build_config(None, {k: str(v) for k, v in options.items()})
+
+
+@pytest.mark.parametrize("options, outer", [
+    ({}, "outer nesterov (lr 0.7, mu 0.9)"),  # DiLoCo's own
+    ({"outer_momentum": "0.5"}, "outer nesterov (lr 0.7, mu 0.5)"),
+    ({"outer_optimizer": "fedadam"}, "outer fedadam (lr 0.01, betas 0.9, 0.99"),  # once lr 0.7: diverged
+    ({"outer_optimizer": "fedadam", "outer_lr": "0.7"}, "outer fedadam (lr 0.7, betas 0.9, 0.99"),  # set: kept
+    ({"outer_optimizer": "sgd"}, "outer sgd (lr 1)"),  # once heavy ball with DiLoCo's lr and mu
+    ({"outer_optimizer": "average"}, ""),  # once refused: "outer_lr applies only to ..."
+])
+def test_dilocos_outer_defaults_do_not_leak_into_another_outer_optimizer(options, outer):
+    """``--algorithm diloco``'s outer lr 0.7 and mu 0.9 are its Nesterov's: with another
+    ``--outer-optimizer``, those the user leaves unset take that optimizer's own."""
+    algorithm = build_algorithm(build_config(None, {"algorithm": "diloco", **options}), 2, 10)
+    assert algorithm.outer.describe().startswith(outer), algorithm.outer.describe()

@@ -13,7 +13,7 @@ OPEN_MPI = ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, id
 
 @pytest.mark.parametrize("reported,expected", [
     (OPEN_MPI, OPEN_MPI[:-1]),
-    ("MPICH Version:      5.0.2\nMPICH Release date: unreleased\n", "MPICH Version:      5.0.2"),
+    ("MPICH Version:      5.0.2\nMPICH Release date: unreleased\n", "MPICH Version: 5.0.2"),  # padding collapsed
     ("\x00", "unknown MPI library"),
 ])
 def test_the_library_line_is_printable(monkeypatch, reported, expected):

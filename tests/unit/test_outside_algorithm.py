@@ -133,21 +133,28 @@ def test_help_lists_the_installed_algorithm_and_its_option(installed):
     assert "--lr-scale VALUE multiplies PR-SGD's step size [algorithm: outside_sgd; default: 0.5]" in text
 
 
-def test_an_entry_point_that_fails_to_import_is_one_line_naming_it(tmp_path):
+@pytest.mark.parametrize("module, raised", [
+    (None, "ModuleNotFoundError: No module named 'broken_algorithm_module'"),
+    ("import sys\nsys.exit(0)\n", "it called sys.exit(0)"),  # once: every train exited 0, untrained
+    ("raise KeyboardInterrupt\n", "KeyboardInterrupt"),  # once: a traceback
+], ids=["missing", "sys.exit(0)", "KeyboardInterrupt"])
+def test_an_entry_point_that_fails_to_import_is_one_line_naming_it(tmp_path, module, raised):
     """A package's metadata on the path is all importlib.metadata needs to list its entry points:
-    no pip needed to install a broken one."""
+    no pip needed to install a broken one. Whatever its module raises at import, SystemExit and
+    KeyboardInterrupt included, is one line naming the package, exit 2."""
     info = tmp_path / "broken_algorithm-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-algorithm\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[hpcopt.algorithms]\nbroken = broken_algorithm_module:Broken\n")
+    if module is not None:
+        (tmp_path / "broken_algorithm_module.py").write_text(module)
     result = subprocess.run(
         ["mpiexec", "-n", "2", sys.executable, "-m", "hpcopt", "train", "--steps", "1"],
         capture_output=True, text=True, cwd=ROOT, timeout=scaled(120),
         env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"})
     assert_one_line_error(result, "entry point broken = 'broken_algorithm_module:Broken' (group "
                           "'hpcopt.algorithms' of package 'broken-algorithm') could not be loaded: "
-                          "ModuleNotFoundError: No module named 'broken_algorithm_module' "
-                          "(fix that package or uninstall it)")
+                          f"{raised} (fix that package or uninstall it)")
 
 
 SCRIPT = """

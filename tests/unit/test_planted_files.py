@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -83,11 +84,13 @@ def study_with_record(tmp_path: Path) -> Path:
     return study
 
 
-@pytest.mark.parametrize("planted", ["fifo record", "fifo log", "/dev/zero record", "huge record"])
+@pytest.mark.parametrize("planted", ["fifo record", "fifo log", "socket record", "socket log",
+                                     "/dev/zero record", "huge record"])
 def test_collect_refuses_a_record_or_log_that_is_no_file_of_a_task(tmp_path, planted):
     """``ln -sf /dev/zero STUDY/logs/task-0.json`` once cost a MemoryError traceback, and a FIFO
     there hung ``collect``: each is one line, read without blocking and never whole (a link is
-    refused as a link, whatever it leads to)."""
+    refused as a link, whatever it leads to); a socket, once "No such device or address", is
+    named as one."""
     study = study_with_record(tmp_path)
     record, log = layout.record_path(study, 0), layout.log_path(study, 0)
     record.write_text('{"index": 0, "exit_code": 1}')  # a failed task: its log is read for the note
@@ -98,6 +101,12 @@ def test_collect_refuses_a_record_or_log_that_is_no_file_of_a_task(tmp_path, pla
     elif planted == "fifo log":
         os.mkfifo(log)
         words = [f"{log} is a FIFO, not a regular file"]
+    elif planted.startswith("socket"):
+        planted_at = record if planted == "socket record" else log
+        planted_at.unlink(missing_ok=True)
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(planted_at))
+        words = [f"{planted_at} is a socket, not a regular file"]
     elif planted == "/dev/zero record":
         record.unlink()
         record.symlink_to("/dev/zero")
