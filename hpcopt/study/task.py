@@ -49,11 +49,14 @@ from .layout import Entry, TaskRecord, read_manifest
 
 #: A run stopped at a checkpoint by SIGTERM (or SIGUSR1): hpcopt's exit status, and srun's.
 EXIT_STOPPED = 128 + signal.SIGTERM
-#: What a study's run does unless its sweep file says otherwise: a collective stuck this many
-#: seconds (a node lost without an MPI error: its link cut, its power gone) ends the job, with
-#: a line naming the ranks, instead of waiting minutes for the scheduler to declare the node
-#: down (hpcopt.run.watchdog).
-TASK_DEFAULTS = {"--stall-timeout": "300"}
+#: What a study's run does unless its sweep file says otherwise (flag: value, and the flags that
+#: stand in for it): a collective stuck 300 s (a node lost without an MPI error: its link cut, its
+#: power gone) ends the job, with a line naming the ranks, instead of waiting minutes for the
+#: scheduler to declare the node down (hpcopt.run.watchdog) ...
+TASK_DEFAULTS = {"--stall-timeout": ("300", ()),
+                 # and a checkpoint every 10 minutes of wall time, unless it checkpoints already:
+                 # a lost node, rank 0 or an Open MPI Ctrl-C then costs at most that much
+                 "--checkpoint-minutes": ("10", ("--checkpoint-every",))}
 #: Exits a requeue cannot mend: finished (0; 5 on the survivors of a lost rank), bad input (2),
 #: NaN or Inf (3). Any other (143: stopped at a checkpoint; a lost rank or node: 1, 4, 6 or the
 #: launcher's own code) requeues a task that may be requeued.
@@ -91,9 +94,11 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
 
 
 def task_defaults(args: Sequence[str]) -> list[str]:
-    """The flags of ``TASK_DEFAULTS`` that the task's own ``args`` do not set."""
+    """The flags of ``TASK_DEFAULTS`` that the task's own ``args`` do not set (nor a flag that
+    stands in for one)."""
     given = set(args[::2])
-    return [part for flag, value in TASK_DEFAULTS.items() if flag not in given for part in (flag, value)]
+    return [part for flag, (value, instead) in TASK_DEFAULTS.items()
+            if flag not in given and given.isdisjoint(instead) for part in (flag, value)]
 
 
 def fault_tolerant(entry: Entry, launcher: Sequence[str]) -> list[str]:

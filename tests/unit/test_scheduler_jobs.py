@@ -205,3 +205,14 @@ def test_a_signal_before_the_launcher_starts_stops_the_task_before_it_starts(tmp
     entry = task_module.read_manifest(study)[0]
     assert task_module._carry_on(study, entry, [str(bin_dir / "srun")], forward) == 143
     assert not record.exists()  # the launcher never started
+
+
+@pytest.mark.parametrize("args, added", [
+    ((), ["--stall-timeout", "300", "--checkpoint-minutes", "10"]),
+    (("--checkpoint-every", "100"), ["--stall-timeout", "300"]),  # it checkpoints already
+    (("--stall-timeout", "0", "--checkpoint-minutes", "30"), []),  # the study's own choices win
+])
+def test_a_study_task_checkpoints_every_10_minutes_and_ends_a_stall_unless_told_otherwise(args, added):
+    from hpcopt.study.task import task_defaults
+
+    assert task_defaults(args) == added
