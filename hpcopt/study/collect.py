@@ -4,26 +4,35 @@ A DIR is a study directory (its tasks, in manifest order, started or not), a run
 a directory of run directories. Every trace is read by a child process first, as ``report``
 does (hpcopt.io.vet); a trace it refuses becomes a note in its run's row. A run's state:
 
-- ``finished``: its trace holds the end-of-run summary (or its task exited 0, or 5: finished on
-  the survivors of a lost rank, ``--on-rank-loss continue``);
+- ``finished``: its trace holds the end-of-run summary (its task exited 0, or 5: finished on the
+  survivors of a lost rank, ``--on-rank-loss continue``); an exit code alone never makes a run
+  finished (hpcopt.study.outcome);
+- ``wrong``: its trace's ``world_size`` (the ranks its first job trained on: a resume with
+  ``--ranks-changed`` and survivors that went on keep it) is not the ranks its task asks for,
+  as when a launcher started the task's ranks as single-rank copies (``srun`` without
+  ``--mpi=pmi2`` or ``pmix``); the note says so, and how the run went otherwise;
 - ``stopped``: its task exited 143 (SIGTERM: a checkpoint was written) or 130 (SIGINT);
 - ``failed``: its task exited otherwise (the note has the log's last error line; 6: a rank was
-  lost and the survivors could not go on), or ended without recording its exit (its record is
-  no longer locked: killed, or its node died);
+  lost and the survivors could not go on), or exited 0 or 5 with no end-of-run summary in its
+  trace (MPICH's Hydra can exit 0 after a double Ctrl-C with the run unfinished);
+- ``interrupted``: its task ended without recording its exit (its record is no longer locked:
+  killed, or its node died);
 - ``running``: its task's process holds the lock on its record;
 - ``not started``: a task of the study with no run directory and no record yet;
 - ``incomplete``: anything else that has not finished (a run outside a study, or on a file
   system without locks): whether it still runs cannot be told from its files.
 
-The columns: the run directory, the state, the options whose values differ between the runs
-(world size included), steps, rounds, the last training loss, the final (else the latest)
-evaluation, bytes communicated in all (and of them, when the traces count it, those within a
-node and those across nodes) and per label (rank 0), the peak bytes in flight (when a
-run's trace has that column: Streaming DiLoCo's fragments), wall seconds, measured and, with
-``--network``, modelled communication seconds, (where a run lost a rank) the ranks lost, the
-steps lost and the seconds to recover (hpcopt.study.recovery), the newest checkpoint (to resume
-from), a note (where the survivors of a lost rank went on: at how many ranks, without which).
-Paths inside the output directory are written relative to it.
+The columns: the run directory, the state, its task's exit code (empty where none is recorded),
+the options whose values differ between the runs (world size included), steps, rounds, the last
+training loss, the final (else the latest) evaluation, bytes communicated in all (and of them,
+when the traces count it, those within a node and those across nodes) and per label (rank 0),
+the peak bytes in flight (when a run's trace has that column: Streaming DiLoCo's fragments),
+wall seconds, measured and, with ``--network``, modelled communication seconds, (where a run
+lost a rank) the ranks lost, the steps lost and the seconds to recover (hpcopt.study.recovery),
+the newest checkpoint (to resume from), a note (where the survivors of a lost rank went on: at
+how many ranks, without which). Paths inside the output directory are written relative to it.
+Without a study or ``--out``, the main columns are printed (``main_columns``) and nothing is
+written.
 """
 
 from __future__ import annotations
