@@ -307,7 +307,8 @@ class RunConfig:
     eval_every: int = option(0,
                              "clock ticks between evaluations of the averaged model; 0 = only at the "
                              "end")
-    progress: bool = option(True, "print progress lines and the summary (rank 0)")
+    progress: bool = option(True, "print progress lines (rank 0; the end-of-run summary is printed "
+                                  "either way)")
     out: str = option("", "run directory ({time}: the start time); '' = no files")
     checkpoint_every: int = option(0, "clock ticks between checkpoints; 0 = only the final one")
     checkpoint_minutes: float = option(0.0, "also a checkpoint once this many minutes of wall time have "

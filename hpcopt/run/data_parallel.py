@@ -55,7 +55,7 @@ from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
 from .rank_loss import RankLoss, RankLossRecovery
-from .runner import RunFiles, Ticks, run
+from .runner import RunFiles, Ticks, run, wall_text
 from .threads import ThreadChoice
 
 State = DataParallelState
@@ -97,6 +97,7 @@ class Summary:
     group_bytes_per_rank: float = 0.0
     group_in_node_bytes_per_rank: float = 0.0
     rank_losses: list[RankLoss] = field(default_factory=list)  # --on-rank-loss continue: survived
+    earlier_seconds: float = 0.0   # a resumed run: the wall seconds of its earlier jobs (in wall_seconds)
 
     def lines(self) -> list[str]:
         comm_share = self.comm_seconds / self.wall_seconds if self.wall_seconds else 0.0
@@ -117,7 +118,8 @@ class Summary:
             *self._losses(),
             f"communicated      {self._communicated()}",
             *self._group_averages(),
-            f"time              {self.wall_seconds:.1f} s, {100 * comm_share:.1f}% in communication",
+            f"time              {wall_text(self.wall_seconds, self.earlier_seconds, 1)}, "
+            f"{100 * comm_share:.1f}% in communication",
             *modelled,
             f"throughput        {self.samples_per_second:,.0f} {self.unit}/s over {self.workers} rank(s)",
             f"threads           {self.threads.describe()}",
@@ -469,6 +471,7 @@ class DataParallelSession:
                        group_rounds=group_rounds,
                        group_bytes_per_rank=local[6] / size, group_in_node_bytes_per_rank=local[7] / size,
                        reported=reported, rank_losses=self.rank_loss.losses if self.rank_loss else [],
+                       earlier_seconds=files.wall_before,
                        **figures)
 
     def trace_summary(self, final: ModelEvaluation, summary: Summary) -> dict[str, Any]:

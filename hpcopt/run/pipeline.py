@@ -52,7 +52,7 @@ from ..problems.staged import StagedProblem, setup_stage
 from .faults import FaultPlan
 from .nonfinite import nonfinite_loss, nonfinite_parameters
 from .preflight import CHECKPOINT_OVERHEAD
-from .runner import RunFiles, Ticks, run
+from .runner import RunFiles, Ticks, run, wall_text
 from .threads import ThreadChoice
 
 EVAL_LABEL = "eval"
@@ -82,6 +82,7 @@ class PipelineSummary:
     stopped: bool = False
     stop_signal: str = ""        # what stopped it: "SIGTERM" or "SIGINT" ("" when not stopped)
     history: list[dict[str, float]] = field(default_factory=list)  # every trace row
+    earlier_seconds: float = 0.0  # a resumed run: the wall seconds of its earlier jobs (in wall_seconds)
 
     def lines(self) -> list[str]:
         first = (f"final loss        {self.final_loss:.6g} (f(x) without smoothing)"
@@ -96,7 +97,8 @@ class PipelineSummary:
             f"bubble            {100 * self.bubble:.1f}% measured (mean over stages), "
             f"{100 * self.bubble_ideal:.1f}% ideal (Delta-1)/(K+Delta-1)",
             f"messages          {self.messages:,} point-to-point, all stages",
-            f"time              {self.wall_seconds:.2f} s measured, {self.modelled_seconds:.2f} s "
+            f"time              {wall_text(self.wall_seconds, self.earlier_seconds, 2)} measured, "
+            f"{self.modelled_seconds:.2f} s "
             f"modelled (tau {1e3 * self.tau:.3f} ms per op)",
             f"threads           {self.threads.describe()}",
             f"files             {self.out or 'none'} (checkpoint {self.checkpoint or 'none'})",
@@ -377,7 +379,7 @@ class PipelineSession:
             tau=self.tau, modelled_seconds=self.modelled, wall_seconds=wall,
             messages=self.messages, threads=threads, out=str(files.out or ""),
             checkpoint=self.checkpoint, stopped=bool(stopped), stop_signal=stopped,
-            history=self.history)
+            history=self.history, earlier_seconds=files.wall_before)
 
     def trace_summary(self, final: float, summary: PipelineSummary) -> dict[str, Any]:
         return {"step": self.state.step, "wall": summary.wall_seconds, "final_loss": final,

@@ -38,7 +38,8 @@ QUIET_SECONDS, EVERY_SECONDS = 3.0, 2.0
 
 class Ticker:
     """Progress of a command that may take a while (``collect``, ``report``), on stderr:
-    silent for its first ``quiet`` seconds, then at most a line every ``every`` seconds."""
+    silent for its first ``quiet`` seconds, then at most a line every ``every`` seconds, and a
+    last line (``done``) once it has shown any, so the last line shown holds the final counts."""
 
     def __init__(self, command: str, quiet: float | None = None, every: float | None = None,
                  stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -53,6 +54,14 @@ class Ticker:
         now = self.clock()
         if now - self.start < self.quiet or now - self.last < self.every:
             return
+        self._show(text, now)
+
+    def done(self, text: str) -> None:
+        """The command's last line, shown when it has shown progress (else it was quick)."""
+        if self.last > -math.inf:
+            self._show(text, self.clock())
+
+    def _show(self, text: str, now: float) -> None:
         self.last = now
         print(f"{self.command}: {text} ({now - self.start:.1f} s)", file=self.stream or sys.stderr,
               flush=True)

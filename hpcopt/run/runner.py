@@ -109,6 +109,15 @@ class RunFiles:
         return self.wall_before + time.perf_counter() - self.started
 
 
+def wall_text(wall: float, earlier: float, digits: int) -> str:
+    """A summary's ``wall`` seconds; a resumed run's (``earlier``: the seconds of its earlier
+    jobs, 0 for a run never resumed) are all its jobs', and the text says so: "12.3 s (all jobs
+    of the resumed run; this job 4.1 s)"."""
+    if not earlier:
+        return f"{wall:.{digits}f} s"
+    return f"{wall:.{digits}f} s (all jobs of the resumed run; this job {wall - earlier:.{digits}f} s)"
+
+
 class RankLossHandler(Protocol):
     """How a session goes on without a lost rank (``--on-rank-loss continue``:
     ``hpcopt.run.rank_loss.RankLossRecovery``)."""
@@ -270,7 +279,7 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
             writer.close()
         if lock is not None:
             lock.release()
-    if show:
+    if verbose and comm.rank == 0:  # the summary, with progress lines or without
         print("summary\n  " + "\n  ".join(summary.lines()), flush=True)
     comm = session.comm  # the survivors' after a lost rank (hpcopt.run.rank_loss)
     if summary.stopped and verbose and comm.rank == 0:

@@ -5,7 +5,8 @@ R``, in the study directory, output to ``logs/task-INDEX.log``; a task with ``--
 continue`` gets Open MPI's ``--with-ft ulfm`` from ``task.py``), so the run directories,
 records and resume are the same as on a cluster: running the same study again resumes the
 tasks that stopped and leaves the finished ones alone. A task finished when it exited 0, or 5
-(the survivors of a lost rank finished it: hpcopt.study.outcome); the line of its end says so.
+(the survivors of a lost rank finished it), and its run's trace holds the end-of-run record
+(hpcopt.study.outcome: an exit 0 without it failed); the line of its end says so.
 
 Each task runs in a session (a process group) of its own, so that a terminal's Ctrl-C reaches this
 process only. SIGINT or SIGTERM stops the study: no task starts after it, the running tasks get the
@@ -21,6 +22,7 @@ before any task starts; one planted while the study runs fails only the task it 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -36,7 +38,8 @@ from ..errors import HpcoptError
 from ..io import safe_files
 from ..run.signals import exit_code, handled_by, signal_name
 from .layout import LOGS, Entry, log_path, logs_folder
-from .outcome import FINISHED, ended
+from .outcome import FINISHED, NO_END_RECORD, ended
+from .task import finished
 
 POLL_SECONDS = 0.2
 LOG_KIND = "task log"
@@ -88,8 +91,8 @@ def run_local(study: Path, entries: Sequence[Entry], jobs: int,
     """Run ``entries`` of ``study``, ``jobs`` at a time (and, with ``ranks``, while their ranks
     add up to at most ``ranks``), each as ``launch(entry)`` (default: ``task_command``), with a
     line as each starts and ends; 0 when every task finished (exit 0, or 5 on the survivors of a
-    lost rank), else 1 (the others are listed); 130 or 143 when a signal stopped the study (see
-    the module's docstring)."""
+    lost rank, and its trace holds the end-of-run record), else 1 (the others are listed); 130
+    or 143 when a signal stopped the study (see the module's docstring)."""
     _check_logs(study, entries)
     stop = _Stop()
     with handled_by(stop.receive):
@@ -111,6 +114,11 @@ def run_local(study: Path, entries: Sequence[Entry], jobs: int,
 def task_command(entry: Entry) -> list[str]:
     """How task ``entry`` runs here: as its array task would, under ``mpiexec -n R``."""
     return [sys.executable, "-m", "hpcopt.study.task", str(entry.index), "mpiexec", "-n", str(entry.ranks)]
+
+
+def _lacks(run: Path) -> str:
+    """What ``run`` lacks to have finished: "" when its trace holds the end-of-run record."""
+    return "" if finished(run) else NO_END_RECORD
 
 
 def _check_logs(study: Path, entries: Sequence[Entry]) -> None:
@@ -177,7 +185,7 @@ def _run(study: Path, pending: list[Entry], slots: Slots, stop: _Stop,
             task.log.close()
             done += 1
             code = task.process.returncode
-            state, note = ended(code)
+            state, note = ended(code, functools.partial(_lacks, study / task.entry.run))
             note = note or f"exit {code}"
             if state != FINISHED:
                 failed.append(f"task {task.entry.index} ({note}, "

@@ -50,6 +50,9 @@ def test_a_requeue_onto_fewer_ranks_resumes_with_the_flag_and_runs_to_the_end(tm
     assert not np.array_equal(final.model, model)  # it trained on
     trace = read_trace(out / "trace.h5")
     assert trace.columns["step"][-1] == STEPS and trace.summary is not None
+    # the trace keeps its first job's world size: collect tells this run of a 4-rank task, resumed
+    # on 2, from one that started on the wrong number of ranks
+    assert trace.attrs["world_size"] == 4 and trace.attrs["resumed_at"] == "[8]"
 
 
 @pytest.mark.parametrize("flags, ranks, words", [

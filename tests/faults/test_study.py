@@ -1,8 +1,9 @@
 """Studies end to end with real ``mpiexec`` jobs: ``hpcopt sweep``, a stand-in ``qsub`` that runs
 the arrays' tasks here (tests/schedulers.py), ``hpcopt collect`` and ``hpcopt report`` on an
 eight-task study that is moved before it is gathered; and the states ``collect`` tells from tasks
-stopped by SIGTERM, crashed, killed with their node (as it were) and never started, with the
-stopped task resumed by running it again, and left alone once finished."""
+stopped by SIGTERM, crashed, killed with their node (as it were: interrupted) and never started,
+with the stopped task resumed by running it again, and left alone once finished; a task whose
+launcher started single ranks in place of one world is wrong."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io.trace import read_trace
 from hpcopt.run.signals import exit_code
 from hpcopt.study import layout
-from hpcopt.study.collect import Found, Row, collect, state
+from hpcopt.study.collect import Found, Row, collect, state, task_record
 from tests.faults.jobs import ROOT, _kill_tree, _tree
 from tests.timeouts import scaled
 
@@ -101,9 +102,9 @@ def test_an_eight_task_study_end_to_end(tmp_path):
     with open(moved / "study.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 8
-    assert list(rows[0])[:5] == ["run", "state", "ranks", "interval", "seed"]  # only what differs
+    assert list(rows[0])[:6] == ["run", "state", "exit_code", "ranks", "interval", "seed"]  # what differs
     for row in rows:
-        assert row["state"] == "finished", row
+        assert row["state"] == "finished" and row["exit_code"] == "0", row
         assert row["steps"] == "12" and int(row["rounds"]) == 12 // int(row["interval"])
         assert int(row["bytes_average"]) == int(row["rounds"]) * AVERAGE_BYTES
         assert 0 < float(row["eval_accuracy"]) <= 1 and float(row["train_loss"]) > 0
@@ -137,7 +138,7 @@ def wait_until_training(study: Path, index: int, task: subprocess.Popen) -> Row:
         assert task.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.02)
     row = Row(Found(study / entry.run, study, entry))
-    row.state, row.note = state(row)
+    row.state, row.note = state(row, task_record(row.found))
     return row
 
 
@@ -173,7 +174,9 @@ def test_collect_tells_running_stopped_failed_and_not_started_and_a_stopped_task
     assert 40 < int(stopped["steps"]) < 160 and float(stopped["modelled_comm_seconds"]) > 0
     assert crashed["state"] == "failed" and crashed["note"].startswith("exit 1: [rank 1] ")
     assert "injected failure on rank 1 at step 5" in crashed["note"]
-    assert killed["state"] == "failed" and "ended without recording its exit" in killed["note"]
+    assert killed["state"] == "interrupted" and killed["exit_code"] == ""
+    assert killed["note"].startswith("its task ended without recording its exit (killed, or its node died)")
+    assert (stopped["exit_code"], crashed["exit_code"]) == ("143", "1")
     assert waiting["state"] == "not started" and waiting["steps"] == "" and waiting["seed"] == "3"
     loose = rows[str(tmp_path / "loose")]
     assert loose["state"] == "incomplete" and "no task record" in loose["note"]
@@ -191,6 +194,48 @@ def test_collect_tells_running_stopped_failed_and_not_started_and_a_stopped_task
     assert start_task(study, 0).wait(timeout=scaled(60)) == 0
     assert "has finished; nothing to do" in layout.log_path(study, 0).read_text()
     assert (study / "runs" / "s-n2-s0" / "trace.h5").stat().st_mtime_ns == before
+
+
+#: A study of one 2-rank task.
+PAIR = """
+[job]
+name = "p"
+[train]
+dataset = "digits"
+hidden = [16]
+steps = 8
+progress = false
+[sweep]
+ranks = [2]
+"""
+#: A launcher that starts its command twice, each copy a world of its own (as ``srun`` without
+#: ``--mpi=pmi2`` or ``pmix`` does on a site whose MpiDefault is none), and exits with the higher
+#: of their codes.
+SINGLETONS = ["sh", "-c", '"$@" & first=$!; "$@"; second=$?; wait $first; first=$?; '
+              'exit $((first > second ? first : second))', "singletons"]
+
+
+def test_a_task_whose_launcher_started_single_ranks_is_wrong_not_finished(tmp_path):
+    """The task's two ranks each start alone: one trains the 2-rank task's run on 1 rank to its
+    end, the other finds the run directory taken; collect says wrong, and why."""
+    (tmp_path / "pair.toml").write_text(PAIR)
+    hpcopt("sweep", "pair.toml", "--out", "study", cwd=tmp_path)
+    study = tmp_path / "study"
+    log = layout.log_path(study, 0)
+    with open(log, "wb") as output:
+        task = subprocess.run([sys.executable, "-m", "hpcopt.study.task", "0", *SINGLETONS], cwd=study,
+                              env=environment(), stdout=output, stderr=subprocess.STDOUT, timeout=scaled(120))
+    assert task.returncode == 2, log.read_text()
+    trace = read_trace(study / "runs" / "p-n2" / "trace.h5")
+    assert trace.attrs["world_size"] == 1 and trace.summary is not None, log.read_text()
+    hpcopt("collect", str(study), cwd=tmp_path)
+    with open(study / "study.csv", newline="") as handle:
+        [row] = list(csv.DictReader(handle))
+    assert (row["state"], row["exit_code"], row["steps"]) == ("wrong", "2", "8"), row
+    assert row["note"].startswith("trained on 1 rank(s), the task asks for 2: usually a launcher that "
+                                  "started single-rank copies, not one world (srun without --mpi=pmi2 "
+                                  "or --mpi=pmix); move the run directory away and run the task again; "
+                                  "otherwise finished"), row
 
 
 def alive(pids: set[int]) -> list[str]:

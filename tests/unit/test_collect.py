@@ -49,10 +49,11 @@ def test_one_row_per_run_with_the_options_that_differ(runs, tmp_path):
     assert [p.name for p in written] == ["study.csv", "study.md"]
     rows = read_csv(tmp_path / "out" / "study.csv")
     header = list(rows[0])
-    assert header[:3] == ["run", "state", "interval"]  # network tells nothing about the results
+    assert header[:4] == ["run", "state", "exit_code", "interval"]  # network tells nothing about the results
     assert header[-4:] == ["modelled_comm_seconds", "network", "checkpoint", "note"]
     assert [row["interval"] for row in rows] == ["2", "4", "4"]
     assert [row["state"] for row in rows] == ["finished"] * 3 and all(not row["note"] for row in rows)
+    assert [row["exit_code"] for row in rows] == [""] * 3  # runs outside a study: no task record
     for row, name in zip(rows, ("I2", "I4", "I4-eth")):
         trace = read_each([runs[name] / "trace.h5"])[0]
         assert isinstance(trace, Trace)
@@ -86,13 +87,13 @@ def test_a_directory_of_runs_and_paths_relative_to_the_output(runs, tmp_path):
         collect.collect([tmp_path / "study" / "not-a-run"], tmp_path / "out")
 
 
-def make_study(tmp_path: Path, runs: dict[str, Path], count: int) -> Path:
-    """A study directory of ``count`` tasks whose run directories are copies of the I2 run."""
+def make_study(tmp_path: Path, runs: dict[str, Path], count: int, ranks: int = 1) -> Path:
+    """A study directory of ``count`` tasks of ``ranks`` ranks (no run directories yet)."""
     study = tmp_path / "study"
     (study / layout.LOGS).mkdir(parents=True)
     lines = ["\t".join(layout.COLUMNS)]
     for i in range(count):
-        lines.append(f"{i}\truns/t{i}\t1\t--dataset digits --hidden 16 --steps 8 --seed {i}")
+        lines.append(f"{i}\truns/t{i}\t{ranks}\t--dataset digits --hidden 16 --steps 8 --seed {i}")
     (study / layout.MANIFEST).write_text("\n".join(lines) + "\n")
     return study
 
@@ -111,24 +112,26 @@ def record(study: Path, index: int, code: int | None, locked: bool = True, log: 
 
 
 def test_states_from_the_task_records(runs, tmp_path):
-    study = make_study(tmp_path, runs, 9)
+    study = make_study(tmp_path, runs, 11)
     unfinished = tmp_path / "unfinished"  # a trace without its summary: the run did not end
     shutil.copytree(runs["I2"], unfinished)
     import h5py
 
     with h5py.File(unfinished / "trace.h5", "r+") as f:
         del f["summary"]
-    for i in (0, 1, 2, 3, 4, 5, 6, 7):
+    for i in (0, 1, 2, 3, 4, 5, 6, 7, 9, 10):
         shutil.copytree(unfinished if i else runs["I2"], study / "runs" / f"t{i}")
     record(study, 0, None)  # the summary wins: finished, whatever its record says
     record(study, 1, 143)
     record(study, 2, 130)
     record(study, 3, 2, log="some output\nhpcopt: error: lr must be > 0\n\nmore output\n")
     held = record(study, 4, None)  # its process holds the lock: running
-    record(study, 5, None).handle.close()  # the lock is gone but no exit was recorded: died
+    record(study, 5, None, log="step 40/160\n").handle.close()  # the lock is gone, no exit recorded: killed
     record(study, 6, None, locked=False)
     record(study, 7, 0)
     (study / "runs" / "t7" / "trace.h5").unlink()
+    record(study, 9, 0, log="^C[mpiexec@node] Sending Ctrl-C to processes as requested\n")  # Hydra's 0
+    record(study, 10, 5)  # 5: the survivors of a lost rank finished, yet no end-of-run record
     rows = {row.found.entry.index: row for row in collect.gather([study])}
     states = {i: (rows[i].state, rows[i].note) for i in rows}
     assert states[0] == ("finished", "")
@@ -136,15 +139,26 @@ def test_states_from_the_task_records(runs, tmp_path):
     assert states[2] == ("stopped", "exit 130 (SIGINT)")
     assert states[3] == ("failed", "exit 2: hpcopt: error: lr must be > 0")
     assert states[4][0] == "running" and states[4][1].startswith("on ")
-    assert states[5][0] == "failed" and "ended without recording its exit" in states[5][1]
+    assert states[5] == ("interrupted", "its task ended without recording its exit (killed, or its node "
+                         "died): step 40/160")
     assert states[6][0] == "incomplete" and "no locks" in states[6][1]
-    assert states[7] == ("finished", "exit 0, but no readable trace")
+    # an exit code that says finished never counts without the trace's end-of-run record
+    assert states[7] == ("failed", "exit 0, but no readable trace")
     assert states[8] == ("not started", "")
+    assert states[9] == ("failed", "exit 0, but its trace has no end-of-run record: "
+                         "^C[mpiexec@node] Sending Ctrl-C to processes as requested")
+    assert states[10] == ("failed", "exit 5: finished on the survivors of a lost rank, but its trace has "
+                          "no end-of-run record")
     assert rows[8].settings["seed"] == 8  # from the manifest, when there is no trace
+    assert [rows[i].exit_code for i in range(11)] == [None, 143, 130, 2, None, None, None, 0, None, 0, 5]
+    table = collect.columns(list(rows.values()), study)
+    assert [values["exit_code"] for values in table] == [None, 143, 130, 2, None, None, None, 0, None, 0, 5]
     by_directory = collect.gather([study / "runs"])  # its run directories find their records too
-    assert [(row.state, row.note) for row in by_directory] == [states[i] for i in range(8)]
-    held.end(0)
-    assert collect.state(rows[4]) == ("finished", "")
+    in_name_order = sorted((0, 1, 2, 3, 4, 5, 6, 7, 9, 10), key=lambda i: f"t{i}")
+    assert [(row.state, row.note) for row in by_directory] == [states[i] for i in in_name_order]
+    held.end(0)  # read again: its exit is recorded now (and its trace has no end-of-run record)
+    assert collect.state(rows[4], collect.task_record(rows[4].found)) == (
+        "failed", "exit 0, but its trace has no end-of-run record")
 
 
 def test_damaged_traces_are_notes_and_the_others_are_read(runs, tmp_path):
@@ -176,9 +190,25 @@ def test_a_hundred_runs_are_collected_in_seconds(runs, tmp_path, capsys):
 def test_collect_shows_progress_when_it_takes_a_while(runs, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)  # as if it had taken a while
     monkeypatch.setattr(progress, "EVERY_SECONDS", 0.0)
+    broken = truncated_trace(runs["I4"] / "trace.h5", tmp_path / "broken" / "trace.h5")
+    collect.collect([runs["I2"], runs["I4"], broken.parent], tmp_path / "out")
+    lines = [line.split(" (")[0] for line in capsys.readouterr().err.splitlines()]
+    assert lines == ["collect: reading the traces of 3 of 3 runs",
+                     "collect: read 2 of 3 traces; gathering 3 runs",
+                     "collect: gathered 1 of 3 runs", "collect: gathered 2 of 3 runs",
+                     "collect: gathered 3 of 3 runs",
+                     "collect: gathered 3 runs, 2 of them with a readable trace"]
+
+
+def test_the_last_progress_line_holds_the_final_counts(runs, tmp_path, monkeypatch, capsys):
+    """Lines at most every few seconds: the last one shown is the end's, not one from the way
+    (once "read 1 of 5 traces" stood last above a table of 5 rows)."""
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
+    monkeypatch.setattr(progress, "EVERY_SECONDS", 60.0)
     collect.collect([runs["I2"], runs["I4"]], tmp_path / "out")
-    err = capsys.readouterr().err
-    assert "collect: checking 2 traces (" in err and "collect: read 2 of 2 traces (" in err
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("collect: reading the traces of 2 of 2 runs (")
+    assert lines[1].startswith("collect: gathered 2 runs, 2 of them with a readable trace (")
 
 
 def test_the_ticker_is_silent_at_first_then_at_most_every_few_seconds():
@@ -192,15 +222,21 @@ def test_the_ticker_is_silent_at_first_then_at_most_every_few_seconds():
                                               "collect: at 7.1 (7.1 s)"]
 
 
-def test_collect_of_runs_without_out_prints_their_table(runs, tmp_path, monkeypatch, capsys):
-    """``collect RUN_DIR...`` (no study, no --out) prints study.md's table and writes nothing."""
+def test_collect_of_runs_without_out_prints_their_main_columns(runs, tmp_path, monkeypatch, capsys):
+    """``collect RUN_DIR...`` (no study, no --out) prints the main columns of study.md's table,
+    says how to get them all, and writes nothing."""
     monkeypatch.chdir(tmp_path)
-    assert collect.run(argparse.Namespace(dirs=[str(runs["I2"]), str(runs["I4"])], out=None)) == 0
+    dirs = [str(runs["I2"]), str(runs["I4"])]
+    assert collect.run(argparse.Namespace(dirs=dirs, out=None)) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[:3] == ["# hpcopt study", "", "2 runs: 2 finished."]
-    assert lines[4].startswith("| run | state | interval |")
-    assert [line.split(" | ")[2] for line in lines[6:]] == ["2", "4"]
     assert not list(tmp_path.iterdir())
+    assert lines[:3] == ["# hpcopt study", "", "2 runs: 2 finished."]
+    assert lines[4] == "| run | state | interval | steps | train_loss | eval_loss | eval_accuracy | note |"
+    assert [line.split(" | ")[2:4] for line in lines[6:8]] == [["2", "8"], ["4", "8"]]
+    everything = read_csv(collect.collect(dirs, tmp_path / "out")[0])[0]
+    assert len(everything) > 20  # the terminal shows 8 of them
+    assert lines[8:] == ["", f"All {len(everything)} columns (bytes, seconds, exit codes, checkpoints) go to "
+                         f"study.csv and study.md with: hpcopt collect {' '.join(dirs)} --out DIR"]
 
 
 def test_collect_command_line_errors_are_one_line(runs, tmp_path):
@@ -236,3 +272,48 @@ def test_the_peak_bytes_in_flight_of_a_streaming_run(runs, tmp_path):
     assert int(rows[1]["peak_bytes_in_flight"]) == peak.max() > 0
     assert rows[0]["peak_bytes_in_flight"] == ""
     assert "peak_bytes_in_flight" not in read_csv(collect.collect([runs["I4"]], tmp_path / "plain")[0])[0]
+
+
+def trained_on(run: Path, to: Path, world_size: int, **attrs: str) -> None:
+    """A copy of ``run`` whose trace says its first job trained on ``world_size`` ranks."""
+    import h5py
+
+    shutil.copytree(run, to)
+    with h5py.File(to / "trace.h5", "a") as f:
+        f.attrs.update({"world_size": world_size, **attrs})
+
+
+def test_a_run_trained_on_another_number_of_ranks_than_its_task_asks_is_wrong(runs, tmp_path):
+    """A 2-rank task's run trained by singletons (world size 1: srun without --mpi=pmi2 under
+    a site's MpiDefault none) is wrong, finished or not; one resumed on another number with
+    --ranks-changed (the trace keeps its first job's world size) or finished by the survivors of
+    a lost rank is not."""
+    study = make_study(tmp_path, runs, 5, ranks=2)
+    trained_on(runs["I2"], study / "runs" / "t0", 1)  # a singleton's: world size 1
+    trained_on(runs["I2"], study / "runs" / "t1", 2, resumed_at="[4]")  # then resumed on 1 rank
+    trained_on(runs["I2"], study / "runs" / "t2", 4)
+    shutil.copytree(runs["I2"], study / "runs" / "t3")  # a singleton still training
+    import h5py
+
+    with h5py.File(study / "runs" / "t3" / "trace.h5", "r+") as f:
+        del f["summary"]
+    record(study, 0, 0)
+    record(study, 1, 0)
+    record(study, 2, 0)
+    running = record(study, 3, None)
+    rows = collect.gather([study])
+    singletons = ("trained on 1 rank(s), the task asks for 2: usually a launcher that started single-rank "
+                  "copies, not one world (srun without --mpi=pmi2 or --mpi=pmix); move the run directory "
+                  "away and run the task again")
+    assert (rows[0].state, rows[0].note) == ("wrong", f"{singletons}; otherwise finished")
+    assert (rows[1].state, rows[1].note) == ("finished", "")
+    assert rows[2].state == "wrong" and rows[2].note.startswith(
+        "trained on 4 rank(s), the task asks for 2: its launcher started another number of ranks;")
+    assert rows[3].state == "wrong" and rows[3].note.startswith(f"{singletons}; otherwise running (on ")
+    assert (rows[4].state, rows[4].note) == ("not started", "")
+    table = collect.columns(rows, study)
+    assert [values["ranks"] for values in table] == [1, 2, 4, 1, 2]  # what each trained on
+    assert "5 runs: 3 wrong, 1 finished, 1 not started." in collect.markdown(table)
+    running.end(143)
+    assert collect.state(rows[3], collect.task_record(rows[3].found)) == (
+        "wrong", f"{singletons}; otherwise stopped (exit 143 (SIGTERM))")

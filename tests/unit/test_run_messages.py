@@ -18,13 +18,21 @@ SMALLER_LR = "train again with a smaller --lr (a resumed run keeps its --lr)"
 
 
 def test_a_resume_says_what_it_resumed_when_its_config_has_progress_off(tmp_path, capsys):
+    """Without progress lines a run still ends with its summary; a resumed run's time is all its
+    jobs', and the summary says so."""
     run = tmp_path / "run"
     assert main(["train", *SMALL, "--steps", "8", "--out", str(run), "--progress", "false"]) == 0
-    capsys.readouterr()
+    trained = capsys.readouterr().out.splitlines()
+    assert trained[0] == "summary" and trained[1].startswith("  test accuracy ")
+    assert [line for line in trained if line.startswith("  time ")][0].endswith("% in communication")
+    assert "all jobs" not in "\n".join(trained) and not [line for line in trained if line.startswith("step ")]
     assert main(["resume", str(run), "--steps", "12"]) == 0
-    out = capsys.readouterr().out
-    assert out == (f"hpcopt: resuming from {run / 'checkpoints' / 'step-000000008.h5'} at step 8 "
-                   f"(run directory {run})\n")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"hpcopt: resuming from {run / 'checkpoints' / 'step-000000008.h5'} at step 8 "
+                      f"(run directory {run})")
+    assert out[1] == "summary" and "  steps             12 per rank, 3 averaging rounds" in out
+    [time_line] = [line for line in out if line.startswith("  time ")]
+    assert " s (all jobs of the resumed run; this job " in time_line, time_line
 
 
 def test_a_huge_lr_ends_with_one_line_and_no_numpy_warning(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """A study's task that lost a rank under ``--on-rank-loss continue``: exit 5 (its survivors
-finished) counts as finished in ``sweep --local`` and ``collect``, with a note saying at how many
-ranks; exit 6 (they could not go on) stays failed, saying why; a task that continues runs under
+finished) counts as finished in ``sweep --local`` and ``collect`` where its trace holds the
+end-of-run record, with a note saying at how many ranks; exit 6 (they could not go on) stays
+failed, saying why; neither 0 nor 5 counts without that record; a task that continues runs under
 Open MPI's ``--with-ft ulfm`` (hpcopt.study.outcome, local, collect, task)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from hpcopt.config import build_config
 from hpcopt.errors import EXIT_CONTINUED, EXIT_NOT_CONTINUED
 from hpcopt.study import collect, layout, local
-from hpcopt.study.outcome import ended
+from hpcopt.study.outcome import NO_END_RECORD, ended
 from hpcopt.study.task import command, fault_tolerant
 from tests.runs import fresh_train
 
@@ -27,11 +28,27 @@ LOST_LINE = ("hpcopt: error: rank 2 lost at step 14 (ERR_PROC_FAILED): rank 0 ho
 
 
 def test_exit_codes_read_as_finished_stopped_or_failed():
-    assert ended(0) == ("finished", "")
-    assert ended(EXIT_CONTINUED) == ("finished", f"exit 5: {SURVIVED}")
-    assert ended(EXIT_NOT_CONTINUED) == ("failed", f"exit 6: {NOT_CONTINUED}")
-    assert ended(143) == ("stopped", "exit 143 (SIGTERM)") and ended(130) == ("stopped", "exit 130 (SIGINT)")
-    assert ended(2) == ("failed", "exit 2") and ended(137) == ("failed", "exit 137")
+    def has_record() -> str:
+        return ""
+
+    def never() -> str:
+        raise AssertionError("the trace is asked about only where the code says finished")
+
+    assert ended(0, has_record) == ("finished", "")
+    assert ended(EXIT_CONTINUED, has_record) == ("finished", f"exit 5: {SURVIVED}")
+    assert ended(EXIT_NOT_CONTINUED, never) == ("failed", f"exit 6: {NOT_CONTINUED}")
+    assert ended(143, never) == ("stopped", "exit 143 (SIGTERM)")
+    assert ended(130, never) == ("stopped", "exit 130 (SIGINT)")
+    assert ended(2, never) == ("failed", "exit 2") and ended(137, never) == ("failed", "exit 137")
+
+
+def test_an_exit_code_that_says_finished_counts_only_with_the_end_of_run_record():
+    """MPICH's Hydra can exit 0 after a double Ctrl-C with the run unfinished."""
+    def lacks() -> str:
+        return NO_END_RECORD
+
+    assert ended(0, lacks) == ("failed", "exit 0, but its trace has no end-of-run record")
+    assert ended(EXIT_CONTINUED, lacks) == ("failed", f"exit 5: {SURVIVED}, but {NO_END_RECORD}")
 
 
 def make_study(tmp_path: Path, options: list[str]) -> Path:
@@ -45,10 +62,13 @@ def make_study(tmp_path: Path, options: list[str]) -> Path:
 
 @pytest.mark.parametrize("codes, returned", [((0, EXIT_CONTINUED), 0),
                                              ((EXIT_CONTINUED, EXIT_NOT_CONTINUED), 1)])
-def test_sweep_local_counts_a_task_its_survivors_finished_as_finished(tmp_path, monkeypatch, capsys,
+def test_sweep_local_counts_a_task_its_survivors_finished_as_finished(run, tmp_path, monkeypatch, capsys,
                                                                        codes, returned):
-    """Fake tasks that exit with the codes given: 5 is finished, 6 is listed as not finished."""
+    """Fake tasks that exit with the codes given, their runs finished: 5 is finished, 6 is listed
+    as not finished."""
     study = make_study(tmp_path, ["--seed 0", "--seed 1"])
+    for index in (0, 1):
+        shutil.copytree(run, study / "runs" / f"t{index}")
     monkeypatch.setattr(local, "task_command",
                         lambda entry: [sys.executable, "-c", f"raise SystemExit({codes[entry.index]})"])
     assert local.run_local(study, layout.read_manifest(study), jobs=2) == returned
@@ -61,6 +81,27 @@ def test_sweep_local_counts_a_task_its_survivors_finished_as_finished(tmp_path, 
                 in out), out
 
 
+def test_sweep_local_never_counts_a_run_without_its_end_of_run_record_as_finished(run, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """Fake tasks that exit 0 (as MPICH's Hydra can after a double Ctrl-C) and 5, one run's trace
+    without its end-of-run record, the other with no trace at all: neither finished."""
+    import h5py
+
+    study = make_study(tmp_path, ["--seed 0", "--seed 1"])
+    shutil.copytree(run, study / "runs" / "t0")
+    with h5py.File(study / "runs" / "t0" / "trace.h5", "r+") as f:
+        del f["summary"]
+    codes = (0, EXIT_CONTINUED)
+    monkeypatch.setattr(local, "task_command",
+                        lambda entry: [sys.executable, "-c", f"raise SystemExit({codes[entry.index]})"])
+    assert local.run_local(study, layout.read_manifest(study), jobs=1) == 1
+    out = capsys.readouterr().out
+    unfinished = ("task 0 (exit 0, but its trace has no end-of-run record, logs/task-0.log); task 1 (exit 5: "
+                  f"{SURVIVED}, but its trace has no end-of-run record, logs/task-1.log)")
+    assert "task 0 ended (exit 0, but its trace has no end-of-run record) after" in out, out
+    assert f"2 of 2 task(s) did not finish: {unfinished}" in out, out
+
+
 def test_collect_states_of_tasks_that_exited_5_and_6_without_a_trace(tmp_path):
     study = make_study(tmp_path, ["--dataset digits --seed 0", "--dataset digits --seed 1"])
     for index, code, log in ((0, EXIT_CONTINUED, ""), (1, EXIT_NOT_CONTINUED, f"output\n{LOST_LINE}\n")):
@@ -70,7 +111,7 @@ def test_collect_states_of_tasks_that_exited_5_and_6_without_a_trace(tmp_path):
         layout.log_path(study, index).write_text(log)
         task.end(code)
     rows = collect.gather([study])
-    assert (rows[0].state, rows[0].note) == ("finished", f"exit 5: {SURVIVED}, but no readable trace")
+    assert (rows[0].state, rows[0].note) == ("failed", f"exit 5: {SURVIVED}, but no readable trace")
     assert (rows[1].state, rows[1].note) == ("failed", f"exit 6: {NOT_CONTINUED}: {LOST_LINE}")
 
 
@@ -102,6 +143,8 @@ def test_collect_notes_at_how_many_ranks_the_survivors_finished(run, tmp_path):
     continued(run, study / "runs" / "t0", [2], 4)
     continued(run, study / "runs" / "t1", [1, 3], 4, resumed_at="[8]")  # a resume may change the count
     shutil.copytree(run, study / "runs" / "t2")
+    with h5py.File(study / "runs" / "t2" / "trace.h5", "a") as f:
+        f.attrs["world_size"] = 4  # as its task asks (else collect calls it wrong)
     task = layout.TaskRecord(study, layout.read_manifest(study)[0])
     task.start()
     task.end(EXIT_CONTINUED)
