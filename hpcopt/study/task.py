@@ -15,7 +15,8 @@ an Open MPI ``mpiexec`` or ``mpirun`` LAUNCHER gets ``--with-ft ulfm`` (unless i
 other launcher runs as given, and the run says in one line why it cannot continue.
 
 While the run goes, the task's record (``logs/task-INDEX.json``) is locked; at the end it
-gets the exit status, which is also this process's.
+gets the exit status, which is also this process's: the launcher's, but 1 where it said 0 (or 5)
+and the run's trace holds no end-of-run record.
 
 Stop signals: LAUNCHER runs in a session of its own, and this process passes the first SIGTERM,
 SIGINT or SIGUSR1 of each kind on to it (``scancel --signal=USR1 --batch`` reaches only the batch
@@ -61,6 +62,9 @@ TASK_DEFAULTS = {"--stall-timeout": ("300", ()),
 #: NaN or Inf (3). Any other (143: stopped at a checkpoint; a lost rank or node: 1, 4, 6 or the
 #: launcher's own code) requeues a task that may be requeued.
 FINAL_EXITS = (0, EXIT_CONTINUED, 2, 3)
+#: This process's exit when the launcher said 0 (or 5) but the run's trace holds no end-of-run
+#: record (MPICH's Hydra can exit 0 after a double Ctrl-C): not finished, so it may be requeued.
+UNFINISHED = 1
 
 
 def finished(run: Path) -> bool:
@@ -233,6 +237,10 @@ def _carry_on(study: Path, entry: Entry, launcher: Sequence[str], forward: _Forw
     forward.started(process)
     code = _wait(process)
     print(f"task {entry.index}: exit {code}", flush=True)
+    if code in (0, EXIT_CONTINUED) and not finished(study / entry.run):
+        print(f"task {entry.index}: the run has no end-of-run record, so it did not finish whatever "
+              f"its launcher says (exit {UNFINISHED})", flush=True)
+        return UNFINISHED
     return code
 
 

@@ -166,7 +166,7 @@ def test_a_stop_signal_to_the_batch_shell_reaches_srun_and_a_stop_at_a_checkpoin
     assert "exit 143 (stopped at a checkpoint); requeueing Slurm job 77_0 (requeue 1 of at most 2)" in out
 
 
-@pytest.mark.parametrize("code, requeued", [(137, True), (1, True), (2, False), (3, False), (0, False)])
+@pytest.mark.parametrize("code, requeued", [(137, True), (1, True), (2, False), (3, False)])
 def test_a_lost_node_requeues_but_bad_input_nan_or_a_finished_run_never_does(tmp_path, code, requeued):
     """Under Open MPI the survivors of a killed node end at once (srun: exit 14, before Slurm
     declares the node down): that run is resumable, so it requeues; 2 and 3 would fail again."""
@@ -216,3 +216,16 @@ def test_a_study_task_checkpoints_every_10_minutes_and_ends_a_stall_unless_told_
     from hpcopt.study.task import task_defaults
 
     assert task_defaults(args) == added
+
+
+def test_a_launcher_saying_0_for_a_run_without_its_end_of_run_record_is_not_finished(tmp_path):
+    """MPICH's Hydra can exit 0 after a double Ctrl-C with the run unfinished: the task exits 1
+    (and requeues) unless the run's trace holds its end-of-run record."""
+    study = make_study(tmp_path)
+    bin_dir, record = stand_ins(tmp_path, code=0)
+    task = start_task(study, bin_dir, record)
+    wait_for(record, "started")
+    task.send_signal(signal.SIGTERM)
+    out, _ = task.communicate(timeout=scaled(60))
+    assert task.returncode == 1 and "the run has no end-of-run record" in out, out
+    assert "scontrol requeue 77_0" in record.read_text()
