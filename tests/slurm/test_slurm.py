@@ -120,7 +120,7 @@ def test_a_bare_srun_without_an_mpi_plugin_is_refused_loudly_and_trains_nothing(
     assert not (study / "runs" / "s-n2" / "trace.h5").exists() and "requeueing" not in text
 
 
-@pytest.mark.parametrize("how", [["--signal=TERM"], ["--signal=USR1", "--full"]])
+@pytest.mark.parametrize("how", [["--signal=TERM"], ["--signal=USR1"]])
 def test_a_signal_to_the_ranks_stops_the_task_at_a_checkpoint(cluster, tmp_path, how):
     study = make_study(tmp_path, "t", LONG, [2])
     job = cluster.sbatch("array-n2.sh", cwd=study)
