@@ -18,10 +18,12 @@ too: ``hpcopt.study.task.requeue_job``).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 from ..errors import HpcoptError
+from ..run.signals import exit_code
 from .layout import Entry, read_manifest
 from .local import run_local
 from .task import USAGE_REQUEUE, attempt, requeue_job
@@ -47,8 +49,8 @@ def run_packed(study: Path, requeue: int) -> int:
         print(f"task {entry.index}: not started: it needs {entry.ranks} ranks, the allocation has {ranks}",
               flush=True)
     code = code if code or not too_big else 1
-    if requeue:
-        requeue_job("packed", code, requeue)
+    if requeue:  # a stop signal reached this batch shell: the time limit's (B:TERM), or a scancel
+        requeue_job("packed", code, requeue, code in (exit_code(signal.SIGTERM), exit_code(signal.SIGINT)))
     return code
 
 

@@ -217,7 +217,7 @@ def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0)
         for number, handler in previous.items():
             signal.signal(number, handler)
     if requeue:
-        requeue_job(f"task {index}", code, requeue)
+        requeue_job(f"task {index}", code, requeue, signal.SIGTERM in forward.received)
     return code
 
 
@@ -260,18 +260,22 @@ def slurm_job() -> str:
     return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
 
 
-def requeue_job(who: str, code: int, most: int) -> None:
+def requeue_job(who: str, code: int, most: int, terminated: bool) -> None:
     """Requeue this Slurm job (``scontrol requeue``) after exit ``code`` unless the code is final
-    (``FINAL_EXITS``), the job is no longer running (cancelled, or Slurm requeues it itself after
-    a node failure) or it was requeued ``most`` times already; a line says which. ``who`` names
-    the task (or the packed allocation) in that line."""
+    (``FINAL_EXITS``), the job was cancelled, or it was requeued ``most`` times already; a line
+    says which. ``who`` names the task (or the packed allocation) in that line.
+
+    A job still RUNNING is requeued. One COMPLETING is requeued only when this process got no
+    SIGTERM (``terminated``): ``scancel JOB`` sends the batch shell SIGTERM and leaves the job
+    COMPLETING, which must not be undone; Slurm's own node failure handling (COMPLETING, no
+    SIGTERM here) and the time limit's ``--signal`` (to the steps) may be."""
     job = slurm_job()
     if not job or code in FINAL_EXITS:
         return
     done = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     why = f"exit {code}" + (" (stopped at a checkpoint)" if code == EXIT_STOPPED else "")
     state = _job_state(job)
-    if state != "RUNNING":
+    if not (state == "RUNNING" or (state == "COMPLETING" and not terminated)):
         print(f"{who}: {why}; not requeued: the job is {state or 'not known to squeue'} "
               "(cancelled, or Slurm requeues it itself)", flush=True)
         return

@@ -100,7 +100,7 @@ def test_a_short_tasks_stop_signal_comes_a_quarter_of_its_time_early_not_two_min
 STAND_IN = """#!/bin/bash
 # records the signals it gets and its arguments in $RECORD, then waits to be stopped
 for s in TERM INT USR1; do trap "echo got $s >> \\"\\$RECORD\\"; exit {code}" $s; done
-echo "started $*" >> "$RECORD"
+echo "started $$ $*" >> "$RECORD"
 sleep 60 > /dev/null 2>&1 & wait
 """
 
@@ -182,7 +182,8 @@ def test_a_lost_node_requeues_but_bad_input_nan_or_a_finished_run_never_does(tmp
 
 @pytest.mark.parametrize("restarts, state, message", [
     (2, "RUNNING", "not requeued: requeued 2 time(s) already"),  # its budget spent
-    (0, "CANCELLED", "not requeued: the job is CANCELLED"),  # scancel must not be undone
+    # scancel JOB: the batch shell gets SIGTERM and the job is COMPLETING; not to be undone
+    (0, "COMPLETING", "not requeued: the job is COMPLETING"),
 ])
 def test_a_spent_budget_or_a_cancelled_job_is_not_requeued(tmp_path, restarts, state, message):
     study = make_study(tmp_path)
@@ -229,3 +230,16 @@ def test_a_launcher_saying_0_for_a_run_without_its_end_of_run_record_is_not_fini
     out, _ = task.communicate(timeout=scaled(60))
     assert task.returncode == 1 and "the run has no end-of-run record" in out, out
     assert "scontrol requeue 77_0" in record.read_text()
+
+
+def test_a_step_ended_under_a_completing_job_without_a_sigterm_here_is_requeued(tmp_path):
+    """A node failure: Slurm cancels the step (not this batch shell) and the job shows COMPLETING;
+    under Open MPI the survivors exit at once, before Slurm would requeue the job itself."""
+    study = make_study(tmp_path)
+    bin_dir, record = stand_ins(tmp_path, code=14)
+    task = start_task(study, bin_dir, record, state="COMPLETING")
+    wait_for(record, "started")
+    launcher = int(record.read_text().split()[1])
+    os.kill(launcher, signal.SIGTERM)  # to the step, not to the task's runner
+    out, _ = task.communicate(timeout=scaled(30))
+    assert task.returncode == 14 and "scontrol requeue 77_0" in record.read_text(), out
