@@ -49,8 +49,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PREFIX = "hpcopt"
 SUBNET = "10.77.0"
@@ -371,6 +373,27 @@ def remove_clusters(stale_only: bool) -> list[str]:
 DEFERRED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
+def add_bookkeeping(commands: Any, kind: str) -> None:
+    """The ``list`` and ``down --stale|--all`` commands of a cluster's command line."""
+    commands.add_parser("list", help=f"the {kind} clusters on this machine and their makers")
+    down = commands.add_parser("down", help=f"remove {kind} clusters")
+    which = down.add_mutually_exclusive_group(required=True)
+    which.add_argument("--stale", action="store_true", help="those whose maker has exited")
+    which.add_argument("--all", action="store_true", help="all of them")
+
+
+def bookkeeping(args: argparse.Namespace, found: Callable[[], dict[str, int]],
+                remove: Callable[[bool], list[str]]) -> int:
+    """Run ``list`` (the clusters ``found`` names, and their makers) or ``down`` (``remove``)."""
+    if args.command == "list":
+        for name, pid in sorted(found().items()):
+            print(f"{name}  made by pid {pid} ({'running' if _alive(pid) else 'exited'})")
+    else:
+        for name in remove(args.stale):
+            print(f"removed {name}")
+    return 0
+
+
 def _raise_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -386,20 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--netmod", choices=sorted(NETMODS), default="ofi")
     run.add_argument("--timeout", type=float, default=600, help="seconds the job may run")
     run.add_argument("job", nargs=argparse.REMAINDER, help="-- COMMAND ...: what every rank runs")
-    commands.add_parser("list", help="the emulated clusters on this machine and their makers")
-    down = commands.add_parser("down", help="remove emulated clusters")
-    which = down.add_mutually_exclusive_group(required=True)
-    which.add_argument("--stale", action="store_true", help="those whose maker has exited")
-    which.add_argument("--all", action="store_true", help="all of them")
+    add_bookkeeping(commands, "emulated")
     args = parser.parse_args(argv)
-    if args.command == "list":
-        for name, pid in sorted(clusters().items()):
-            print(f"{name}  made by pid {pid} ({'running' if _alive(pid) else 'exited'})")
-        return 0
-    if args.command == "down":
-        for name in remove_clusters(stale_only=args.stale):
-            print(f"removed {name}")
-        return 0
+    if args.command in ("list", "down"):
+        return bookkeeping(args, clusters, remove_clusters)
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
     if not job:
         parser.error("run: give the command after --")

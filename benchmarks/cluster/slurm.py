@@ -61,6 +61,8 @@ from benchmarks.cluster.emulated import (
     _alive,
     _ip,
     _raise_exit,
+    add_bookkeeping,
+    bookkeeping,
     bucket_bytes,
     namespaces,
     namespaces_unavailable,
@@ -425,20 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--rate", default="none", help="each link's rate: 100mbit, 1gbit, none")
     run.add_argument("--timeout", type=float, default=600, help="seconds the jobs may take")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: e.g. sbatch job.sh")
-    commands.add_parser("list", help="the Slurm clusters on this machine and their makers")
-    down = commands.add_parser("down", help="remove Slurm clusters")
-    which = down.add_mutually_exclusive_group(required=True)
-    which.add_argument("--stale", action="store_true", help="those whose maker has exited")
-    which.add_argument("--all", action="store_true", help="all of them")
+    add_bookkeeping(commands, "Slurm")
     args = parser.parse_args(argv)
-    if args.command == "list":
-        for name, pid in sorted(clusters().items()):
-            print(f"{name}  made by pid {pid} ({'running' if _alive(pid) else 'exited'})")
-        return 0
-    if args.command == "down":
-        for name in remove_clusters(stale_only=args.stale):
-            print(f"removed {name}")
-        return 0
+    if args.command in ("list", "down"):
+        return bookkeeping(args, clusters, remove_clusters)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("run: give the client command after --")
