@@ -196,7 +196,8 @@ class _Forward:
 
 def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0) -> int:
     """Run task ``index`` of ``study`` under ``launcher``, recording it, and requeue its Slurm
-    job when it stopped at a checkpoint and may be requeued (``requeue``); its exit status."""
+    job where it may be (``requeue``: see ``requeue_job``); its exit status. A stop signal
+    until the end, the requeue included, is taken as the launcher's (never this process's end)."""
     entries = read_manifest(study)
     if not 0 <= index < len(entries):
         raise HpcoptError(f"task {index} is not in {study}/manifest.tsv (tasks 0 to {len(entries) - 1})")
@@ -213,11 +214,11 @@ def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0)
             raise
         finally:
             record.end(code)
+        if requeue:
+            requeue_job(f"task {index}", code, requeue, signal.SIGTERM in forward.received)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    if requeue:
-        requeue_job(f"task {index}", code, requeue, signal.SIGTERM in forward.received)
     return code
 
 
