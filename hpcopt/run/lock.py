@@ -23,6 +23,12 @@ is known to be gone. Taking over a stale lock is serialized by a second file cre
 way (``hpcopt.lock.break``), so two jobs that find the same stale lock cannot both win. (A job
 suspended for longer than ``STALE_SECONDS`` on another host would lose its lock.)
 
+When a job ends, rank 0 removes the file before it exits, also where it ends the job itself
+(a stop signal outside the training loop: ``release_held``), so that a requeue started as soon
+as the launcher returns finds the directory free. Open MPI's ``mpirun`` can return while a
+rank it is killing (after another rank's exit) still runs: a holder on this host that is
+still running is therefore waited for up to ``HANDOVER_SECONDS`` before the job is refused.
+
 A job that creates the file but cannot write its holder (a full disk) removes it and ends with
 one line. A lock file naming no holder (empty, unreadable) is refused while it is new, and
 taken over once unchanged for ``ABANDONED_SECONDS`` (its job would have written it at once).
@@ -55,6 +61,9 @@ HEARTBEAT_SECONDS = 60.0
 STALE_SECONDS = 600.0
 #: Largest lock file read: a holder's JSON is about 250 bytes.
 MAX_BYTES = 4096
+#: Seconds a job waits for a holder on this host that still runs to end or let go (a stopped
+#: job's rank 0 still exiting after its launcher returned) before it is refused.
+HANDOVER_SECONDS = 5.0
 #: Seconds after which a lock file naming no holder (empty: its job could not write it) is stale.
 ABANDONED_SECONDS = 10.0
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -107,6 +116,7 @@ class RunLock:
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._refresh, name="hpcopt-lock", daemon=True)
         self._heartbeat.start()
+        _HELD.append(self)
 
     @staticmethod
     def acquire(directory: Path, run_id: str) -> RunLock:
@@ -134,6 +144,8 @@ class RunLock:
 
     def release(self) -> None:
         """Stop refreshing and remove the lock file, if it is still this job's."""
+        with contextlib.suppress(ValueError):  # released already
+            _HELD.remove(self)
         self._stop.set()
         self._heartbeat.join()
         try:
@@ -142,6 +154,17 @@ class RunLock:
             return
         if isinstance(found, Holder) and found.token == self.holder.token:
             self.path.unlink(missing_ok=True)
+
+
+#: The locks this process holds (rank 0 of a job holds one).
+_HELD: list[RunLock] = []
+
+
+def release_held() -> None:
+    """Release every lock this process holds: called by a thread that ends the job at once
+    (``hpcopt.run.signals``), while the main thread may still hold one."""
+    for lock in tuple(_HELD):
+        lock.release()
 
 
 def check_free(directory: Path) -> None:
@@ -164,6 +187,8 @@ def _refusal(path: Path, found: Holder | str) -> HpcoptError | None:
         return HpcoptError(f"{directory} is locked, but {path} names no holder ({found}); if no "
                            f"job uses {directory}, delete {path}")
     gone = _gone(path, found)
+    if gone is False and _let_go(path, found):
+        return None
     if gone is None:
         return HpcoptError(f"{directory} is in use by another job ({found.describe()}); a lock "
                            f"from another host is taken over once it has not been refreshed for "
@@ -185,6 +210,18 @@ def _gone(path: Path, holder: Holder) -> bool | None:
     except OSError:
         return None
     return True if age > STALE_SECONDS else None
+
+
+def _let_go(path: Path, holder: Holder) -> bool:
+    """Whether ``holder``, running on this host, lets go of lock file ``path`` (removes it or
+    ends) within ``HANDOVER_SECONDS``."""
+    deadline = time.monotonic() + HANDOVER_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        current = _read(path)
+        if not (isinstance(current, Holder) and current.token == holder.token) or _gone(path, holder):
+            return True
+    return False
 
 
 def _create(path: Path, holder: Holder) -> bool:

@@ -260,14 +260,20 @@ class JobSignals:
         self._ending.start()
 
     def _end_job(self, line: str, signum: int, rank: int) -> None:
-        """``line`` and MPI_Abort, at once on rank 0 and after the stagger elsewhere.
+        """``line`` and MPI_Abort, at once on rank 0 and after the stagger elsewhere, the run
+        directory's lock released first (``hpcopt.run.lock.release_held``: the launcher may
+        return before this rank has ended, and a requeue started then must find it free).
         While MPI starts (the rest of hpcopt is being imported), first wait for it: under
         Hydra, a rank that exits before the others' MPI_Init completes leaves them waiting for
-        ever. Where it does not start within the grace, the rank ends by SIGKILL, which Hydra
-        answers by ending the job."""
+        ever, and under Open MPI a rank that exits without MPI_Abort while MPI connects its
+        ranks once left ``mpirun`` waiting for ever. Where it does not start within the grace,
+        the rank ends by SIGKILL, which the launcher answers by ending the job."""
         running = _mpi_running(self.grace)
         if rank != 0:
             time.sleep(self.stagger)
+        lock = sys.modules.get("hpcopt.run.lock")  # loaded where this rank may hold the lock
+        if lock is not None:
+            lock.release_held()
         if not running:
             sys.stderr.write(line)
             sys.stderr.flush()

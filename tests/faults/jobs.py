@@ -47,10 +47,10 @@ class Job:
 @dataclass(frozen=True)
 class Send:
     """A signal for a running job: ``signum`` to the launcher (``rank`` None) or to one rank's
-    process, ``after`` seconds after ``when``: "start" (every rank's hpcopt handles signals:
-    its handlers are installed, ``hpcopt.run.signals``), "exec" (every rank's process runs
-    Python, which may not have reached hpcopt yet), "header" (the run header appeared:
-    training starts) or "fault" (a debug fault announced itself)."""
+    process, ``after`` seconds after ``when``: "launch" (the launcher started), "start" (every
+    rank's hpcopt handles signals: its handlers are installed, ``hpcopt.run.signals``), "exec"
+    (every rank's process runs Python, which may not have reached hpcopt yet), "header" (the
+    run header appeared: training starts) or "fault" (a debug fault announced itself)."""
 
     signum: int
     after: float = 0.0
@@ -130,7 +130,9 @@ def _send(send: Send, process: subprocess.Popen, ranks: int, marks: dict[str, fl
     while True:
         assert process.poll() is None and time.monotonic() < deadline, "".join(err)
         pids = _rank_pids(process.pid)
-        if send.when == "start":
+        if send.when == "launch":
+            due = True
+        elif send.when == "start":
             due = len(pids) == ranks and all(map(_handles_sigterm, pids.values()))
         elif send.when == "exec":
             due = len(pids) == ranks

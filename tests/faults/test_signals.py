@@ -6,18 +6,24 @@ training, a checkpoint's write). docs/failures.md."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io import pipeline_checkpoint as pipe_ckpt
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
+from hpcopt.io.trace import read_trace
+from hpcopt.run.lock import FILE_NAME as LOCK
 from hpcopt.run.signals import GRACE_SECONDS, exit_code
-from tests.faults.jobs import INJECTED, Job, Send, assert_same_run, run_job
-from tests.launcher import FORWARDS_TERM_AND_INT
+from tests.faults.jobs import HARD_TIMEOUT, INJECTED, ROOT, Job, Send, _kill_tree, assert_same_run, run_job
+from tests.launcher import FORWARDS_TERM_AND_INT, OPEN_MPI
 
 JOB = ["train", "--dataset", "digits", "--hidden", "16", "--progress", "true",
        "--keep-checkpoints", "1000", "--steps", "10000000"]  # ended by the signal, never by steps
@@ -27,6 +33,11 @@ PIPELINE = ["train", "--algorithm", "pprs", "--problem", "l1_chain", "--samples"
 INTERRUPT_SECONDS = 5
 #: SIGTERM waits for its row: these jobs' rows come every few milliseconds.
 TERMINATE_SECONDS = 10
+#: Marks for what one launcher does and the other does not (docs/failures.md, "Launchers").
+ONLY_OPEN_MPI = pytest.mark.skipif(not OPEN_MPI, reason="Open MPI's mpirun: the stop signal it "
+                                   "forwards (SIGUSR1) and its return while ranks still exit")
+ONLY_HYDRA = pytest.mark.skipif(OPEN_MPI, reason="MPICH's Hydra mpiexec: a second Ctrl-C to it "
+                                "(Open MPI's mpirun kills the ranks at the first)")
 STOPPED = re.compile(r"hpcopt: (SIGTERM|SIGINT|SIGUSR1): stopped at (step|iteration) (\d+) "
                      r"after writing (\S+);")
 
@@ -199,3 +210,101 @@ def test_a_second_ctrl_c_as_the_job_ends_keeps_exit_130(rank, tmp_path):
     job = run_job([*JOB, "--checkpoint-every", "4", "--trace-every", "4", "--out", str(tmp_path / "run")],
                   send=Send(signal.SIGINT, 0.5, rank, again_at="hpcopt: SIGINT: stopped"))
     assert_stopped_at_a_checkpoint(job, signal.SIGINT, 4, tmp_path / "run")
+
+
+
+@ONLY_HYDRA
+def test_a_double_ctrl_c_to_mpiexec_leaves_a_trace_without_an_end_of_run_record(tmp_path):
+    """Hydra forwards the first Ctrl-C and answers the second by killing the ranks itself: its
+    exit code is then its own (255, now and then 0: the ranks' codes never reach it), so what
+    says a run finished is the trace's end-of-run record, which the stopped run never writes;
+    its newest checkpoint resumes."""
+    out = tmp_path / "run"
+    job = run_job([*JOB, "--checkpoint-every", "8", "--out", str(out)],
+                  send=Send(signal.SIGINT, 0.5, again_at="[mpiexec@"))
+    assert job.after_fault is not None and job.after_fault < INTERRUPT_SECONDS, job.describe()
+    assert "Traceback" not in job.stdout + job.stderr, job.describe()
+    assert read_trace(out / "trace.h5").summary is None, job.describe()
+    tick = read_checkpoint(out).tick  # its lock, if the kill left it, is taken over
+    resumed = run_job(["resume", str(out), "--steps", str(tick + 8)])
+    assert resumed.returncode == 0 and read_trace(out / "trace.h5").summary is not None, resumed.describe()
+
+
+#: Rank 0 sends itself SIGTERM once it holds the run directory's lock, before the training
+#: loop: the job ends at once, and the lock must not outlive it.
+SIGNAL_AFTER_CLAIM = """
+import os, signal, sys, time
+import hpcopt.run.runner as runner
+claim = runner.claim
+
+def claimed(*args, **kwargs):
+    lock = claim(*args, **kwargs)
+    if lock is not None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+    return lock
+
+runner.claim = claimed
+from hpcopt.cli import main
+sys.exit(main({args!r}))
+"""
+
+
+def test_a_job_ended_by_a_signal_after_taking_its_lock_leaves_no_lock(tmp_path):
+    """The thread that ends the job releases the lock before the launcher can return: a requeue
+    started at once finds the directory free (once, MPI_Abort left it held by a dying rank)."""
+    out = tmp_path / "run"
+    job = run_job([], python_code=SIGNAL_AFTER_CLAIM.format(args=[*JOB, "--out", str(out)]))
+    assert job.returncode == exit_code(signal.SIGTERM), job.describe()
+    lines = job.hpcopt_lines()
+    assert len(lines) == 1 and "SIGTERM on rank 0: outside the training loop" in lines[0], job.describe()
+    assert not (out / LOCK).exists(), job.describe()
+
+
+@ONLY_OPEN_MPI
+@pytest.mark.parametrize("after", [0.1, 0.3, 0.5, 0.7, 0.9])
+def test_sigusr1_to_mpirun_as_it_starts_stops_before_anything_is_written(after, tmp_path):
+    """Until a rank's Python reaches ``python -m hpcopt``'s first line, SIGUSR1 kills it (mpirun
+    exits 138; in mpirun's own first moments, mpirun itself dies by it): nothing was written,
+    which the batch script of docs/failures.md requeues as a stop. From that line on, one line
+    and exit 143."""
+    out = tmp_path / "run"
+    job = run_job([*JOB, "--checkpoint-every", "8", "--out", str(out)],
+                  send=Send(signal.SIGUSR1, after, when="launch"))
+    assert "Traceback" not in job.stdout + job.stderr, job.describe()
+    if job.returncode in (128 + signal.SIGUSR1, -signal.SIGUSR1):
+        assert not (out / LOCK).exists() and not list(out.glob("checkpoints/*.h5")), job.describe()
+    else:
+        assert_signal_ended_the_job(job, signal.SIGUSR1)
+
+
+def _launch(args: list[str], log) -> subprocess.Popen:
+    return subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "hpcopt", *args],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+@ONLY_OPEN_MPI
+def test_a_requeue_started_as_soon_as_mpirun_returns_resumes(tmp_path):
+    """mpirun may return while its ranks still exit: three jobs in a row, each stopped by SIGUSR1
+    after its first new checkpoint and the next resumed the moment mpirun returns, each
+    continue (the lock is released before a rank exits, and a holder still exiting on this host
+    is waited for)."""
+    out = tmp_path / "run"
+    args = [*JOB, "--checkpoint-every", "8", "--out", str(out)]
+    for attempt in range(3):
+        newest = max(out.glob("checkpoints/*.h5"), default=None)
+        log_path = tmp_path / f"job{attempt}.log"
+        with open(log_path, "w") as log:
+            job = _launch(args if attempt == 0 else ["resume", str(out)], log)
+            try:
+                deadline = time.monotonic() + HARD_TIMEOUT
+                while max(out.glob("checkpoints/*.h5"), default=None) in (None, newest):
+                    assert job.poll() is None and time.monotonic() < deadline, log_path.read_text()
+                    time.sleep(0.02)
+                job.send_signal(signal.SIGUSR1)
+                code = job.wait(timeout=HARD_TIMEOUT)
+            finally:
+                if job.poll() is None:
+                    _kill_tree(job.pid)
+        assert code == exit_code(signal.SIGUSR1), log_path.read_text()
