@@ -51,8 +51,11 @@ def child_environment() -> dict[str, str]:
 def run_module(module: str, args: list[str], timeout: float) -> ChildResult:
     """Run ``python -m module *args``, at most ``timeout`` seconds, and say how it ended."""
     try:
+        # a session of its own: a stop signal to the job's process groups (Open MPI forwards
+        # SIGUSR1 so) is the caller's to handle, not a crash of the child reading a file
         done = subprocess.run([sys.executable, "-m", module, *args], env=child_environment(),
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
     except subprocess.TimeoutExpired:
         return ChildResult(None, None, f"did not finish within {timeout:g} s")
     name = None

@@ -76,6 +76,11 @@ def vet_traces(paths: Sequence[Path]) -> None:
     raise _refusal(result, culprit, "trace")
 
 
+#: Signals that stop a job (hpcopt.run.signals.SIGNALS, and a hang-up): a child ended by one
+#: was stopped, not crashed.
+STOP_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP")
+
+
 def _refusal(result: ChildResult, path: str | Path, kind: str) -> HpcoptError:
     """The child's own error (exit 2, already naming the file), or what happened to it: a crash
     is damage; running out of time is not known to be (the node may be overloaded)."""
@@ -84,6 +89,9 @@ def _refusal(result: ChildResult, path: str | Path, kind: str) -> HpcoptError:
     if result.returncode is None:
         return HpcoptError(f"{path} could not be checked: the process that read it {result.message} "
                            "(is the node overloaded? a damaged file can also hang a reader)")
+    if result.signal in STOP_SIGNAL_NAMES:  # stopped, not crashed: nothing is known of the file
+        return HpcoptError(f"{path} could not be checked: the process that read it was stopped "
+                           f"({result.signal})")
     happened = f"crashed reading it ({result.signal})" if result.signal else result.message
     return HpcoptError(f"{path} is a damaged {kind}: the process that checked it {happened}")
 

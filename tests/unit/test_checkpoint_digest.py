@@ -177,6 +177,8 @@ def test_the_childs_refusal_is_the_readers_message(written, damage):
 @pytest.mark.parametrize("ended,message", [
     (ChildResult(-11, "SIGSEGV", ""),
      "is a damaged checkpoint: the process that checked it crashed reading it (SIGSEGV)"),
+    (ChildResult(-10, "SIGUSR1", ""),  # a stop signal to the job: not known to be damaged
+     "could not be checked: the process that read it was stopped (SIGUSR1)"),
     (ChildResult(None, None, "did not finish within 60 s"),  # not known to be damaged
      "could not be checked: the process that read it did not finish within 60 s (is the node "
      "overloaded? a damaged file can also hang a reader)"),
