@@ -411,13 +411,13 @@ def test_a_slowmo_checkpoint_from_before_the_outer_optimizers_resumes_bit_for_bi
 def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str):
     """Resume tests/data/DIRECTORY/ALGORITHM-step-6.h5, a file of an older format, to step 10 and
     hold it to two references. Bitwise, its whole state (``assert_same_state``): the resume to
-    step 10, on this machine, of the same state in today's format (``tests.checkpoints.with_state_of``, read without hpcopt's
-    reader of old formats, on the step-6 checkpoint of a new run; its counters and sampler
-    equal to the old file's) -- and such a resume is the uninterrupted run
-    (tests/mpi/test_resume.py). The model within a few ulp (``tests.stored``): ALGORITHM-step-10-x.npy,
-    the old version's uninterrupted run, computed on the machine that wrote the files (another
-    CPU's BLAS kernels round differently). Returns (the old checkpoint, the new run's state at
-    step 6)."""
+    step 10, on this machine, of the same state in today's format (``with_state_of``: moved by
+    hand, without hpcopt's reader of old formats, into the step-6 checkpoint of a new run, whose
+    counters and sampler equal the old file's) -- and such a resume is the uninterrupted run
+    (tests/mpi/test_resume.py). The model within a few ulp (``tests.stored``):
+    ALGORITHM-step-10-x.npy, the old version's uninterrupted run, computed on the machine that
+    wrote the files (another CPU's BLAS kernels round differently). Returns (the old
+    checkpoint, the new run's state at step 6)."""
     from tests.checkpoints import with_state_of
     from tests.runs import assert_same_state, fresh_train
 
