@@ -6,7 +6,11 @@ refactor of the rounds. Record them with the code before the change, compare aft
 
 Every declared state field of every rank (``hpcopt.algorithms.state``: the model, per-rank
 vectors, shared arrays, counters) is hashed, in float32 and float64 runs; any changed bit is
-a difference. The same file serves 1 and 2 ranks (its entries are keyed by the world size).
+a difference. Float results depend on the machine's kernels as well as on the code (another
+CPU's BLAS kernels and numpy SIMD loops round differently: docs/formats.md, "Across
+machines"), so digests compare only with digests of the same kind of machine: the file's
+entries are keyed by the world size and by ``machine()``, and one file serves 1 and 2 ranks
+and several kinds of machine; a comparison on a kind of machine not recorded says so.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
+from threadpoolctl import threadpool_info
 
 from hpcopt import train
 from hpcopt.algorithms import state as fields
@@ -96,6 +101,20 @@ def digest(state) -> dict[str, str]:
     return found
 
 
+def machine() -> str:
+    """What decides the float results besides the code: numpy's version and SIMD loops, each
+    BLAS with its version and the kernels it picked for this CPU."""
+    from numpy._core._multiarray_umath import (  # what numpy.show_runtime reads
+        __cpu_dispatch__,
+        __cpu_features__,
+    )
+
+    simd = ",".join(name for name in __cpu_dispatch__ if __cpu_features__[name])
+    blas = [f"{lib.get('internal_api')} {lib.get('version')} {lib.get('architecture')}"
+            for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    return f"numpy {np.__version__} [{simd}], {', '.join(blas) or 'no BLAS found'}"
+
+
 def run_matrix(comm: Comm) -> dict[str, dict[str, object]]:
     results: dict[str, dict[str, object]] = {}
     for name in MATRIX:
@@ -111,14 +130,19 @@ def main(argv: list[str]) -> int:
     if comm.rank != 0:
         return 0
     file = Path(path)
-    key = f"{comm.size} ranks"
+    key = f"{comm.size} ranks on {machine()}"
     if mode == "record":
         stored = json.loads(file.read_text()) if file.exists() else {}
         stored[key] = results
         file.write_text(json.dumps(stored, indent=1, sort_keys=True))
         print(f"recorded {len(results)} configurations at {key}")
         return 0
-    expected = json.loads(file.read_text())[key]
+    stored = json.loads(file.read_text())
+    if key not in stored:
+        print(f"no digests for {key} in {file} (recorded: {'; '.join(stored) or 'none'}): record "
+              "them here with the code before the change")
+        return 1
+    expected = stored[key]
     differ = [name for name in MATRIX if expected.get(name) != results[name]]
     missing = [name for name in MATRIX if name not in expected]
     for name in differ:

@@ -20,14 +20,17 @@ NODES, RANKS_PER_NODE, RATE = 2, 2, "100mbit"
 JOB_TIMEOUT = scaled(120)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[EmulatedCluster]:
-    """The cluster, made once for the session and removed at its end."""
+    """The cluster, made once for the tests of this package and removed after the last of them,
+    so that neither it nor its SIGTERM handler outlives them in a run that goes on with other
+    tests (the handlers a test finds must not depend on which tests ran before it)."""
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(f"no emulated cluster: {reason}")
     # SIGTERM (tests/run.sh's timeout) or SIGHUP would end the process without any clean-up:
-    # as an interrupt, pytest stops and the cluster is removed on the way out
+    # as an interrupt, pytest stops and the cluster is removed on the way out; the handlers
+    # before are back however this ends (the cluster made, refused or interrupted)
     previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with EmulatedCluster(NODES, RANKS_PER_NODE, RATE) as made:

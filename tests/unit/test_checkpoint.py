@@ -31,6 +31,7 @@ from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
 from tests import crafted
 from tests.command_line import ROOT
+from tests.stored import assert_near_stored
 
 
 def synthetic(d: int = 6, world_size: int = 2, value: float = 1.0, mid_round: bool = True,
@@ -376,12 +377,14 @@ def test_the_run_length_is_fixed_with_the_sqrt_nt_schedule():
 @pytest.mark.parametrize("algorithm", ["prsgd", "celgc"])
 def test_a_version_2_checkpoint_resumes_bit_for_bit(tmp_path, algorithm):
     """Files written by hpcopt before the state was declared (format version 2: fixed per-rank
-    datasets, the clipping numbers in their own table) resume exactly: the model after 10 steps
-    equals the one the old version's uninterrupted run reached (digits, MLP 64-12-10, I = 4,
-    momentum 0.9, checkpoint at step 6, mid-round)."""
+    datasets, the clipping numbers in their own table) resume exactly (digits, MLP 64-12-10,
+    I = 4, momentum 0.9, checkpoint at step 6, mid-round): the model after 10 steps is bitwise
+    the resume of the same state in today's format, and within a few ulp the model the old
+    version's uninterrupted run reached on the machine that wrote the files
+    (``_resume_old_checkpoint``)."""
     from hpcopt.io.data_parallel_checkpoint import VERSION
 
-    old = _resume_old_checkpoint(tmp_path, "checkpoint-v2", algorithm)
+    old, _ = _resume_old_checkpoint(tmp_path, "checkpoint-v2", algorithm)
     assert VERSION == 3 and old.counters["step"].tolist() == [6]
     if algorithm == "celgc":
         assert set(old.scalars) == {"clipped", "grad_norm"} and "clip_count" in old.counters
@@ -390,39 +393,52 @@ def test_a_version_2_checkpoint_resumes_bit_for_bit(tmp_path, algorithm):
 def test_a_slowmo_checkpoint_from_before_the_outer_optimizers_resumes_bit_for_bit(tmp_path):
     """SlowMo, written when it was its own update rule (before hpcopt.algorithms.outer: its
     stored config names only slow_momentum and slow_lr, its state anchor and slow_buffer),
-    resumes exactly: the model after 10 steps is the one the old version's uninterrupted run
-    reached (digits, MLP 64-12-10, I = 4, momentum 0.9 averaged, beta 0.6, alpha 0.9, lr halved
-    at step 5, checkpoint at step 6: mid-round, after one slow step); and a new run to step 6
-    holds the state the old one wrote, bit for bit."""
-    from tests.runs import fresh_train
-
-    old = _resume_old_checkpoint(tmp_path, "checkpoint-v3", "slowmo")
+    resumes exactly (digits, MLP 64-12-10, I = 4, momentum 0.9 averaged, beta 0.6, alpha 0.9, lr
+    halved at step 5, checkpoint at step 6: mid-round, after one slow step): the model after 10
+    steps as ``_resume_old_checkpoint`` holds it; and a new run to step 6 holds the state the
+    old one wrote: its counters and sampler exactly, its vectors within a few ulp (tests.stored:
+    the old run's were computed on another machine)."""
+    old, today = _resume_old_checkpoint(tmp_path, "checkpoint-v3", "slowmo")
     assert sorted(old.shared) == ["anchor", "slow_buffer"] and old.counters["rounds"].tolist() == [1]
-    _, state = fresh_train(dataclasses.replace(old.config, run=dataclasses.replace(
-        old.config.run, steps=6, out="", progress=False)))  # 1 rank: its final average is exact
     for name, stored in (("x", old.rows["x"][0]), ("momentum", old.rows["momentum"][0]),
                          ("anchor", old.shared["anchor"]), ("slow_buffer", old.shared["slow_buffer"])):
-        np.testing.assert_array_equal(getattr(state, name), stored, err_msg=name)
+        assert_near_stored(getattr(today, name), stored, name)
     with h5py.File(ROOT / "tests" / "data" / "checkpoint-v3" / "slowmo-step-6.h5", "r") as f:
         stored = f.attrs["config"]
     assert "slow_momentum = 0.6" in stored and "outer_optimizer" not in stored
 
 
 def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str):
-    """Resume tests/data/DIRECTORY/ALGORITHM-step-6.h5 to step 10 and check the model against
-    ALGORITHM-step-10-x.npy, the old version's uninterrupted run; returns the old checkpoint."""
-    from tests.runs import fresh_train
+    """Resume tests/data/DIRECTORY/ALGORITHM-step-6.h5, a file of an older format, to step 10 and
+    hold it to two references. Bitwise, its whole state (``assert_same_state``): the resume to
+    step 10, on this machine, of the same state in today's format (``with_state_of``: moved by
+    hand, without hpcopt's reader of old formats, into the step-6 checkpoint of a new run, whose
+    counters and sampler equal the old file's) -- and such a resume is the uninterrupted run
+    (tests/mpi/test_resume.py). The model within a few ulp (``tests.stored``):
+    ALGORITHM-step-10-x.npy, the old version's uninterrupted run, computed on the machine that
+    wrote the files (another CPU's BLAS kernels round differently). Returns (the old
+    checkpoint, the new run's state at step 6)."""
+    from tests.checkpoints import with_state_of
+    from tests.runs import assert_same_state, fresh_train
 
     data = ROOT / "tests" / "data" / directory
-    path = tmp_path / "checkpoints" / "step-000000006.h5"
-    path.parent.mkdir()
-    shutil.copy(data / f"{algorithm}-step-6.h5", path)
-    old = read_checkpoint(path)
-    config = dataclasses.replace(old.config, run=dataclasses.replace(
-        old.config.run, steps=10, out=str(tmp_path), progress=False))
-    _, state = fresh_train(config, resume=path)
-    np.testing.assert_array_equal(state.x, np.load(data / f"{algorithm}-step-10-x.npy"))
-    return old
+    old = read_checkpoint(data / f"{algorithm}-step-6.h5")
+    old_path = tmp_path / "old" / "checkpoints" / "step-000000006.h5"
+    old_path.parent.mkdir(parents=True)
+    shutil.copy(data / f"{algorithm}-step-6.h5", old_path)
+    _, today = fresh_train(_ending_at(old.config, 6, tmp_path / "today"))  # today's format
+    today_path = with_state_of(old_path, tmp_path / "today" / "checkpoints" / "step-000000006.h5")
+    _, from_old = fresh_train(_ending_at(old.config, 10, tmp_path / "old"), resume=old_path)
+    _, from_today = fresh_train(_ending_at(old.config, 10, tmp_path / "today"), resume=today_path)
+    assert_same_state(from_old, from_today)
+    assert_near_stored(from_old.x, np.load(data / f"{algorithm}-step-10-x.npy"), "x")
+    return old, today
+
+
+def _ending_at(config, steps: int, out: Path):
+    """``config`` run to ``steps`` in the run directory ``out``, quietly."""
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, steps=steps, out=str(out),
+                                                               progress=False))
 
 
 def test_a_checkpoints_run_directory_is_written_as_the_user_gave_it(tmp_path, monkeypatch):

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from hpcopt import train
+from hpcopt.algorithms.data_parallel import ScheduledSGD
 from hpcopt.algorithms.schedules import Schedule
 from hpcopt.config import build_config, check_resume
 from hpcopt.errors import HpcoptError
 from hpcopt.io.trace import read_trace
+from tests.stored import assert_near_stored
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "schedules"
 
@@ -80,12 +82,32 @@ GOLDEN = {"diloco-constant": {"algorithm": "diloco", "interval": "4"},
                          "decay": "0.5"}}
 
 
+def lr_before_warmup(algorithm: ScheduledSGD, t: int) -> float:
+    """lr_t as the hpcopt before warmup computed it (its ``Schedule.__call__``), for the
+    schedules of GOLDEN."""
+    if algorithm.schedule == "constant":
+        return algorithm.lr
+    assert algorithm.schedule == "step"
+    return algorithm.lr * algorithm.decay ** sum(1 for m in algorithm.milestones if m <= t)
+
+
 @pytest.mark.parametrize("name", GOLDEN)
 @pytest.mark.parametrize("warmup", [None, "0"])
-def test_runs_without_warmup_compute_the_bits_they_computed_before_it_existed(name, warmup):
+def test_runs_without_warmup_compute_the_bits_they_computed_before_it_existed(name, warmup,
+                                                                              monkeypatch):
+    """Bitwise: the run is the same run with every lr_t computed as before warmup existed
+    (``ScheduledSGD.lr_at`` replaced by ``lr_before_warmup``), both on this machine. Within a
+    few ulp (tests.stored): the model stored by the hpcopt before warmup, on the machine that
+    ran it (another CPU's BLAS kernels round differently)."""
     options = {**SMALL, **GOLDEN[name]} | ({"warmup": warmup} if warmup else {})
     _, state = train(build_config(None, options), verbose=False)
-    np.testing.assert_array_equal(state.x, np.load(DATA / f"{name}-x.npy"))
+    steps: list[int] = []
+    monkeypatch.setattr(ScheduledSGD, "lr_at",
+                        lambda algorithm, t: steps.append(t) or lr_before_warmup(algorithm, t))
+    _, before = train(build_config(None, options), verbose=False)
+    assert set(range(10)) <= set(steps)
+    np.testing.assert_array_equal(state.x, before.x)
+    assert_near_stored(state.x, np.load(DATA / f"{name}-x.npy"), "x")
 
 
 def test_the_trace_lr_column_follows_warmup_and_cosine(tmp_path):
