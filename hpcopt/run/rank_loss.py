@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from ..algorithms import state as fields
 from ..build import build_run
@@ -52,12 +51,14 @@ MODES = ("abort", "continue")
 
 
 class RankLossError(HpcoptError):
-    """A rank was lost and the survivors cannot go on: every survivor raises it alike."""
+    """A rank was lost and the survivors cannot go on: every survivor raises it alike, and the
+    lowest survivor (``reports``) prints it."""
 
     exit_code = EXIT_NOT_CONTINUED
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, reports: bool) -> None:
         super().__init__(message, everywhere=True)
+        self.reports = reports
 
 
 @dataclass(frozen=True)
@@ -129,22 +130,25 @@ class RankLossRecovery:
         if not shrunk.lost:  # an error of some other kind in a wait on several requests
             raise exc
         survivors = Comm(shrunk.mpi, averaging="mpi")  # RMA windows do not survive a lost rank
+        ulfm.watch(survivors.mpi)  # a loss the survivors cannot go on from revokes theirs
         survivors.stats = session.comm.stats  # the counters go on (and the delay, the spans)
         lost = ", ".join(map(str, shrunk.lost))
-        what = f"rank {lost} lost at step {step} ({_error_name(exc)})"
+        what = f"rank {lost} lost at step {step} ({ulfm.error_name(exc)})"
+        lowest = survivors.rank == 0  # prints the line where the survivors cannot go on
         if 0 in shrunk.lost:
             raise RankLossError(f"{what}: rank 0 holds the run directory and writes its trace and "
                                 "checkpoints, so the job ends; resume its last checkpoint "
-                                "(on fewer ranks: resume --ranks-changed)")
+                                "(on fewer ranks: resume --ranks-changed)", lowest)
         newest = self.snapshots[-1].tick if self.snapshots else -1
         tick = ulfm.agree_min(survivors.mpi, newest)
         snapshot = next((s for s in self.snapshots if s.tick == tick), None)
         if ulfm.agree_min(survivors.mpi, int(snapshot is not None)) == 0 or snapshot is None:
-            raise RankLossError(f"{what}: the survivors hold no common round to go on from")
+            raise RankLossError(f"{what}: the survivors hold no common round to go on from", lowest)
         try:
             rebuilt = _rebuilt(session, survivors, snapshot)
         except HpcoptError as error:
-            raise RankLossError(f"{what}: cannot go on at {survivors.size} ranks: {error}") from None
+            raise RankLossError(f"{what}: cannot go on at {survivors.size} ranks: {error}",
+                                lowest) from None
         seconds = time.perf_counter() - started
         self.losses += [RankLoss(step, rank, seconds, snapshot.step) for rank in shrunk.lost]
         rebuilt.rank_loss = self
@@ -178,7 +182,7 @@ def _rebuilt(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> Da
     for name in fields.present(state, fields.VECTOR):  # those left out of the snapshot: reset
         if name not in carried.rows:
             carried.rows[name] = comm.backend.to_host(getattr(state, name)).reshape(1, -1)
-    rebuilt.restore(carried)
+    rebuilt.restore(carried, at_end=True)  # a loss after the last step: the summary again
     rebuilt.begin(session.files, carried)
     rebuilt.checkpoint, rebuilt.resumed_from = session.checkpoint, session.resumed_from
     rebuilt.history = [(t, evaluation) for t, evaluation in session.history if t <= snapshot.tick]
@@ -202,12 +206,3 @@ def _gathered(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> c
         counters=counters, sampler=sampler, window=comm.allgather(snapshot.window, LABEL),
         comm=comm.stats.stored_rows(), rows=rows, ranks=tuple(range(comm.size)),
         path=Path(f"the snapshot of step {snapshot.tick}"), scalars=scalars, shared=snapshot.shared)
-
-
-def _error_name(exc: BaseException) -> str:
-    """The MPI error class of a lost rank's report, by name."""
-    if isinstance(exc, MPI.Exception):
-        return next((name for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED",
-                                       "ERR_IN_STATUS")
-                     if getattr(MPI, name, None) == exc.Get_error_class()), "an MPI error")
-    return type(exc).__name__
