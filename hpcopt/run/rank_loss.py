@@ -21,8 +21,10 @@ rank was lost. When a collective reports a lost rank, the survivors:
    the trace back to the round's rows, record the loss, and go on from that round.
 
 No disk is read. Rank 0 holds the run directory's lock and writes the trace and the
-checkpoints: its loss ends the job (``RankLossError``), as does a loss before the first
-snapshot or a run that cannot go on at the smaller count (its reason in one line).
+checkpoints: its loss ends the job (``RankLossError``, printed by the lowest survivor), as does
+a run that cannot go on at the smaller count (its reason in one line). A snapshot is kept at
+the loop's first tick, so a loss from the first step on is survived; one outside the loop (set-up,
+after the summary) ends the job too (``hpcopt.comm.ulfm.ended``, hpcopt.cli).
 """
 
 from __future__ import annotations
