@@ -23,6 +23,9 @@ is known to be gone. Taking over a stale lock is serialized by a second file cre
 way (``hpcopt.lock.break``), so two jobs that find the same stale lock cannot both win. (A job
 suspended for longer than ``STALE_SECONDS`` on another host would lose its lock.)
 
+Where rank 0 is lost under ``--on-rank-loss continue``, the lowest survivor removes its lock
+(``release_lost``: the lock that names rank 0's token).
+
 A job that creates the file but cannot write its holder (a full disk) removes it and ends with
 one line. A lock file naming no holder (empty, unreadable) is refused while it is new, and
 taken over once unchanged for ``ABANDONED_SECONDS`` (its job would have written it at once).
@@ -142,6 +145,17 @@ class RunLock:
             return
         if isinstance(found, Holder) and found.token == self.holder.token:
             self.path.unlink(missing_ok=True)
+
+
+def release_lost(directory: Path, token: str, run_id: str) -> None:
+    """Remove ``directory``'s lock if it is still the one taken with ``token`` (``Holder.token``):
+    its holder, rank 0 of a job whose survivors saw it lost (``--on-rank-loss continue``), cannot,
+    and from another host it would look held for ``STALE_SECONDS``. Taken over as a stale lock is
+    (``_break``); HpcoptError as there."""
+    path = directory / FILE_NAME
+    found = _read(path)
+    if isinstance(found, Holder) and found.token == token:
+        _break(path, found, Holder.this_process(run_id))
 
 
 def check_free(directory: Path) -> None:

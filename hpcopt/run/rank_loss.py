@@ -29,6 +29,7 @@ after the summary) ends the job too (``hpcopt.comm.ulfm.ended``, hpcopt.cli).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from ..comm import Comm, ulfm
 from ..errors import EXIT_NOT_CONTINUED, HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io.rescale import rescaled
+from .lock import release_lost
 
 if TYPE_CHECKING:
     from .data_parallel import DataParallelSession
@@ -138,6 +140,10 @@ class RankLossRecovery:
         what = f"rank {lost} lost at step {step} ({ulfm.error_name(exc)})"
         lowest = survivors.rank == 0  # prints the line where the survivors cannot go on
         if 0 in shrunk.lost:
+            files = session.files
+            if lowest and files is not None and files.out is not None and files.lock_token:
+                with contextlib.suppress(HpcoptError, OSError):  # else taken over once stale
+                    release_lost(files.out, files.lock_token, files.run_id)  # rank 0 cannot
             raise RankLossError(f"{what}: rank 0 holds the run directory and writes its trace and "
                                 "checkpoints, so the job ends; resume its last checkpoint "
                                 "(on fewer ranks: resume --ranks-changed)", lowest)

@@ -48,11 +48,15 @@ from ..errors import HpcoptError
 from ..io import timeline as timeline_io
 from ..io import trace as trace_io
 from .files import claim, header_end, open_trace, run_directory, vet_resumed
+from .lock import RunLock
 from .preflight import check_output
 from .progress import Progress
 from .signals import StopSignal, signal_name
 from .threads import ThreadChoice, configure_threads
 from .watchdog import watching
+
+#: Bytes of a lock's token (``hpcopt.run.lock.Holder.token``: 32 hex digits).
+TOKEN_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class RunFiles:
     wall_before: float                   # seconds of earlier segments (a resumed run)
     started: float = 0.0
     timeline: timeline_io.Recorder | None = None  # with --timeline: this rank's spans
+    lock_token: str = ""  # --on-rank-loss continue: rank 0's lock (``hpcopt.run.lock.release_lost``)
 
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
@@ -283,7 +288,7 @@ def _run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool,
                                                             ckpt.wall_seconds if ckpt else None), comm)
         agreed(lambda: check_output(out, session.checkpoint_bytes(), comm), comm)
         files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0,
-                         timeline=timeline)
+                         timeline=timeline, lock_token=_lock_token(lock, config, comm))
         show = verbose and config.run.progress and comm.rank == 0
         resumed = f"{ckpt.path} at {builder.noun} {ckpt.tick}" if ckpt else ""
         if show:
@@ -307,6 +312,17 @@ def _run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool,
               f"after writing {summary.checkpoint}; continue with: {relaunch_command(comm.size)} "
               f"python -m hpcopt resume {summary.checkpoint}{_named_model(config)}", flush=True)
     return summary, session
+
+
+def _lock_token(lock: RunLock | None, config: Config, comm: Comm) -> str:
+    """Under ``--on-rank-loss continue`` with a run directory, rank 0's lock token on every rank
+    (a broadcast on "preflight"): the survivors of rank 0 remove its lock. Else ""."""
+    if config.run.on_rank_loss != "continue" or not config.run.out:
+        return ""
+    token = np.frombuffer(lock.holder.token.encode().ljust(TOKEN_BYTES), dtype=np.uint8).copy() \
+        if lock is not None else np.zeros(TOKEN_BYTES, dtype=np.uint8)
+    comm.bcast_(token, label="preflight")
+    return token.tobytes().rstrip(b"\0 ").decode()
 
 
 def _named_model(config: Config) -> str:

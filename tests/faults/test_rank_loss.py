@@ -404,3 +404,5 @@ def test_a_rank_lost_at_any_moment_is_survived_or_ends_every_survivor_in_one_lin
         assert "the survivors cannot go on" in lines[0] or "rank 0 holds the run directory" in lines[0], \
             job.describe()
         assert moment.how == "stop" or not moment.call or f"rank {rank} " in lines[0], job.describe()
+    if rank == 0 and name == "step":  # the lowest survivor removed the lost rank 0's lock
+        assert not (run / "hpcopt.lock").exists()
