@@ -8,6 +8,7 @@ import importlib
 import os
 import signal
 import sys
+import time
 import traceback
 import typing
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from .config import (
     sections,
 )
 from .errors import EXIT_CONTINUED, EXIT_NOT_CONTINUED, HpcoptError, abort_job, did_you_mean
+from .run.mpi_start import LINGER_SECONDS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -302,9 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _without_finalize(signals.exit_code(run(argv)))
         except HpcoptError as exc:
             if exc.everywhere or _world_size() == 1:
-                if exc.reports if exc.reports is not None else _rank() == 0:
+                reports = exc.reports if exc.reports is not None else _rank() == 0
+                if reports:
                     print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)
-                return _without_finalize(exc.exit_code)
+                return _without_finalize(exc.exit_code, reports)
             abort_job(f"hpcopt: error on rank {_rank()}: {exc}\n", exc.exit_code)
             return exc.exit_code
         except BaseException as exc:  # noqa: BLE001 - any crash must end every rank
@@ -314,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 end = ulfm.ended(exc)  # survives it (--on-rank-loss continue): one line, exit 6
                 if end.reports:
                     print(f"hpcopt: error: {end.line}", file=sys.stderr, flush=True)
-                return _without_finalize(EXIT_NOT_CONTINUED)
+                return _without_finalize(EXIT_NOT_CONTINUED, end.reports)
             rank = _rank()
             failed = _mpi_failure(exc)
             if failed:
@@ -325,14 +328,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
 
 
-def _without_finalize(code: int) -> int:
+def _without_finalize(code: int, reports: bool = True) -> int:
     """``code``, or this process ended with it at once, without MPI_Finalize, where a rank was
     or may yet be lost (exit 5, 6, or any run under ``--on-rank-loss continue``): MPI_Finalize
     waits for every rank, a minute or more for a lost one, for ever for a stopped one
-    (docs/failures.md)."""
+    (docs/failures.md). A survivor that did not print the line of exit 6 (``reports``) exits
+    ``LINGER_SECONDS`` later: ``mpirun`` may drop the line of a rank still writing it when
+    another has exited non-zero."""
     if code in (EXIT_CONTINUED, EXIT_NOT_CONTINUED) or ulfm.watched() is not None:
         sys.stdout.flush()
         sys.stderr.flush()
+        if code == EXIT_NOT_CONTINUED and not reports:
+            time.sleep(LINGER_SECONDS)
         os._exit(code)
     return code
 

@@ -22,8 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.faults.jobs import SMALL, Send, run_job
-from tests.faults.moments import MOMENTS, code, expected
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.faults.jobs import SMALL, Send, run_job  # noqa: E402
+from tests.faults.moments import MOMENTS, code, expected  # noqa: E402
 
 RANKS, STALL, STEPS = 3, 2, 32
 HARD_SECONDS = 120.0
