@@ -25,6 +25,9 @@ from .run.signals import SIGNALS, JobSignals  # noqa: E402
 
 if __name__ == "__main__":
     with JobSignals(early=EARLY):
+        from .run.mpi_start import start
+
+        start(sys.argv[1:])  # MPI_Init: a rank lost in it ends the others (--with-ft ulfm)
         from .cli import main
 
         code = main()

@@ -8,6 +8,7 @@ import importlib
 import os
 import signal
 import sys
+import time
 import traceback
 import typing
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from .algorithms.base import MergedOption
 from .algorithms.registration import registry
+from .comm import ulfm
 from .config import (
     MODEL_DEFAULTS,
     Config,
@@ -27,7 +29,8 @@ from .config import (
     require_named_model,
     sections,
 )
-from .errors import EXIT_CONTINUED, HpcoptError, abort_job, did_you_mean
+from .errors import EXIT_CONTINUED, EXIT_NOT_CONTINUED, HpcoptError, abort_job, did_you_mean
+from .run.mpi_start import LINGER_SECONDS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -239,9 +242,14 @@ def _given_out(args: argparse.Namespace) -> str:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse (agreed on by all ranks) and dispatch; ``main`` turns exceptions into exit codes."""
+    from mpi4py import MPI
+
     from .comm import Comm, agreed
 
+    fault_tolerant = not ulfm.unavailable()  # --with-ft ulfm: a loss in set-up ends the job, exit 6
+    ulfm.watch(MPI.COMM_WORLD if fault_tolerant else None)
     comm = Comm()
+    ulfm.watch(comm.mpi if fault_tolerant else None)
     args = agreed(lambda: parse(argv), comm)
     if args.command in ("train", "resume"):  # before anything is read or written
         _refuse_singletons(comm.size)
@@ -251,6 +259,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         agreed(lambda: vet_resumed(args.resume, _given_out(args)) if comm.rank == 0 else None, comm)
     config = agreed(lambda: run_config(args), comm)
+    if config is None or config.run.on_rank_loss != "continue":
+        ulfm.watch(None)  # a lost rank ends the job by MPI_Abort, as under any MPI
     if args.command == "info":
         from .info import print_info
 
@@ -291,23 +301,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with JobSignals() as signals:
         try:
-            code = signals.exit_code(run(argv))
-            if code == EXIT_CONTINUED:  # survivors of a lost rank: no MPI_Finalize, which can wait
-                # a minute or more on the lost rank's communicators (docs/failures.md)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-            return code
+            return _without_finalize(signals.exit_code(run(argv)))
         except HpcoptError as exc:
             if exc.everywhere or _world_size() == 1:
-                if _rank() == 0:
+                reports = exc.reports if exc.reports is not None else _rank() == 0
+                if reports:
                     print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)
-                return exc.exit_code
+                return _without_finalize(exc.exit_code, reports)
             abort_job(f"hpcopt: error on rank {_rank()}: {exc}\n", exc.exit_code)
             return exc.exit_code
         except BaseException as exc:  # noqa: BLE001 - any crash must end every rank
             if isinstance(exc, SystemExit):
                 raise
+            if ulfm.watched() is not None and ulfm.is_rank_loss(exc):  # outside the loop that
+                end = ulfm.ended(exc)  # survives it (--on-rank-loss continue): one line, exit 6
+                if end.reports:
+                    print(f"hpcopt: error: {end.line}", file=sys.stderr, flush=True)
+                return _without_finalize(EXIT_NOT_CONTINUED, end.reports)
             rank = _rank()
             failed = _mpi_failure(exc)
             if failed:
@@ -316,6 +326,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = "".join(traceback.format_exception(exc))
             abort_job("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()), 1)
             return 1
+
+
+def _without_finalize(code: int, reports: bool = True) -> int:
+    """``code``, or this process ended with it at once, without MPI_Finalize, where a rank was
+    or may yet be lost (exit 5, 6, or any run under ``--on-rank-loss continue``): MPI_Finalize
+    waits for every rank, a minute or more for a lost one, for ever for a stopped one
+    (docs/failures.md). A survivor that did not print the line of exit 6 (``reports``) exits
+    ``LINGER_SECONDS`` later: ``mpirun`` may drop the line of a rank still writing it when
+    another has exited non-zero."""
+    if code in (EXIT_CONTINUED, EXIT_NOT_CONTINUED) or ulfm.watched() is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if code == EXIT_NOT_CONTINUED and not reports:
+            time.sleep(LINGER_SECONDS)
+        os._exit(code)
+    return code
 
 
 def _mpi_failure(exc: BaseException) -> str:

@@ -341,8 +341,10 @@ class RunConfig:
                         "on_rank_loss continue); '' = none "
                         "(hpcopt.run.fault_schedule)")
     on_rank_loss: str = option("abort", "abort | continue: a lost rank ends the job, or the survivors "
-                                        "go on from the last round (Open MPI's ULFM: mpirun --with-ft "
-                                        "ulfm; hpcopt.run.rank_loss)")
+                                        "go on from the last round (exit 5) or, where they cannot (rank 0, "
+                                        "set-up, after the summary), end in one line (exit 6); pair it "
+                                        "with stall_timeout, which catches a rank MPI does not report lost "
+                                        "(Open MPI's ULFM: mpirun --with-ft ulfm; hpcopt.run.rank_loss)")
 
     def __post_init__(self) -> None:
         preset_values(self.preset)  # HpcoptError for an unknown name

@@ -34,6 +34,9 @@ class HpcoptError(Exception):
     """
 
     exit_code = 2
+    #: Whether this rank prints an error raised everywhere: None for rank 0 (a rank lost under
+    #: ``--on-rank-loss continue`` may be rank 0: then the lowest survivor prints).
+    reports: bool | None = None
 
     def __init__(self, message: str, everywhere: bool = False) -> None:
         super().__init__(message)

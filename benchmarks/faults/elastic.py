@@ -36,6 +36,7 @@ import numpy as np
 
 from benchmarks.common.launch import ROOT
 from benchmarks.common.study import sweep_file
+from benchmarks.faults.rank_loss_moments import HEADING as MOMENTS_HEADING
 
 ALGORITHMS = {  # name on the page -> hpcopt train options
     "PR-SGD": {"algorithm": "prsgd", "interval": 8},
@@ -347,7 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         continued = continue_section(survivors, args)
     args.out.mkdir(parents=True, exist_ok=True)
     figure(lines, survivors, args.out / "elastic.png")
-    (args.out / "elastic.md").write_text(page(lines, args, (load_before, os.getloadavg()[0]), continued))
+    text = page(lines, args, (load_before, os.getloadavg()[0]), continued)
+    written = args.out / "elastic.md"
+    moments = written.read_text().partition(MOMENTS_HEADING)[2] if written.exists() else ""
+    if moments:  # rank_loss_moments.py's section, kept
+        text = text.rstrip("\n") + "\n\n" + MOMENTS_HEADING + moments
+    written.write_text(text)
     print(f"wrote {args.out / 'elastic.md'} and elastic.png ({time.monotonic() - start:.0f} s of runs)")
     return 0
 

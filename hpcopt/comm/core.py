@@ -467,14 +467,23 @@ class Comm:
         self.mpi.Barrier()
         self._record("barrier", label, 0, start)
 
+    def agree(self, flag: int, label: str = "agree") -> int:
+        """ULFM's fault-tolerant agreement (``MPIX_Comm_agree``, Open MPI's ULFM only): the
+        bitwise AND of ``flag`` over the ranks, the same on every rank; where a rank was lost,
+        its error (``hpcopt.comm.ulfm``) on every survivor alike."""
+        start = time.perf_counter()
+        value = int(self.mpi.Agree(flag))
+        self._record("agree", label, 0, start)
+        return value
+
     def agree_errors(self, message: str | None, label: str = "preflight") -> list[tuple[int, str]]:
         """Every rank's error message (or None), gathered on every rank: (rank, message) pairs.
 
         Lets all ranks leave together, with the same exit code, when any of them found a
-        problem before training starts.
+        problem before training starts. Buffer collectives, no pickle (``gather_texts``).
         """
         start = time.perf_counter()
-        messages = self.mpi.allgather(message)
+        messages = gather_texts(self.mpi, message)
         self._record("allgather", label, 0, start)
         return [(r, m) for r, m in enumerate(messages) if m is not None]
 
@@ -547,13 +556,38 @@ def progress_mode() -> str:
     return "thread" if on and MPI.Query_thread() >= MPI.THREAD_MULTIPLE else "calls"
 
 
+def gather_texts(mpi_comm: MPI.Comm, text: str | None) -> list[str | None]:
+    """Every rank's ``text`` (or None), in rank order on every rank (collective): the lengths
+    (-1 for None) by an Allgather, then the UTF-8 bytes by an Allgatherv. Fixed-size buffers and
+    no pickle: a peer's bytes are never unpickled, and under ULFM a collective that a lost rank
+    broke raises an MPI error (``hpcopt.comm.ulfm``) instead of a bad pickle's."""
+    data = np.frombuffer(text.encode(), dtype=np.uint8) if text is not None else np.empty(0, np.uint8)
+    lengths = np.empty(mpi_comm.Get_size(), dtype=np.int64)
+    mpi_comm.Allgather(np.array([data.size if text is not None else -1], dtype=np.int64), lengths)
+    counts = np.maximum(lengths, 0)
+    everyone = np.empty(int(counts.sum()), dtype=np.uint8)
+    mpi_comm.Allgatherv(data, [everyone, counts.tolist()])
+    ends = np.cumsum(counts)
+    return [None if length < 0 else everyone[end - length:end].tobytes().decode(errors="replace")
+            for length, end in zip(lengths.tolist(), ends.tolist())]
+
+
+def gather_ints(mpi_comm: MPI.Comm, value: int) -> list[int]:
+    """Every rank's ``value``, in rank order on every rank (collective, a buffer Allgather)."""
+    everyone = np.empty(mpi_comm.Get_size(), dtype=np.int64)
+    mpi_comm.Allgather(np.array([value], dtype=np.int64), everyone)
+    return everyone.tolist()
+
+
 def node_indices(mpi_comm: MPI.Comm) -> tuple[int, ...]:
     """Per rank of ``mpi_comm``, the index of its node (nodes numbered in the order of their
     lowest rank), from a shared-memory split (collective)."""
     rank = mpi_comm.Get_rank()
     local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
-        lowest = mpi_comm.allgather(local.allreduce(rank, op=MPI.MIN))
+        first = np.array([rank], dtype=np.int64)
+        local.Allreduce(MPI.IN_PLACE, first, op=MPI.MIN)
+        lowest = gather_ints(mpi_comm, int(first[0]))
     finally:
         local.Free()
     order = {first: index for index, first in enumerate(sorted(set(lowest)))}

@@ -10,6 +10,13 @@ themselves (``MPIX_Comm_shrink``), whose group tells who failed. Some
 survivors may have completed the collective that others saw fail, so what each completed is
 agreed on the new communicator (``agree_min``). MPICH's wheel has no working ULFM: there
 ``unavailable`` says why, and a lost rank ends the job as before.
+
+Collectives on the path of a run that survives a loss take fixed-size buffers, never pickles
+(``hpcopt.comm.core.gather_texts``): a collective broken by a lost rank then raises its MPI
+error, which is recognised, instead of a bad pickle's, which is not. Where the survivors cannot
+go on (``RankLossEnd``: set-up, the exit path, rank 0 lost) they revoke the job's communicator
+(``watch``), so that none waits for ever, shrink it to learn who was lost, and the lowest
+survivor prints one line; each exits 6 without MPI_Finalize, which would wait for the lost rank.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from mpi4py import MPI
 
 from .mpi_support import mpi_library, open_mpi
@@ -78,4 +86,66 @@ def shrink(comm: MPI.Comm) -> Shrunk:
 
 def agree_min(comm: MPI.Comm, value: int) -> int:
     """The smallest ``value`` over the ranks of ``comm`` (the survivors' communicator)."""
-    return int(comm.allreduce(int(value), op=MPI.MIN))
+    smallest = np.array([value], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, smallest, op=MPI.MIN)
+    return int(smallest[0])
+
+
+#: The communicator of the job's run (``watch``), revoked when a loss ends the job, and where
+#: the run is (``moment``), for the line.
+_watched: dict[str, MPI.Comm | str] = {}
+
+
+def watch(comm: MPI.Comm | None) -> None:
+    """Make ``comm`` the communicator a loss that cannot be survived revokes (``ended``); None:
+    none (``--on-rank-loss abort``: a loss ends the job by MPI_Abort)."""
+    _watched.clear()
+    if comm is not None:
+        _watched.update(comm=comm, moment="during set-up")
+
+
+def moment(where: str) -> None:
+    """Where the run is now ("during set-up", "after the last step"), for ``ended``'s line."""
+    if _watched:
+        _watched["moment"] = where
+
+
+def watched() -> MPI.Comm | None:
+    """The communicator ``watch`` named, or None."""
+    comm = _watched.get("comm")
+    return comm if isinstance(comm, MPI.Comm) else None
+
+
+@dataclass(frozen=True)
+class RankLossEnd:
+    """How the survivors of a loss they cannot go on from end: ``line`` for the lowest survivor
+    to print (``reports``), every survivor the same exit code."""
+
+    line: str
+    reports: bool
+
+
+def ended(exc: BaseException) -> RankLossEnd:
+    """Collective on the survivors of the watched communicator (``watch``), where ``exc`` is a
+    lost rank's report outside the loop that survives it (``moment``): revoke and shrink it, and
+    say who was lost in one line, for the lowest survivor."""
+    comm = watched()
+    assert comm is not None, "watch() names the communicator first"
+    shrunk = shrink(comm)
+    try:
+        lost = ", ".join(map(str, shrunk.lost)) or "a rank"
+        return RankLossEnd(f"rank {lost} lost {_watched['moment']} ({error_name(exc)}): the survivors "
+                           "cannot go on "
+                           "and the job ends; run it again (or resume its last checkpoint)",
+                           shrunk.mpi.Get_rank() == 0)
+    finally:
+        shrunk.mpi.Free()
+
+
+def error_name(exc: BaseException) -> str:
+    """The MPI error class of a lost rank's report, by name."""
+    if isinstance(exc, MPI.Exception):
+        return next((name for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED",
+                                       "ERR_IN_STATUS")
+                     if getattr(MPI, name, None) == exc.Get_error_class()), "an MPI error")
+    return type(exc).__name__

@@ -263,14 +263,15 @@ class DataParallelSession:
         # with --network on several nodes, the cost model prices in-node calls at memory speed
         self.layout = node_layout_of(node_indices(comm.mpi), self.network.memory) if self.network else None
 
-    def restore(self, ckpt: ckpt_io.Checkpoint) -> None:
-        """Check that ``ckpt`` fits this run, then load this rank's part."""
+    def restore(self, ckpt: ckpt_io.Checkpoint, at_end: bool = False) -> None:
+        """Check that ``ckpt`` fits this run, then load this rank's part; ``at_end``: it may be
+        at the run's last tick (the survivors of a rank lost after the last step)."""
         path, layout = ckpt.path, self.workload.layout
         check_resume(ckpt.config, self.config)
         if ckpt.layout != layout:
             raise HpcoptError(f"{path}: its model ({_describe(ckpt.layout)}) does not match the "
                               f"model its config describes ({_describe(layout)})")
-        if ckpt.tick >= self.ticks.total:
+        if ckpt.tick >= self.ticks.total and not (at_end and ckpt.tick == self.ticks.total):
             raise HpcoptError(f"{path} is at step {ckpt.tick} of {self.ticks.total}: the run is "
                               "complete (pass --steps N with N larger to train further)")
         carried = self.workload.carried

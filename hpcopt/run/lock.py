@@ -28,6 +28,8 @@ When a job ends, rank 0 removes the file before it exits, also where it ends the
 as the launcher returns finds the directory free. Open MPI's ``mpirun`` can return while a
 rank it is killing (after another rank's exit) still runs: a holder on this host that is
 still running is therefore waited for up to ``HANDOVER_SECONDS`` before the job is refused.
+Where rank 0 is lost under ``--on-rank-loss continue``, the lowest survivor removes its lock
+(``release_lost``: the lock that names rank 0's token).
 
 A job that creates the file but cannot write its holder (a full disk) removes it and ends with
 one line. A lock file naming no holder (empty, unreadable) is refused while it is new, and
@@ -165,6 +167,17 @@ def release_held() -> None:
     (``hpcopt.run.signals``), while the main thread may still hold one."""
     for lock in tuple(_HELD):
         lock.release()
+
+
+def release_lost(directory: Path, token: str, run_id: str) -> None:
+    """Remove ``directory``'s lock if it is still the one taken with ``token`` (``Holder.token``):
+    its holder, rank 0 of a job whose survivors saw it lost (``--on-rank-loss continue``), cannot,
+    and from another host it would look held for ``STALE_SECONDS``. Taken over as a stale lock is
+    (``_break``); HpcoptError as there."""
+    path = directory / FILE_NAME
+    found = _read(path)
+    if isinstance(found, Holder) and found.token == token:
+        _break(path, found, Holder.this_process(run_id))
 
 
 def check_free(directory: Path) -> None:

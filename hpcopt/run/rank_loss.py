@@ -21,12 +21,15 @@ rank was lost. When a collective reports a lost rank, the survivors:
    the trace back to the round's rows, record the loss, and go on from that round.
 
 No disk is read. Rank 0 holds the run directory's lock and writes the trace and the
-checkpoints: its loss ends the job (``RankLossError``), as does a loss before the first
-snapshot or a run that cannot go on at the smaller count (its reason in one line).
+checkpoints: its loss ends the job (``RankLossError``, printed by the lowest survivor), as does
+a run that cannot go on at the smaller count (its reason in one line). A snapshot is kept at
+the loop's first tick, so a loss from the first step on is survived; one outside the loop (set-up,
+after the summary) ends the job too (``hpcopt.comm.ulfm.ended``, hpcopt.cli).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -34,7 +37,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from ..algorithms import state as fields
 from ..build import build_run
@@ -42,6 +44,7 @@ from ..comm import Comm, ulfm
 from ..errors import EXIT_NOT_CONTINUED, HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io.rescale import rescaled
+from .lock import release_lost
 
 if TYPE_CHECKING:
     from .data_parallel import DataParallelSession
@@ -52,12 +55,14 @@ MODES = ("abort", "continue")
 
 
 class RankLossError(HpcoptError):
-    """A rank was lost and the survivors cannot go on: every survivor raises it alike."""
+    """A rank was lost and the survivors cannot go on: every survivor raises it alike, and the
+    lowest survivor (``reports``) prints it."""
 
     exit_code = EXIT_NOT_CONTINUED
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, reports: bool) -> None:
         super().__init__(message, everywhere=True)
+        self.reports = reports
 
 
 @dataclass(frozen=True)
@@ -129,22 +134,29 @@ class RankLossRecovery:
         if not shrunk.lost:  # an error of some other kind in a wait on several requests
             raise exc
         survivors = Comm(shrunk.mpi, averaging="mpi")  # RMA windows do not survive a lost rank
+        ulfm.watch(survivors.mpi)  # a loss the survivors cannot go on from revokes theirs
         survivors.stats = session.comm.stats  # the counters go on (and the delay, the spans)
         lost = ", ".join(map(str, shrunk.lost))
-        what = f"rank {lost} lost at step {step} ({_error_name(exc)})"
+        what = f"rank {lost} lost at step {step} ({ulfm.error_name(exc)})"
+        lowest = survivors.rank == 0  # prints the line where the survivors cannot go on
         if 0 in shrunk.lost:
+            files = session.files
+            if lowest and files is not None and files.out is not None and files.lock_token:
+                with contextlib.suppress(HpcoptError, OSError):  # else taken over once stale
+                    release_lost(files.out, files.lock_token, files.run_id)  # rank 0 cannot
             raise RankLossError(f"{what}: rank 0 holds the run directory and writes its trace and "
                                 "checkpoints, so the job ends; resume its last checkpoint "
-                                "(on fewer ranks: resume --ranks-changed)")
+                                "(on fewer ranks: resume --ranks-changed)", lowest)
         newest = self.snapshots[-1].tick if self.snapshots else -1
         tick = ulfm.agree_min(survivors.mpi, newest)
         snapshot = next((s for s in self.snapshots if s.tick == tick), None)
         if ulfm.agree_min(survivors.mpi, int(snapshot is not None)) == 0 or snapshot is None:
-            raise RankLossError(f"{what}: the survivors hold no common round to go on from")
+            raise RankLossError(f"{what}: the survivors hold no common round to go on from", lowest)
         try:
             rebuilt = _rebuilt(session, survivors, snapshot)
         except HpcoptError as error:
-            raise RankLossError(f"{what}: cannot go on at {survivors.size} ranks: {error}") from None
+            raise RankLossError(f"{what}: cannot go on at {survivors.size} ranks: {error}",
+                                lowest) from None
         seconds = time.perf_counter() - started
         self.losses += [RankLoss(step, rank, seconds, snapshot.step) for rank in shrunk.lost]
         rebuilt.rank_loss = self
@@ -178,7 +190,7 @@ def _rebuilt(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> Da
     for name in fields.present(state, fields.VECTOR):  # those left out of the snapshot: reset
         if name not in carried.rows:
             carried.rows[name] = comm.backend.to_host(getattr(state, name)).reshape(1, -1)
-    rebuilt.restore(carried)
+    rebuilt.restore(carried, at_end=True)  # a loss after the last step: the summary again
     rebuilt.begin(session.files, carried)
     rebuilt.checkpoint, rebuilt.resumed_from = session.checkpoint, session.resumed_from
     rebuilt.history = [(t, evaluation) for t, evaluation in session.history if t <= snapshot.tick]
@@ -202,12 +214,3 @@ def _gathered(session: DataParallelSession, comm: Comm, snapshot: Snapshot) -> c
         counters=counters, sampler=sampler, window=comm.allgather(snapshot.window, LABEL),
         comm=comm.stats.stored_rows(), rows=rows, ranks=tuple(range(comm.size)),
         path=Path(f"the snapshot of step {snapshot.tick}"), scalars=scalars, shared=snapshot.shared)
-
-
-def _error_name(exc: BaseException) -> str:
-    """The MPI error class of a lost rank's report, by name."""
-    if isinstance(exc, MPI.Exception):
-        return next((name for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED",
-                                       "ERR_IN_STATUS")
-                     if getattr(MPI, name, None) == exc.Get_error_class()), "an MPI error")
-    return type(exc).__name__

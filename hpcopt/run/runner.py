@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..backend import CPU
-from ..comm import Comm, agreed, node_layout
+from ..comm import Comm, agreed, node_layout, ulfm
 from ..comm.launcher import relaunch_command
 from ..comm.staging import prepare_gpu
 from ..comm.ulfm import is_rank_loss
@@ -48,11 +48,15 @@ from ..errors import HpcoptError
 from ..io import timeline as timeline_io
 from ..io import trace as trace_io
 from .files import claim, header_end, open_trace, run_directory, vet_resumed
+from .lock import RunLock
 from .preflight import check_output
 from .progress import Progress
 from .signals import StopSignal, signal_name
 from .threads import ThreadChoice, configure_threads
 from .watchdog import watching
+
+#: Bytes of a lock's token (``hpcopt.run.lock.Holder.token``: 32 hex digits).
+TOKEN_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class RunFiles:
     wall_before: float                   # seconds of earlier segments (a resumed run)
     started: float = 0.0
     timeline: timeline_io.Recorder | None = None  # with --timeline: this rank's spans
+    lock_token: str = ""  # --on-rank-loss continue: rank 0's lock (``hpcopt.run.lock.release_lost``)
 
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.started
@@ -230,7 +235,27 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
     it becomes the start time; empty: no files, or for a resumed run the directory holding the
     checkpoint's ``checkpoints/``); rank 0 holds the directory's lock until the run ends. With a
     run directory, SIGTERM (and on the command line SIGINT) makes the ranks agree at a trace row,
-    write a checkpoint and stop (``summary.stopped``, ``summary.stop_signal``)."""
+    write a checkpoint and stop (``summary.stopped``, ``summary.stop_signal``). Under
+    ``--on-rank-loss continue`` the stall watchdog watches the set-up too, for ranks lost
+    in a way MPI does not report (``_watched_setup``)."""
+    with _watched_setup(comm, config) as setup:
+        return _run(builder, config, comm, verbose, resume, setup)
+
+
+def _watched_setup(comm: Comm, config: Config) -> contextlib.ExitStack:
+    """Under ``--on-rank-loss continue`` with ``--stall-timeout``, a watchdog that ends the job
+    (one line, exit 6) when a rank waits that long in set-up for one that does not answer
+    (hpcopt.run.watchdog); ``_loop`` ends it as its own starts. Else nothing."""
+    setup = contextlib.ExitStack()
+    if config.run.on_rank_loss == "continue":
+        setup.enter_context(watching(comm, config.run.stall_timeout, silent_is_lost=True,
+                                     setup_only=True))
+    return setup
+
+
+def _run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool,
+         resume: str | Path | None, setup: contextlib.ExitStack) -> tuple[Any, Session]:
+    """``run``'s work, with ``setup`` (``_watched_setup``) for ``_loop`` to end."""
     local_rank, local_size = node_layout(comm.mpi)
     threads = configure_threads(local_size)
     if config.run.device == "gpu":  # the GPU of this node-local rank, and how MPI reaches it
@@ -263,7 +288,7 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
                                                             ckpt.wall_seconds if ckpt else None), comm)
         agreed(lambda: check_output(out, session.checkpoint_bytes(), comm), comm)
         files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0,
-                         timeline=timeline)
+                         timeline=timeline, lock_token=_lock_token(lock, config, comm))
         show = verbose and config.run.progress and comm.rank == 0
         resumed = f"{ckpt.path} at {builder.noun} {ckpt.tick}" if ckpt else ""
         if show:
@@ -272,7 +297,7 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
             print(f"hpcopt: resuming from {resumed} (run directory {out})", flush=True)
         with StopSignal(out is not None) as stop_signal, \
                 np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # NaN/Inf: nonfinite.py
-            summary, session = _loop(session, files, comm, ckpt, stop_signal, threads, show)
+            summary, session = _loop(session, files, comm, ckpt, stop_signal, threads, show, setup)
     finally:
         comm.stats.delay = comm.stats.spans = None  # the network delay mode and the timeline end
         if writer is not None:
@@ -289,6 +314,17 @@ def run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool = Tru
     return summary, session
 
 
+def _lock_token(lock: RunLock | None, config: Config, comm: Comm) -> str:
+    """Under ``--on-rank-loss continue`` with a run directory, rank 0's lock token on every rank
+    (a broadcast on "preflight"): the survivors of rank 0 remove its lock. Else ""."""
+    if config.run.on_rank_loss != "continue" or not config.run.out:
+        return ""
+    token = np.frombuffer(lock.holder.token.encode().ljust(TOKEN_BYTES), dtype=np.uint8).copy() \
+        if lock is not None else np.zeros(TOKEN_BYTES, dtype=np.uint8)
+    comm.bcast_(token, label="preflight")
+    return token.tobytes().rstrip(b"\0 ").decode()
+
+
 def _named_model(config: Config) -> str:
     """The ``--model`` a resume must repeat (a torch model is never imported because a
     checkpoint names it), or ""."""
@@ -296,16 +332,22 @@ def _named_model(config: Config) -> str:
 
 
 def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal: StopSignal,
-          threads: ThreadChoice, show: bool) -> tuple[Any, Session]:
-    """Train to the end under the stall watchdog; the summary and the session. With a session's
-    ``rank_loss`` (``--on-rank-loss continue``, hpcopt.run.rank_loss) it keeps a snapshot at
-    every round's end, and a lost rank makes the survivors go on from the last one."""
+          threads: ThreadChoice, show: bool,
+          setup: contextlib.ExitStack) -> tuple[Any, Session]:
+    """Train to the end under the stall watchdog (``setup``'s ends as it starts); the summary
+    and the session. With a session's ``rank_loss`` (``--on-rank-loss continue``,
+    hpcopt.run.rank_loss) it keeps a snapshot at every round's end, and a lost rank makes the
+    survivors go on from the last one, up to the summary; the survivors then agree that none
+    was lost since (ULFM's agreement, under the watchdog), before they exit without
+    MPI_Finalize (hpcopt.cli)."""
     progress = Progress(session.ticks.total, show)
     tick = ckpt.tick if ckpt else 0
     recovery = session.rank_loss
     stall_timeout, job_rank = files.config.run.stall_timeout, comm.rank  # its number in the report
+    continued = recovery is not None  # a rank that does not answer is a lost rank
+    setup.close()
     with contextlib.ExitStack() as watch:
-        watch.enter_context(watching(comm, stall_timeout, session.progress))
+        watch.enter_context(watching(comm, stall_timeout, session.progress, silent_is_lost=continued))
         comm.barrier(label="start")
         session.begin(files, ckpt)
         files.started = time.perf_counter()
@@ -317,9 +359,14 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
             comm.stats.spans = timeline.communicated
         if recovery is not None and recovery.due(session, tick):
             recovery.snapshot(session, tick)
+        ulfm.moment("in training")
         while True:
             try:
                 final, stop, train_loss = _ticks(session, files, comm, tick, stop_signal, clock, progress)
+                summary = session.summarize(final, train_loss, threads, signal_name(stop) if stop else "",
+                                            show)
+                if timeline is not None:
+                    timeline.gather(comm)
                 break
             except Exception as exc:
                 if recovery is None or not is_rank_loss(exc):
@@ -327,12 +374,13 @@ def _loop(session: Session, files: RunFiles, comm: Comm, ckpt: Any, stop_signal:
                 session, tick = recovery.recover(session, exc)
                 comm = session.comm
                 watch.close()  # the watchdog of the old communicator, then one of the survivors'
-                watch.enter_context(watching(comm, stall_timeout, session.progress, job_rank))
-        summary = session.summarize(final, train_loss, threads, signal_name(stop) if stop else "", show)
-        if timeline is not None:
-            timeline.gather(comm)
+                watch.enter_context(watching(comm, stall_timeout, session.progress, job_rank,
+                                             silent_is_lost=True))
         if files.writer is not None and final is not None:
             files.writer.finish(session.trace_summary(final, summary))
+        if continued:  # a rank lost since the summary ends the job (hpcopt.cli: exit 6)
+            ulfm.moment("after the last step")
+            comm.agree(1, label="end")
     return summary, session
 
 

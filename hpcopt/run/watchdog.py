@@ -31,13 +31,14 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..comm.core import gather_ints
 from ..comm.ulfm import is_rank_loss
-from ..errors import HpcoptError, abort_job
+from ..errors import EXIT_NOT_CONTINUED, HpcoptError, abort_job
 
 EXIT_CODE = 4
 #: ``Comm`` methods that block until other ranks take part.
 BLOCKING_CALLS = ("allreduce_", "average_", "bcast_", "allreduce_scalar", "allreduce_host_",
-                  "allgather", "gather", "barrier", "agree_errors", "waitall")
+                  "allgather", "gather", "barrier", "agree", "agree_errors", "waitall")
 _QUERY_TAG, _REPLY_TAG = 31001, 31002
 _REPLY_BYTES = 1024
 
@@ -52,20 +53,27 @@ def _blocking_codes() -> dict[CodeType, str]:
 class Watchdog:
     """Watches the calling thread's collectives on ``comm`` (collective: every rank makes one).
     Its report names each rank by ``job_rank`` (default: its rank in ``comm``): the rank in the
-    job as it started, which the survivors of a lost rank keep (``--on-rank-loss continue``)."""
+    job as it started, which the survivors of a lost rank keep (``--on-rank-loss continue``).
+
+    ``silent_is_lost`` (``--on-rank-loss continue``): a rank that does not answer is a rank lost
+    in a way MPI does not report (a non-zero exit, SIGSTOP, a cut link): the lowest waiting rank
+    says so in one line and the job ends with exit code 6 instead of the report. ``setup_only``:
+    only such a rank ends the job (set-up, where a rank may rightly work for long alone)."""
 
     def __init__(self, comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1,
-                 job_rank: int | None = None) -> None:
+                 job_rank: int | None = None, silent_is_lost: bool = False,
+                 setup_only: bool = False) -> None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise HpcoptError("--stall-timeout needs an MPI library with MPI_THREAD_MULTIPLE",
                               everywhere=True)
         self.mpi = comm.mpi.Dup()
         self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
-        self.job_ranks = self.mpi.allgather(self.rank if job_rank is None else job_rank)
+        self.job_ranks = gather_ints(self.mpi, self.rank if job_rank is None else job_rank)
         self.timeout = timeout
         self.poll = min(0.5, max(0.02, timeout / 10))
         self.answer_within = max(1.0, 4 * self.poll)
         self.steps = steps
+        self.silent_is_lost, self.setup_only = silent_is_lost, setup_only
         self._main = threading.get_ident()
         self._codes = _blocking_codes()
         self._seen: tuple[FrameType, float] | None = None  # (the call waited in, since when)
@@ -158,12 +166,27 @@ class Watchdog:
         for req in pending.values():
             req.Cancel()
             req.Wait()
+        silent = [r for r in others if r not in answers]
+        if self.setup_only and not silent:
+            self._seen = None  # every rank answers: wait again
+            return request
         waiting = [r for r, a in answers.items() if a.get("waited", 0.0) >= self.timeout]
         if min(waiting) != self.rank and self._deferred_until == 0.0:
             self._deferred_until = time.monotonic() + 2 * self.answer_within
             return request
+        if self.silent_is_lost and silent:
+            abort_job(self.lost_line(silent, mine), EXIT_NOT_CONTINUED)
         abort_job(self.report(answers), EXIT_CODE)
         return request  # pragma: no cover - Abort does not return
+
+    def lost_line(self, silent: list[int], mine: dict[str, Any]) -> str:
+        """The one line of ranks that do not answer under ``silent_is_lost``."""
+        named = ", ".join(str(self.job_ranks[r]) for r in silent)
+        return (f"hpcopt: error: rank {named} does not answer (killed, exited or stopped: lost in a "
+                f"way MPI does not report) while rank {self.job_ranks[self.rank]} has waited "
+                f"{mine['waited']:.1f} s in {mine['call']} '{mine['label']}' (--stall-timeout "
+                f"{self.timeout:g}): the survivors cannot go on and the job ends (exit code "
+                f"{EXIT_NOT_CONTINUED})\n")
 
     def report(self, answers: dict[int, dict[str, Any]]) -> str:
         """The stall report: who is not in the call this rank waits in, then every rank's state."""
@@ -191,12 +214,13 @@ class Watchdog:
 
 @contextmanager
 def watching(comm: Any, timeout: float, steps: Callable[[], int] = lambda: -1,
-             job_rank: int | None = None) -> Iterator[Watchdog | None]:
+             job_rank: int | None = None, silent_is_lost: bool = False,
+             setup_only: bool = False) -> Iterator[Watchdog | None]:
     """A watchdog for the block when ``timeout`` > 0 (collective), else nothing at all."""
     if not timeout:
         yield None
         return
-    dog = Watchdog(comm, timeout, steps, job_rank)
+    dog = Watchdog(comm, timeout, steps, job_rank, silent_is_lost, setup_only)
     try:
         yield dog
     finally:

@@ -14,7 +14,10 @@ from mpi4py import MPI
 
 from hpcopt.errors import EXIT_CONTINUED
 from tests.faults.jobs import SMALL, run_job
+from tests.faults.moments import MOMENTS, expected
+from tests.faults.moments import code as moment_code
 from tests.launcher import OPEN_MPI
+from tests.timeouts import scaled
 
 ULFM = OPEN_MPI and hasattr(MPI.Comm, "Shrink")
 needs_ulfm = pytest.mark.skipif(not ULFM, reason="a rank's loss is survived only under Open MPI's "
@@ -275,7 +278,7 @@ def test_the_stall_watchdog_waits_out_a_recovery_and_the_timeline_keeps_the_job_
     job = run_job([], ranks=4, python_code=PATCHED.format(patch=SLOW_RECOVERY, argv=argv),
                   mpiexec_args=("--with-ft", "ulfm"))
     assert job.returncode == EXIT_CONTINUED, job.describe()
-    assert "stall" not in job.stdout + job.stderr, job.describe()
+    assert "hpcopt: stall" not in job.stdout + job.stderr, job.describe()  # (the path says "stall")
     with h5py.File(run / "trace.h5", "r") as f:
         assert f["rank_losses/recover_seconds"][0] > SLOW > 1
     timeline = read_timeline(run / "trace.h5")
@@ -352,3 +355,54 @@ def test_checkpoints_by_wall_time_go_on_after_a_lost_rank(tmp_path: Path) -> Non
     assert f"going on at 3 ranks from step {ROUND}" in job.stdout, job.describe()
     ticks = [int(ckpt_io.NAME_PATTERN.match(p.name).group(1)) for p in ckpt_io.checkpoints(run)]
     assert ticks[-1] == 32 and len([t for t in ticks if KILLED_AT + 2 < t < 32]) >= 2, ticks
+
+
+#: The stall timeout of the moments' jobs: what ends a rank lost in a way MPI does not report.
+STALL = 2
+#: (moment, rank) the suite loses: rank 1 at every moment, rank 0 where the survivors would
+#: otherwise go on (benchmarks/faults/rank_loss_moments.py loses every rank at every moment).
+CASES = [(name, 1) for name in MOMENTS] + [("step", 0), ("checkpoint", 0), ("end", 0)]
+
+
+@needs_ulfm
+@pytest.mark.parametrize(("name", "rank"), CASES, ids=[f"{n}-rank{r}" for n, r in CASES])
+def test_a_rank_lost_at_any_moment_is_survived_or_ends_every_survivor_in_one_line(
+        tmp_path: Path, name: str, rank: int) -> None:
+    """3 ranks, ``--stall-timeout 2``: rank ``rank`` lost at ``name`` (tests/faults/moments.py).
+    Where the survivors can go on (a rank other than 0, in training up to the summary) they
+    finish at 2 ranks (exit 5, the run's 32 steps in the trace); everywhere else (set-up, rank 0,
+    after the summary, a loss MPI does not report) the job ends within seconds with one line,
+    from the lowest survivor, and exit 6 (1 where the lost rank exited 1: mpirun reports the
+    first non-zero status), and no traceback."""
+    import signal
+
+    from hpcopt.run.mpi_start import LINGER_SECONDS, MIN_SECONDS
+    from tests.faults.jobs import Send
+
+    moment, run = MOMENTS[name], tmp_path / "run"
+    argv = ["train", *SMALL, "--steps", "32", "--out", str(run), "--on-rank-loss", "continue",
+            "--stall-timeout", str(STALL)]
+    if moment.call:
+        job = run_job([], ranks=3, python_code=moment_code(moment, rank, argv),
+                      mpiexec_args=("--with-ft", "ulfm"))
+    else:  # while MPI starts: from outside, as the job's processes appear
+        job = run_job(argv, ranks=3, send=Send(signal.SIGKILL, 0.3, rank, "exec"),
+                      mpiexec_args=("--with-ft", "ulfm"))
+    code = expected(moment, rank)
+    assert job.returncode in ((code, 1) if moment.how == "exit" else (code,)), job.describe()
+    assert "Traceback" not in job.stderr, job.describe()
+    assert job.after_fault is not None and job.after_fault < scaled(2 * (MIN_SECONDS + LINGER_SECONDS)), \
+        job.describe()
+    lines = job.hpcopt_lines()
+    if code == EXIT_CONTINUED:
+        assert len(lines) == 1 and f"rank {rank} lost at step" in lines[0], job.describe()
+        assert "going on at 2 ranks" in lines[0], job.describe()
+        with h5py.File(run / "trace.h5", "r") as f:
+            assert f["rows"]["step"][-1] == 32 and f["rank_losses"]["rank"][()].tolist() == [rank]
+    else:
+        assert len(lines) == 1 and lines[0].startswith("hpcopt: error: "), job.describe()
+        assert "the survivors cannot go on" in lines[0] or "rank 0 holds the run directory" in lines[0], \
+            job.describe()
+        assert moment.how == "stop" or not moment.call or f"rank {rank} " in lines[0], job.describe()
+    if rank == 0 and name == "step":  # the lowest survivor removed the lost rank 0's lock
+        assert not (run / "hpcopt.lock").exists()

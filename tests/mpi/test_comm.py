@@ -370,6 +370,19 @@ def test_agree_errors(comm):
     assert comm.stats.counters[("allgather", "check")].calls == 1
 
 
+def test_texts_are_gathered_by_buffers_none_empty_and_any_characters_kept(comm):
+    """``gather_texts`` (agree_errors' collective, no pickle): None, "" and non-ASCII text come
+    back as each rank gave them, in rank order; ``gather_ints`` likewise."""
+    from hpcopt.comm.core import gather_ints, gather_texts
+
+    def text(r: int) -> str | None:
+        return [None, "", f"rank {r}: données ∑ 🚀", "x" * (1000 + r)][r % 4]
+
+    assert gather_texts(comm.mpi, text(comm.rank)) == [text(k) for k in range(comm.size)]
+    assert gather_texts(comm.mpi, None) == [None] * comm.size
+    assert gather_ints(comm.mpi, 3 * comm.rank - 1) == [3 * k - 1 for k in range(comm.size)]
+
+
 def test_comm_is_a_duplicate_and_free_is_idempotent():
     c = Comm()
     assert c.mpi != MPI.COMM_WORLD
