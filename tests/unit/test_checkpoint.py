@@ -398,7 +398,8 @@ def test_a_slowmo_checkpoint_from_before_the_outer_optimizers_resumes_bit_for_bi
     steps as ``_resume_old_checkpoint`` holds it; and a new run to step 6 holds the state the
     old one wrote: its counters and sampler exactly, its vectors within a few ulp (tests.stored:
     the old run's were computed on another machine)."""
-    old, today = _resume_old_checkpoint(tmp_path, "checkpoint-v3", "slowmo")
+    old, today = _resume_old_checkpoint(tmp_path, "checkpoint-v3", "slowmo")  # today: 1 rank,
+    # so the average that ends a run mid-round changes no bit of x
     assert sorted(old.shared) == ["anchor", "slow_buffer"] and old.counters["rounds"].tolist() == [1]
     for name, stored in (("x", old.rows["x"][0]), ("momentum", old.rows["momentum"][0]),
                          ("anchor", old.shared["anchor"]), ("slow_buffer", old.shared["slow_buffer"])):
