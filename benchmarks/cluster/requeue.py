@@ -49,7 +49,7 @@ from benchmarks.cluster.slurm import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, CHECKPOINT_EVERY = 60000, 200
+CHECKPOINT_EVERY = 200
 SIGNALS = (["--signal=TERM"], ["--signal=USR1", "--full"], ["--signal=USR1", "--batch"])
 POLL = 0.1
 
@@ -64,15 +64,15 @@ class Cycle:
     redone: int         # steps trained again
 
 
-def sweep_file(tasks: int, requeue: int) -> str:
+def sweep_file(tasks: int, requeue: int, steps: int) -> str:
     return ("[job]\nname = \"rq\"\ntime = \"00:30:00\"\nranks_per_node = 1\nthrottle = 1\n"
-            f"requeue = {requeue}\n[train]\ndataset = \"digits\"\nhidden = [32]\nsteps = {STEPS}\n"
+            f"requeue = {requeue}\n[train]\ndataset = \"digits\"\nhidden = [32]\nsteps = {steps}\n"
             f"interval = 4\ntrace_every = 8\ncheckpoint_every = {CHECKPOINT_EVERY}\nprogress = false\n"
             f"[sweep]\nranks = [2]\nseed = {list(range(tasks))}\n")
 
 
-def make_study(where: Path, name: str, tasks: int, requeue: int) -> Path:
-    (where / "sweep.toml").write_text(sweep_file(tasks, requeue))
+def make_study(where: Path, name: str, tasks: int, requeue: int, steps: int) -> Path:
+    (where / "sweep.toml").write_text(sweep_file(tasks, requeue, steps))
     site = where / "site.sh"
     variables = {**MPICH_ON_THE_NETWORK, **OPEN_MPI_ON_THE_NETWORK, "PYTHONPATH": str(ROOT)}
     site.write_text("".join(f"export {k}={v}\n" for k, v in variables.items())
@@ -89,9 +89,11 @@ class Watch:
 
     def __init__(self, study: Path, index: int) -> None:
         self.index = index
+        from hpcopt.study.layout import read_manifest
+
         self.log = study / "logs" / f"task-{index}.log"
-        self.trace = study / "runs" / f"rq-n2-s{index}" / "trace.h5"
-        self.run = self.trace.parent
+        self.run = study / read_manifest(study)[index].run
+        self.trace = self.run / "trace.h5"
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.is_file() else ""
@@ -143,20 +145,37 @@ def resumed(cluster: SlurmCluster, job: str, watch: Watch, attempt: int, stopped
     (Slurm's delay, start-up, to the first step)."""
     resumes = watch.count("resuming from")
     until(lambda: "PENDING" in (cluster.states(job) or []), 180, "requeued")
+
+    def started() -> bool:
+        return watch.count(f"attempt {attempt} (Slurm job") > 0
+
     if not natural:
-        cluster.client(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=False)
-    begun = until(lambda: watch.count(f"attempt {attempt} (Slurm job") > 0, 400, f"attempt {attempt}")
+        cluster.start_now(job, started, 400)
+    begun = until(started, 400, f"attempt {attempt}")
     ready = until(lambda: watch.count("resuming from") > resumes, 120, "resuming")
     rows = watch.rows()
     first = until(lambda: watch.rows() > rows, 120, "a new row")
     return begun - stopped, ready - begun, first - ready
 
 
+def signal_job(cluster: SlurmCluster, how: list[str], job: str, tries: int = 3) -> None:
+    """``scancel HOW JOB``, tried again where the controller did not answer in 30 s."""
+    for _ in range(tries - 1):
+        try:
+            cluster.client(["scancel", *how, job], timeout=30)
+            return
+        except subprocess.TimeoutExpired:
+            log = (cluster.runtime / "log" / "slurmctld.log").read_text().splitlines()[-8:]
+            print(f"  scancel {' '.join(how)} {job}: no answer in 30 s; again. The controller's log:\n    "
+                  + "\n    ".join(log), flush=True)
+    cluster.client(["scancel", *how, job], timeout=30)
+
+
 def stop_cycle(cluster: SlurmCluster, job: str, watch: Watch, attempt: int, how: list[str],
                natural: bool) -> Cycle:
     """Stop the task with ``scancel HOW``; it checkpoints, exits 143, requeues itself, resumes."""
     exits = watch.count("exit 143")
-    cluster.client(["scancel", *how, job])
+    signal_job(cluster, how, job)
     stopped = until(lambda: watch.count("exit 143") > exits, 120, "exit 143")
     delay, startup, first = resumed(cluster, job, watch, attempt, stopped, natural)
     kind = " ".join(how) + (" (Slurm's own delay)" if natural else "")
@@ -222,7 +241,7 @@ def median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "-"
 
 
-def page(cycles: list[Cycle], same: list[bool], tasks: int, seconds: float, library: str) -> str:
+def page(cycles: list[Cycle], same: list[bool], tasks: int, steps: int, seconds: float, library: str) -> str:
     signal_cycles = [c for c in cycles if c.kind != "node failure"]
     quick = [c for c in signal_cycles if "own delay" not in c.kind]
     natural = [c for c in signal_cycles if "own delay" in c.kind]
@@ -234,7 +253,7 @@ def page(cycles: list[Cycle], same: list[bool], tasks: int, seconds: float, libr
         "22.05 of 2 namespaced nodes (benchmarks/cluster/slurm.py, `MpiDefault=none`) on one "
         f"{os.cpu_count()}-core machine ({platform.machine()}), {library}, load average "
         f"{os.getloadavg()[0]:.1f} at the end. One study of {tasks} tasks from the project's own "
-        f"array script: the digits MLP (64-32-10) with PR-SGD on 2 ranks (one per node), {STEPS} "
+        f"array script: the digits MLP (64-32-10) with PR-SGD on 2 ranks (one per node), {steps} "
         f"steps, a checkpoint every {CHECKPOINT_EVERY}, the tasks one at a time. Each task was "
         "stopped at random moments (1-5 s into each attempt) by `scancel` with a stop signal "
         "(TERM to the ranks, USR1 to every process, USR1 to the batch shell only, in turn): it "
@@ -290,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-failures", type=int, default=2)
     parser.add_argument("--natural", type=int, default=1, help="cycles that wait Slurm's own requeue delay")
     parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=60000, help="each run's steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="docs/results/slurm.md")
     args = parser.parse_args(argv)
@@ -305,23 +325,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with SlurmCluster(2) as cluster:
             requeues = (args.cycles + args.node_failures) // args.tasks + 2
-            twins = make_study(where, "twins", args.tasks, requeues)
-            study = make_study(where, "study", args.tasks, requeues)
+            twins = make_study(where, "twins", args.tasks, requeues, args.steps)
+            study = make_study(where, "study", args.tasks, requeues, args.steps)
             print(f"twins: {args.tasks} uninterrupted runs", flush=True)
             cluster.wait_gone(cluster.sbatch("array-n2.sh", cwd=twins), 3600)
             print(f"study: {args.cycles} stop cycles, {args.node_failures} node failures", flush=True)
             cycles = run_cycles(cluster, study, args.tasks, args.cycles, args.node_failures, args.natural,
                                 rng)
-            same = [same_run(study / "runs" / f"rq-n2-s{i}", twins / "runs" / f"rq-n2-s{i}")
-                    for i in range(args.tasks)]
+            same = [same_run(Watch(study, i).run, Watch(twins, i).run) for i in range(args.tasks)]
             records = [json.loads((study / "logs" / f"task-{i}.json").read_text()) for i in range(args.tasks)]
             assert all(r.get("exit_code") == 0 for r in records), records
-        text = page(cycles, same, args.tasks, time.monotonic() - start, mpi_library())
-        Path(args.out).write_text(text)
-        print(text)
-        return 0 if all(same) else 1
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
+    except BaseException:
+        print(f"the studies are kept in {where}", file=sys.stderr)
+        raise
+    text = page(cycles, same, args.tasks, args.steps, time.monotonic() - start, mpi_library())
+    Path(args.out).write_text(text)
+    print(text)
+    shutil.rmtree(where, ignore_errors=True)
+    return 0 if all(same) else 1
 
 
 if __name__ == "__main__":

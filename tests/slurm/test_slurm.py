@@ -145,7 +145,7 @@ def test_usr1_to_the_batch_shell_stops_the_task_which_requeues_itself_and_ends_b
     cluster.client(["scancel", "--signal=USR1", "--batch", f"{job}_0"])
     wait_for("the task to requeue itself", lambda: "requeueing Slurm job" in log(study, 0), 60)
     cluster.wait_state(job, "PENDING", scaled(60))
-    cluster.client(["scontrol", "update", f"jobid={job}_0", "StartTime=now"])
+    cluster.start_now(f"{job}_0", lambda: "attempt 2 (Slurm job" in log(study, 0), scaled(180))
     cluster.wait_gone(job, scaled(180))
     text = log(study, 0)
     assert "task 0: exit 143" in text and "attempt 2 (Slurm job" in text and "resume runs/b-n2" in text, text
@@ -186,7 +186,7 @@ def test_a_node_killed_mid_run_is_requeued_by_slurm_and_resumes_to_the_end(clust
     cluster.kill_node(2)  # slurmd, the step and the rank on node 2
     wait_for("Slurm to requeue the job", lambda: "PENDING" in (cluster.states(job) or []), 120)
     cluster.start_slurmd(2)
-    cluster.client(["scontrol", "update", f"jobid={job}_0", "StartTime=now"], check=False)
+    cluster.start_now(f"{job}_0", lambda: "attempt 2 (Slurm job" in log(study, 0), scaled(180))
     cluster.wait_gone(job, scaled(240))
     text = log(study, 0)
     assert "NODE FAILURE" in text or "requeueing Slurm job" in text, text  # by Slurm, or by the task
