@@ -65,7 +65,7 @@ class Cycle:
 
 
 def sweep_file(tasks: int, requeue: int, steps: int) -> str:
-    return ("[job]\nname = \"rq\"\ntime = \"00:30:00\"\nranks_per_node = 1\nthrottle = 1\n"
+    return ("[job]\nname = \"rq\"\ntime = \"00:30:00\"\nranks_per_node = 1\n"
             f"requeue = {requeue}\n[train]\ndataset = \"digits\"\nhidden = [32]\nsteps = {steps}\n"
             f"interval = 4\ntrace_every = 8\ncheckpoint_every = {CHECKPOINT_EVERY}\nprogress = false\n"
             f"[sweep]\nranks = [2]\nseed = {list(range(tasks))}\n")
@@ -158,17 +158,21 @@ def resumed(cluster: SlurmCluster, job: str, watch: Watch, attempt: int, stopped
     return begun - stopped, ready - begun, first - ready
 
 
-def signal_job(cluster: SlurmCluster, how: list[str], job: str, tries: int = 3) -> None:
-    """``scancel HOW JOB``, tried again where the controller did not answer in 30 s."""
-    for _ in range(tries - 1):
+def signal_job(cluster: SlurmCluster, how: list[str], job: str, timeout: float = 120) -> None:
+    """``scancel HOW JOB``, again while the controller says "try again later" or does not answer."""
+    deadline = time.monotonic() + timeout
+    while True:
         try:
-            cluster.client(["scancel", *how, job], timeout=30)
-            return
+            done = cluster.client(["scancel", *how, job], timeout=30, check=False)
+            if done.returncode == 0:
+                return
+            why = done.stderr.strip()
         except subprocess.TimeoutExpired:
-            log = (cluster.runtime / "log" / "slurmctld.log").read_text().splitlines()[-8:]
-            print(f"  scancel {' '.join(how)} {job}: no answer in 30 s; again. The controller's log:\n    "
-                  + "\n    ".join(log), flush=True)
-    cluster.client(["scancel", *how, job], timeout=30)
+            why = "no answer in 30 s"
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"scancel {' '.join(how)} {job}: {why}")
+        print(f"  scancel {' '.join(how)} {job}: {why}; again", flush=True)
+        time.sleep(2)
 
 
 def stop_cycle(cluster: SlurmCluster, job: str, watch: Watch, attempt: int, how: list[str],
@@ -198,12 +202,12 @@ def run_cycles(cluster: SlurmCluster, study: Path, tasks: int, cycles: int, fail
                rng: random.Random) -> list[Cycle]:
     """Submit the study's array and interrupt its tasks, one at a time, until ``cycles`` stops and
     ``failures`` node failures are done (spread over the tasks); then let it finish."""
-    job_id = cluster.sbatch("array-n2.sh", cwd=study)
     plan = ["node failure"] * failures + ["signal"] * cycles
     rng.shuffle(plan)
     done: list[Cycle] = []
     signals = 0
-    for index in range(tasks):
+    for index in range(tasks):  # one task at a time: the array script, for index i alone
+        job_id = cluster.sbatch("array-n2.sh", f"--array={index}", cwd=study)
         watch, job = Watch(study, index), f"{job_id}_{index}"
         until(watch.training, 300, f"task {index} training")
         for attempt, kind in enumerate(plan[index::tasks], start=2):
@@ -217,7 +221,7 @@ def run_cycles(cluster: SlurmCluster, study: Path, tasks: int, cycles: int, fail
             c = done[-1]
             print(f"  cycle {len(done)}: task {index}, {c.kind}: Slurm {c.delay:.1f} s, start-up "
                   f"{c.startup:.1f} s, first step {c.first_step:.1f} s, redone {c.redone} steps", flush=True)
-    cluster.wait_gone(job_id, 1800)
+        cluster.wait_gone(job_id, 1800)
     return done
 
 
@@ -254,7 +258,8 @@ def page(cycles: list[Cycle], same: list[bool], tasks: int, steps: int, seconds:
         f"{os.cpu_count()}-core machine ({platform.machine()}), {library}, load average "
         f"{os.getloadavg()[0]:.1f} at the end. One study of {tasks} tasks from the project's own "
         f"array script: the digits MLP (64-32-10) with PR-SGD on 2 ranks (one per node), {steps} "
-        f"steps, a checkpoint every {CHECKPOINT_EVERY}, the tasks one at a time. Each task was "
+        f"steps, a checkpoint every {CHECKPOINT_EVERY}, the tasks one at a time (the array "
+        "script submitted for one index at a time: `sbatch --array=i`). Each task was "
         "stopped at random moments (1-5 s into each attempt) by `scancel` with a stop signal "
         "(TERM to the ranks, USR1 to every process, USR1 to the batch shell only, in turn): it "
         "checkpointed, exited 143 and requeued itself; or its second node was killed (every "
