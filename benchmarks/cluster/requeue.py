@@ -291,7 +291,9 @@ def page(cycles: list[Cycle], same: list[bool], tasks: int, steps: int, seconds:
         "and, with `StartTime=now`, Slurm's scheduling pass (`sched_interval=2`). Left alone, "
         "Slurm 22.05 holds a requeued job about 121 s before it may start. A node failure is seen "
         "only when Slurm declares the node down (`SlurmdTimeout=10` here; often 300 s on real "
-        "clusters), and the steps since the newest checkpoint are trained again; a stop signal "
+        "clusters), and the steps since the newest checkpoint are trained again (counted from the "
+        "trace's last row on disk at the kill, which rank 0 flushes every 64 rows, every 10 s and "
+        "at each checkpoint: a lower bound, at most the checkpoint interval); a stop signal "
         "checkpoints where it stops, so it redoes none. Start-up is Python and MPI starting on "
         "both nodes, the checkpoint read first by a child process (its digest checked), then by "
         "each rank.",

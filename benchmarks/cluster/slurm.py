@@ -82,6 +82,8 @@ OPEN_MPI_ON_THE_NETWORK = {"OMPI_MCA_btl_tcp_if_include": UPLINK, "OMPI_MCA_oob_
 #: The states of a job that has ended (``squeue -t all``).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT")
+#: Seconds a requeued job is left pending before :meth:`SlurmCluster.start_now` lets it start.
+REQUEUE_SETTLE_SECONDS = 3.0
 #: A clean environment for the daemons and the jobs: a job gets what sbatch's caller exports.
 BASE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -340,15 +342,21 @@ class SlurmCluster:
         raise TimeoutError(f"job {job} not ended after {timeout:.0f} s: {self.states(job)}")
 
     def start_now(self, job: str, started: Callable[[], bool], timeout: float) -> None:
-        """Let a requeued ``job`` start without Slurm's requeue delay (about 121 s): while it is
-        PENDING, ``scontrol update StartTime=now`` every 2 s (one made while the old attempt
-        still completes can be overridden by the requeue's own begin time), until ``started()``
-        (TimeoutError after ``timeout`` s)."""
-        deadline = time.monotonic() + timeout
+        """Let a requeued ``job`` start without Slurm's requeue delay (about 121 s): once it is
+        PENDING and no node is still completing its old attempt, ``scontrol update
+        StartTime=now``, again every 2 s (one made while the old attempt still completes can be
+        overridden by the requeue's own begin time, or start the job on nodes whose credential
+        is being revoked, which fails it), until ``started()`` (TimeoutError after ``timeout`` s)."""
+        deadline, pending_since = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             if started():
                 return
-            if "PENDING" in (self.states(job) or []):
+            completing = self.client(["sinfo", "-h", "-N", "-t", "completing", "-o", "%N"], check=False)
+            pending = "PENDING" in (self.states(job) or []) and not completing.stdout.strip()
+            pending_since = (pending_since or time.monotonic()) if pending else None
+            # slurmd compares a revoked credential's time in whole seconds: a start in the same
+            # second as the requeue is refused ("Job credential revoked") and fails the job
+            if pending_since is not None and time.monotonic() - pending_since >= REQUEUE_SETTLE_SECONDS:
                 self.client(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=False)
             for _ in range(8):
                 if started():
