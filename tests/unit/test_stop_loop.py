@@ -9,6 +9,7 @@ every rank."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from itertools import product
 from pathlib import Path
@@ -99,7 +100,7 @@ def run_loop(ce: int, te: int, ev: int, signal_step: int, deferred: bool, monkey
         monkeypatch.setattr(CheckpointClock, "asks", lambda clock, rank: asked(session.tick))
     files = RunFiles(Config(), Path("run"), "id", None, 0.0)
     summary, _ = _loop(session, files, SimpleNamespace(rank=0, barrier=lambda label: None), None, stop,
-                       ThreadChoice(1, "test"), False)
+                       ThreadChoice(1, "test"), False, contextlib.ExitStack())
     return summary, session
 
 
