@@ -302,4 +302,5 @@ def test_sweep_local_refuses_a_fifo_at_a_task_log_without_blocking(tmp_path):
     study = make_study(tmp_path, {}, 1)
     os.mkfifo(layout.log_path(study, 0))
     entry = layout.read_manifest(study)[0]
-    refused_promptly(lambda: local._start(study, entry, dict(os.environ), local.task_command(entry)), "is a FIFO, not a regular file")
+    refused_promptly(lambda: local._start(study, entry, dict(os.environ), local.task_command(entry)),
+                     "is a FIFO, not a regular file")
