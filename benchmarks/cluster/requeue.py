@@ -279,7 +279,7 @@ def page(cycles: list[Cycle], same: list[bool], tasks: int, steps: int, seconds:
     ]
     for label, group in (("stop signal, then `StartTime=now`", quick),
                          ("stop signal, Slurm's own requeue delay", natural),
-                         ("node failure (killed), slurmd restarted at once", failures)):
+                         ("node failure (killed), slurmd restarted once the job was requeued", failures)):
         if group:
             lines.append(f"| {label} | {len(group)} | {median([c.delay for c in group])} | "
                          f"{median([c.startup for c in group])} | {median([c.first_step for c in group])} | "
@@ -288,7 +288,9 @@ def page(cycles: list[Cycle], same: list[bool], tasks: int, steps: int, seconds:
         "",
         "Slurm's delay is from the attempt's exit (its log's `exit 143`) to the next attempt's "
         "first line, or for a node failure from the kill; it includes this script's polling (0.1 s) "
-        "and, with `StartTime=now`, Slurm's scheduling pass (`sched_interval=2`). Left alone, "
+        "and, with `StartTime=now`, the 3 s the fixture leaves a requeued job pending first "
+        "(`REQUEUE_SETTLE_SECONDS`: a start in the second of the requeue meets its revoked "
+        "credential and fails the job) and Slurm's scheduling pass (`sched_interval=2`). Left alone, "
         "Slurm 22.05 holds a requeued job about 121 s before it may start. A node failure is seen "
         "only when Slurm declares the node down (`SlurmdTimeout=10` here; often 300 s on real "
         "clusters), and the steps since the newest checkpoint are trained again (counted from the "
