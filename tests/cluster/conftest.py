@@ -5,7 +5,6 @@ the tests that need it are skipped with the reason, and only the fork-launcher f
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ import pytest
 
 from benchmarks.cluster.emulated import EmulatedCluster, Job, namespaces_unavailable
 from tests.command_line import ROOT
+from tests.interrupts import interrupted_by_sigterm
 from tests.timeouts import scaled
 
 NODES, RANKS_PER_NODE, RATE = 2, 2, "100mbit"
@@ -28,20 +28,8 @@ def cluster() -> Iterator[EmulatedCluster]:
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(f"no emulated cluster: {reason}")
-    # SIGTERM (tests/run.sh's timeout) or SIGHUP would end the process without any clean-up:
-    # as an interrupt, pytest stops and the cluster is removed on the way out; the handlers
-    # before are back however this ends (the cluster made, refused or interrupted)
-    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with EmulatedCluster(NODES, RANKS_PER_NODE, RATE) as made:
-            yield made
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    with interrupted_by_sigterm(), EmulatedCluster(NODES, RANKS_PER_NODE, RATE) as made:
+        yield made
 
 
 @pytest.fixture
