@@ -271,9 +271,11 @@ class JobSignals:
         running = _mpi_running(self.grace)
         if rank != 0:
             time.sleep(self.stagger)
-        lock = sys.modules.get("hpcopt.run.lock")  # loaded where this rank may hold the lock
-        if lock is not None:
-            lock.release_held()
+        # hpcopt.run.lock is loaded where this rank may hold the lock; while it is still being
+        # imported (a signal that early) it has no release_held yet, and no lock to release
+        release_held = getattr(sys.modules.get("hpcopt.run.lock"), "release_held", None)
+        if release_held is not None:
+            release_held()
         if not running:
             sys.stderr.write(line)
             sys.stderr.flush()
