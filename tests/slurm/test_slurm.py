@@ -41,9 +41,11 @@ SITE = "\n".join([
     "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_osc=^ucx",
     "export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe",
 ]) + "\n"
-#: A long run of the digits MLP (a test stops it), checkpointing often.
+#: A run of the digits MLP that a test stops, checkpointing often; every counted call sleeps
+#: 10 ms (no number changes), so that on any machine it is still training when the test acts.
 LONG = {"dataset": "digits", "hidden": [16], "steps": 400000, "interval": 4, "trace_every": 4,
-        "checkpoint_every": 40, "progress": False}
+        "checkpoint_every": 40, "progress": False, "network": "alpha=0.01,bandwidth=1e9",
+        "network_delay": True}
 SHORT = {"dataset": "digits", "hidden": [16], "steps": 48, "interval": 4, "progress": False}
 
 
