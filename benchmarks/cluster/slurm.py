@@ -252,9 +252,7 @@ class SlurmCluster:
     def revive(self) -> None:
         """Start the slurmd of every node whose daemon is gone (e.g. after :meth:`kill_node`)."""
         for i, name in enumerate(self.node_names, start=1):
-            pid_file = self.runtime / "run" / f"slurmd-{name}.pid"
-            text = pid_file.read_text().strip() if pid_file.is_file() else ""
-            if not (text.isdigit() and _alive(int(text)) and not _zombie(int(text))):
+            if _running(self.runtime / "run" / f"slurmd-{name}.pid") is None:
                 self.start_slurmd(i)
 
     def wait_idle(self, timeout: float = 60) -> None:
@@ -386,11 +384,8 @@ def _checked(command: list[str], what: str, env: dict[str, str] | None = None) -
 
 def _stop_daemons(runtime: Path) -> None:
     """SIGTERM the daemons named by the pid files under ``runtime``, SIGKILL after 5 s."""
-    pids = []
-    for pid_file in sorted((runtime / "run").glob("*.pid")) if (runtime / "run").is_dir() else []:
-        text = pid_file.read_text().strip()
-        if text.isdigit() and _alive(int(text)):
-            pids.append(int(text))
+    files = sorted((runtime / "run").glob("*.pid")) if (runtime / "run").is_dir() else []
+    pids = [pid for pid in map(_running, files) if pid is not None]
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 5
@@ -402,6 +397,12 @@ def _stop_daemons(runtime: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _running(pid_file: Path) -> int | None:
+    """The process a daemon's pid file names, while it runs (not a zombie); else None."""
+    text = pid_file.read_text().strip() if pid_file.is_file() else ""
+    return int(text) if text.isdigit() and _alive(int(text)) and not _zombie(int(text)) else None
 
 
 def _zombie(pid: int) -> bool:

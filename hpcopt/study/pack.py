@@ -18,15 +18,14 @@ too: ``hpcopt.study.task.requeue_job``).
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
 from ..errors import HpcoptError
-from ..run.signals import exit_code
 from .layout import Entry, read_manifest
 from .local import run_local
-from .task import USAGE_REQUEUE, attempt, requeue_job
+from .outcome import STOP_SIGNALS
+from .task import attempt, requeue_job, requeue_option
 
 
 def step_command(entry: Entry) -> list[str]:
@@ -50,16 +49,18 @@ def run_packed(study: Path, requeue: int) -> int:
               flush=True)
     code = code if code or not too_big else 1
     if requeue:  # a stop signal reached this batch shell: the time limit's (B:TERM), or a scancel
-        requeue_job("packed", code, requeue, code in (exit_code(signal.SIGTERM), exit_code(signal.SIGINT)))
+        requeue_job("packed", code, requeue, code in STOP_SIGNALS)
     return code
 
 
 def main(argv: list[str]) -> int:
-    if argv and (argv[0] != "--requeue" or len(argv) != 2 or not argv[1].isdigit()):
-        print(USAGE_REQUEUE.format(program="python -m hpcopt.study.pack"), file=sys.stderr)
+    parsed = requeue_option(argv)
+    if parsed is None or parsed[1]:
+        print("usage: python -m hpcopt.study.pack [--requeue N] (in the study directory, inside a Slurm "
+              "allocation)", file=sys.stderr)
         return 2
     try:
-        return run_packed(Path.cwd(), int(argv[1]) if argv else 0)
+        return run_packed(Path.cwd(), parsed[0])
     except HpcoptError as exc:
         print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -91,15 +91,13 @@ def scripts(study: Study, found: list[Task]) -> list[Script]:
         per_node, gpus = min(ranks, job["ranks_per_node"]), job["gpus_per_node"]
         name = f"array-n{ranks}.sh"
         values = {
-            "name": f"{job['name']}-n{ranks}", "requeue": job["requeue"],
-            "lead": stop_lead(task_seconds(job["time"])), "directives": _directives(job),
+            **_shared_values(job, task_seconds(job["time"])),
+            "name": f"{job['name']}-n{ranks}",
             "pbs_memory": f":mem={job['memory']}" if job["memory"] else "",
             "array": _array(job["scheduler"], first, last, job["throttle"]),
             "first": first, "last": last, "script": name, "ranks": ranks,
             "nodes": math.ceil(ranks / job["ranks_per_node"]), "ranks_per_node": per_node,
-            "cpus_per_rank": job["cpus_per_rank"], "cpus_per_node": per_node * job["cpus_per_rank"],
-            "time": job["time"],
-            "gpu_directives": f"#SBATCH --gpus-per-node={gpus}" if gpus else "",
+            "cpus_per_node": per_node * job["cpus_per_rank"], "time": job["time"],
             "pbs_gpus": f":ngpus={gpus}" if gpus else "",
             # PBS Pro 2020 and later; older servers reject the line (remove it there)
             "pbs_throttle": f"#PBS -W max_run_subjobs={job['throttle']}" if job["throttle"] else "",
@@ -125,14 +123,19 @@ def packed_script(study: Study, found: list[Task]) -> Script:
         rounds * task_seconds(job["time"]), 7 * 86400)
     hours, minutes = seconds % 86400 // 3600, seconds % 3600 // 60
     time = job["pack_time"] or f"{seconds // 86400}-{hours:02d}:{minutes:02d}:00"
-    gpus = job["gpus_per_node"]
-    values = {"name": f"{job['name']}-packed", "nodes": job["pack_nodes"], "ranks": slots,
-              "ranks_per_node": job["ranks_per_node"], "cpus_per_rank": job["cpus_per_rank"], "time": time,
-              "lead": stop_lead(seconds), "requeue": job["requeue"], "script": PACKED,
-              "gpu_directives": f"#SBATCH --gpus-per-node={gpus}" if gpus else "",
-              "directives": _directives(job)}
+    values = {**_shared_values(job, seconds), "name": f"{job['name']}-packed", "nodes": job["pack_nodes"],
+              "ranks": slots, "ranks_per_node": job["ranks_per_node"], "time": time, "script": PACKED}
     text = string.Template((TEMPLATES / "packed.sh").read_text()).substitute(values)
     return Script(PACKED, text, found[0].index, found[-1].index, slots)
+
+
+def _shared_values(job: dict[str, Any], seconds: int) -> dict[str, Any]:
+    """What every script of a study fills in alike, for a time limit of ``seconds``: the stop
+    signal's lead, the requeue budget, the site's directives, CPUs and GPUs per rank."""
+    gpus = job["gpus_per_node"]
+    return {"lead": stop_lead(seconds), "requeue": job["requeue"], "directives": _directives(job),
+            "cpus_per_rank": job["cpus_per_rank"],
+            "gpu_directives": f"#SBATCH --gpus-per-node={gpus}" if gpus else ""}
 
 
 def stop_lead(seconds: int) -> int:

@@ -49,7 +49,7 @@ from ..run.signals import SIGNALS, exit_code, signal_name
 from .layout import Entry, TaskRecord, read_manifest
 
 #: A run stopped at a checkpoint by SIGTERM (or SIGUSR1): hpcopt's exit status, and srun's.
-EXIT_STOPPED = 128 + signal.SIGTERM
+EXIT_STOPPED = exit_code(signal.SIGTERM)
 #: What a study's run does unless its sweep file says otherwise (flag: value, and the flags that
 #: stand in for it): a collective stuck 300 s (a node lost without an MPI error: its link cut, its
 #: power gone) ends the job, with a line naming the ranks, instead of waiting minutes for the
@@ -249,10 +249,13 @@ def attempt() -> str:
     """Which attempt this is, where: the Slurm job and how often it was requeued, the host."""
     host = socket.gethostname()
     job = slurm_job()
-    if not job:
-        return f"started on {host}"
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    return f"attempt {restarts + 1} (Slurm job {job}) on {host}"
+    return f"attempt {_requeued() + 1} (Slurm job {job}) on {host}" if job else f"started on {host}"
+
+
+def _requeued() -> int:
+    """How often Slurm has requeued this job (``SLURM_RESTART_COUNT``; 0 when unset)."""
+    count = os.environ.get("SLURM_RESTART_COUNT", "")
+    return int(count) if count.isdigit() else 0
 
 
 def slurm_job() -> str:
@@ -273,7 +276,7 @@ def requeue_job(who: str, code: int, most: int, terminated: bool) -> None:
     job = slurm_job()
     if not job or code in FINAL_EXITS:
         return
-    done = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    done = _requeued()
     why = f"exit {code}" + (" (stopped at a checkpoint)" if code == EXIT_STOPPED else "")
     state = _job_state(job)
     if not (state == "RUNNING" or (state == "COMPLETING" and not terminated)):
@@ -305,22 +308,26 @@ def _job_state(job: str) -> str:
 
 
 USAGE = "usage: python -m hpcopt.study.task INDEX [--requeue N] LAUNCHER... (in the study directory)"
-USAGE_REQUEUE = "usage: {program} [--requeue N] (in the study directory, inside a Slurm allocation)"
+
+
+def requeue_option(argv: list[str]) -> tuple[int, list[str]] | None:
+    """``--requeue N`` at the head of ``argv``: (N, the rest); (0, argv) without it; None when N
+    is not a count."""
+    if argv[:1] != ["--requeue"]:
+        return 0, argv
+    if len(argv) < 2 or not argv[1].isdigit():
+        return None
+    return int(argv[1]), argv[2:]
 
 
 def main(argv: list[str]) -> int:
-    requeue = 0
-    if argv[1:2] == ["--requeue"]:
-        if len(argv) < 3 or not argv[2].isdigit():
-            print(USAGE, file=sys.stderr)
-            return 2
-        requeue = int(argv[2])
-        argv = [argv[0], *argv[3:]]
-    if len(argv) < 2 or not argv[0].isdigit():
+    parsed = requeue_option(argv[1:])
+    if parsed is None or not parsed[1] or not argv[0].isdigit():
         print(USAGE, file=sys.stderr)
         return 2
+    requeue, launcher = parsed
     try:
-        return run_task(Path.cwd(), int(argv[0]), argv[1:], requeue)
+        return run_task(Path.cwd(), int(argv[0]), launcher, requeue)
     except HpcoptError as exc:
         print(f"hpcopt: error: {exc}", file=sys.stderr, flush=True)
         return 2
