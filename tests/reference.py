@@ -205,37 +205,52 @@ def wire_mean(messages, errors, wire):
     return (total / np.float32(len(messages))).astype(np.float64)
 
 
-def hierarchical_wire_mean(messages, errors, wire, nodes):
+def hierarchical_wire_mean(messages, errors, wire, nodes, node_round="leader"):
     """The compressed round on several nodes (hpcopt/comm/wire_nodes.py) serially: each node's
     messages summed in float32 in rank order; M chunks, chunk c owned by node c's first rank
     (its leader); every other leader's chunk plus its error sent through ``wire`` (its loss its
     new error), summed with the owner's exact one in node order in float32, / N; the owner's
-    result plus its error (the chunk's slot of its own vector) sent through ``wire`` again."""
+    result plus its error (the chunk's slot of its own vector) sent through ``wire`` again.
+    ``node_round="rails"``: the vector cut into K slices (K the fewest ranks a node has), slice
+    s the round above with each node's rank s as its leader, the nodes in the order of those
+    ranks (rail s)."""
     workers, n = len(messages), messages[0].size
     members = [[i for i in range(workers) if nodes[i] == node] for node in sorted(set(nodes))]
-    sums = []
-    for ranks in members:
-        total = np.zeros(n, dtype=np.float32)
-        for i in ranks:
-            total += messages[i].astype(np.float32)
-        sums.append(total)
+    rails = min(len(ranks) for ranks in members) if node_round == "rails" else 1
     mean = np.empty(n, dtype=np.float32)
-    parts = len(members)
+    for s in range(rails):
+        lo, hi = s * n // rails, (s + 1) * n // rails
+        rail = sorted(members, key=lambda ranks: ranks[s])
+        sums = []
+        for ranks in rail:
+            total = np.zeros(hi - lo, dtype=np.float32)
+            for i in ranks:
+                total += messages[i][lo:hi].astype(np.float32)
+            sums.append(total)
+        mean[lo:hi] = _leaders_wire_mean(sums, [errors[ranks[s]][lo:hi] for ranks in rail], wire, workers)
+    return mean.astype(np.float64)
+
+
+def _leaders_wire_mean(sums, errors, wire, workers):
+    """The leaders' part of ``hierarchical_wire_mean``: their nodes' ``sums`` (float32, node
+    order) and their ``errors`` (views, updated) in, the decoded mean out."""
+    n, parts = sums[0].size, len(sums)
+    mean = np.empty(n, dtype=np.float32)
     for c in range(parts):
         lo, hi = c * n // parts, (c + 1) * n // parts
         chunk = np.zeros(hi - lo, dtype=np.float32)
-        for j, ranks in enumerate(members):
+        for j, total in enumerate(sums):
             if j == c:
-                chunk += sums[j][lo:hi]
+                chunk += total[lo:hi]
                 continue
-            sent = sums[j][lo:hi] + errors[ranks[0]][lo:hi]
+            sent = total[lo:hi] + errors[j][lo:hi]
             chunk += wire_decoded(sent, wire)
-            errors[ranks[0]][lo:hi] = sent - wire_decoded(sent, wire)
+            errors[j][lo:hi] = sent - wire_decoded(sent, wire)
         chunk /= np.float32(workers)
-        sent = chunk + errors[members[c][0]][lo:hi]
+        sent = chunk + errors[c][lo:hi]
         mean[lo:hi] = wire_decoded(sent, wire)
-        errors[members[c][0]][lo:hi] = sent - mean[lo:hi]
-    return mean.astype(np.float64)
+        errors[c][lo:hi] = sent - mean[lo:hi]
+    return mean
 
 
 def group_members(workers: int, group, nodes: Sequence[int] = ()) -> list[list[int]]:
@@ -264,7 +279,8 @@ def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarr
     round's start (``--outer-optimizer``; for ``--algorithm slowmo`` its slow step:
     u <- beta u + (x_start - mean) / eta, x_start <- x_start - alpha eta u). ``nodes``: each
     rank's node, whose ranks form the groups of ``group_size = "node"`` and, on several nodes,
-    take a compressing wire's round in two levels (``hierarchical_wire_mean``)."""
+    take a compressing wire's round in two levels (``hierarchical_wire_mean``, by the leaders or
+    the rails as ``node_round`` says; "flat": ``wire_mean``)."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
     schedule = parts[0].algorithm.lr_at
@@ -285,6 +301,7 @@ def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarr
 
     group, group_interval = getattr(algo, "group_size", 1), getattr(algo, "group_interval", 0)
     wire, errors = getattr(algo, "wire", ""), [np.zeros_like(x[0]) for _ in range(workers)]
+    node_round = getattr(algo, "node_round", "leader")
 
     groups = group_members(workers, group, nodes)
 
@@ -300,8 +317,8 @@ def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarr
             if group_interval and s % group_interval == 0 and s < algo.interval:
                 group_means()
         mean = sum(x) / workers
-        through = (wire_mean if wire == "float32" or len(set(nodes)) < 2
-                   else lambda m, e, w: hierarchical_wire_mean(m, e, w, nodes))
+        through = (wire_mean if wire == "float32" or len(set(nodes)) < 2 or node_round == "flat"
+                   else lambda m, e, w: hierarchical_wire_mean(m, e, w, nodes, node_round))
         if wire and outer.kind == "average":  # the models are sent
             mean = through(x, errors, wire)
         elif wire:  # the pseudo-gradients are sent

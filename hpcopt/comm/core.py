@@ -50,6 +50,8 @@ GROUP_LABEL = "group_average"
 #: ``Comm._groups``' keys of the node's Comm (``Comm.node_group``) and the leaders' (``Comm.node_leaders``).
 NODE = "node"
 LEADERS = "leaders"
+#: ``Comm._groups``' key of the rails' Comm (``Comm.node_rails``).
+RAILS = "rails"
 
 
 @dataclass
@@ -81,6 +83,10 @@ class CommStats:
     #: label -> the ranks its calls span, for the labels of a group's calls (``Comm.group``);
     #: every other label spans the world. The cost model reads it; ``reset`` keeps it.
     ranks: dict[str, int] = field(default_factory=dict)
+    #: label -> how many communicators carry its calls at once through each node's link, for
+    #: the labels of the rails' calls (``Comm.node_rails``: K rails share one link); every other
+    #: label has one. The cost model reads it; ``reset`` keeps it.
+    rails: dict[str, int] = field(default_factory=dict)
     #: With ``--timeline``: told (op, label, seconds) of each call once it is counted, the call
     #: having ended just now (``hpcopt.io.timeline.Recorder.communicated``); not of the seconds
     #: in flight (IN_FLIGHT), which overlap the computation.
@@ -89,7 +95,7 @@ class CommStats:
     def record(self, op: str, label: str, nbytes: int, seconds: float, in_node: bool = False) -> None:
         """One call; ``in_node``: on a communicator within one node."""
         if self.delay is not None:
-            extra = self.delay(op, nbytes, self.ranks.get(label, 0))
+            extra = self.delay(op, nbytes * self.rails.get(label, 1), self.ranks.get(label, 0))
             if extra > 0:
                 time.sleep(extra)
                 seconds += extra
@@ -180,9 +186,12 @@ class Comm:
                  slice_bytes: int = ALLREDUCE_SLICE_BYTES, averaging: str = "auto") -> None:
         self.mpi: MPI.Comm = (mpi_comm if mpi_comm is not None else MPI.COMM_WORLD).Dup()
         self._rank, self._size = self.mpi.Get_rank(), self.mpi.Get_size()
+        #: (this rank's rank on its node, the ranks on its node), in this communicator's order.
+        self.node_place = node_layout(self.mpi)
         #: Whether every rank of this communicator is on this rank's node (the same answer on
         #: every rank): its calls' bytes never reach the network, and are counted as in-node.
-        self.in_node = node_layout(self.mpi)[1] == self._size
+        self.in_node = self.node_place[1] == self._size
+        self._rails: int | None = None
         self.backend = backend
         self.slice_bytes = slice_bytes
         self.averaging = averaging
@@ -245,6 +254,24 @@ class Comm:
             first = node_layout(self.mpi)[0] == 0
             return self.mpi.Split(0 if first else MPI.UNDEFINED, self._rank)
         return self._sub(LEADERS, split, label)
+
+    def node_rails(self, label: str) -> Comm | None:
+        """The Comm of rail s, the ranks that are rank s of their node (one a node, in this
+        Comm's order), for s below K, the fewest ranks a node has (``rails``); None on the
+        other ranks (a node's ranks from K up). Made, freed and counted as ``group``'s;
+        ``stats.rails`` notes that K rails carry ``label`` at once, sharing each node's link
+        (rail 0 holds ``node_leaders``' ranks)."""
+        rails = self.rails()
+        rail = self._sub(RAILS, lambda: self.mpi.Split(
+            self.node_place[0] if self.node_place[0] < rails else MPI.UNDEFINED, self._rank), label)
+        self.stats.rails[label] = rails
+        return rail
+
+    def rails(self) -> int:
+        """K, the fewest ranks a node of this Comm has (collective on the first call)."""
+        if self._rails is None:
+            self._rails = int(self.mpi.allreduce(self.node_place[1], op=MPI.MIN))
+        return self._rails
 
     def _record(self, op: str, label: str, nbytes: int, start: float) -> None:
         """One call of ``op`` on ``label`` begun at ``start`` (``time.perf_counter``), counted

@@ -97,14 +97,16 @@ def decode(payload: np.ndarray, wire: str, n: int) -> np.ndarray:
 
 
 def compressed_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: Comm,
-                    label: str) -> np.ndarray:
+                    label: str, node_round: str = "leader") -> np.ndarray:
     """The mean over ranks of the messages as ``wire`` sends them (module docstring), in
     float32; ``message`` (this rank's, flat) is overwritten with m + e and ``error`` with the
-    new e. On several nodes a compressing wire takes ``wire_nodes.hierarchical_mean``."""
-    if wire != "float32" and not comm.in_node:  # on several nodes: hpcopt/comm/wire_nodes.py
-        from .wire_nodes import hierarchical_mean
+    new e. On several nodes a compressing wire takes ``wire_nodes.hierarchical_mean``, or
+    ``wire_nodes.rails_mean`` (``node_round``: ``wire_nodes.NODE_ROUNDS``; "flat" this round)."""
+    if wire != "float32" and not comm.in_node and node_round != "flat":  # hpcopt/comm/wire_nodes.py
+        from .wire_nodes import hierarchical_mean, rails_mean
 
-        return hierarchical_mean(message, error, wire, comm, label)
+        mean = rails_mean if node_round == "rails" else hierarchical_mean
+        return mean(message, error, wire, comm, label)
     message += error
     payload, decoded = encode(message, wire)
     np.subtract(message, decoded, out=error)
@@ -121,11 +123,12 @@ def compressed_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: Com
 
 
 def wire_average_(x: np.ndarray, anchor: np.ndarray | None, error: np.ndarray, wire: str,
-                  comm: Comm, label: str) -> np.ndarray:
+                  comm: Comm, label: str, node_round: str = "leader") -> np.ndarray:
     """x <- the ranks' mean through the wire: of the pseudo-gradients anchor - x_i (x =
-    anchor - their mean), or without an anchor of the models x_i."""
+    anchor - their mean), or without an anchor of the models x_i (``node_round``: as
+    ``compressed_mean``'s)."""
     message = x.copy() if anchor is None else anchor - x
-    mean = compressed_mean(message, error, wire, comm, label)
+    mean = compressed_mean(message, error, wire, comm, label, node_round)
     if anchor is None:
         x[...] = mean
     else:

@@ -23,6 +23,28 @@ chunk to each of them, 2 (M-1)/M of a message's bytes in all, about twice one me
 many nodes there are (the flat allgather sends a rank's message to all N-1 others). The
 in-node steps move float32 through shared memory; the cross-node calls count under the
 round's label, whose ranks are the M leaders (``CommStats.ranks``).
+
+Who does the leaders' work is the run's ``node_round`` (``NODE_ROUNDS``):
+
+- ``leader``: as above, each node's first rank, while the node's other ranks wait in the
+  broadcast;
+- ``rails``: every rank of a node owns 1/K of the vector (K the fewest ranks a node has; a
+  node's ranks from K up own none). The vector is cut into K slices (``chunk_bounds(d, K)``);
+  rail s, the ranks that are rank s of their node (``Comm.node_rails``; the nodes in the order
+  of those ranks), runs steps 2 above on slice s, step 1 becoming a reduce-scatter and step 3
+  an allgather in the node::
+
+    1. in-node:   t_j[s] = sum_{i in R_j} m_i[s], by node rank s     float32, node-rank order
+                  (every rank sends slice s of its message to node rank s: one alltoall)
+    2. rail s:    steps 2 above on t_j[s], the M ranks of rail s as the leaders, their error
+                  vectors' slice s as the leaders' errors
+    3. in-node:   the mean's slices gathered on every rank of the node (one allgather)
+
+  The bits are those of another algorithm than ``leader``'s (K slices cut into M chunks each,
+  the error feedback spread over the ranks), defined as above and the same on every rank; a
+  rank of rail s sends 2 (M-1)/M of a slice's bytes, d/K values, across, and the K rails share
+  one link: a node's link carries what a leader's carries (``CommStats.rails``, the cost
+  model's ``NodeLayout``). With K = 1 it is the ``leader`` round.
 """
 
 from __future__ import annotations
@@ -39,6 +61,9 @@ if TYPE_CHECKING:
 
 #: The label of a hierarchical round's in-node steps (the sum and the broadcast).
 NODE_LABEL = "average_node"
+#: Who exchanges the compressed chunks across nodes (module docstring); "flat": nobody, the
+#: round of one node (one Allgather of every rank's payload, hpcopt/comm/wire.py) across nodes.
+NODE_ROUNDS = ("leader", "rails", "flat")
 
 
 def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -58,6 +83,27 @@ def hierarchical_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: C
     if leaders is not None:
         _leaders_mean(total, message, error, wire, leaders, comm.size, label, mean)
     return node.bcast_(mean, root=0, label=NODE_LABEL)
+
+
+def rails_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: Comm,
+               label: str) -> np.ndarray:
+    """``hierarchical_mean`` with the leaders' work spread over the rails (module docstring:
+    ``rails``), the same bits on every rank; a rank of rail s overwrites slice s of ``message``
+    with what it quantized and of ``error`` with its new errors (the rest is left as it is)."""
+    node = comm.node_group(NODE_LABEL)
+    rails, me = comm.rails(), node.rank
+    rail = comm.node_rails(label)
+    slices = chunk_bounds(message.size, rails)
+    sizes = [hi - lo for lo, hi in slices] + [0] * (node.size - rails)
+    lo, hi = slices[me] if me < rails else (0, 0)
+    pieces = node.alltoallv(message.astype(np.float32), sizes, [hi - lo] * node.size, NODE_LABEL)
+    mine = np.empty(hi - lo, dtype=np.float32)
+    if rail is not None:
+        total = pieces[:hi - lo].copy()
+        for j in range(1, node.size):
+            total += pieces[j * (hi - lo):(j + 1) * (hi - lo)]
+        _leaders_mean(total, message[lo:hi], error[lo:hi], wire, rail, comm.size, label, mine)
+    return node.allgatherv(mine, sizes, NODE_LABEL)
 
 
 def _leaders_mean(total: np.ndarray, message: np.ndarray, error: np.ndarray, wire: str,

@@ -2,8 +2,9 @@
 tests/nodes/launch.py): every rank gets the same bits, equal to the serial float64/numpy
 reference of the same algorithm (tests/reference.py, ``hierarchical_wire_mean``), rounds after
 rounds of error feedback; a leader's cross-node bytes per round stay about one message however
-many nodes there are, and the other ranks send nothing across; training through it matches
-the serial PR-SGD reference on the job's node map, and a checkpoint at every tick changes no bit."""
+many nodes there are, and the other ranks send nothing across; with the rails every rank of a
+node sends its 1/K share of that; training through it matches the serial PR-SGD reference on
+the job's node map, and a checkpoint at every tick changes no bit."""
 
 from __future__ import annotations
 
@@ -60,6 +61,52 @@ def test_every_rank_gets_the_references_bits_and_cross_node_bytes_stay_flat(wire
     for rank in leaders:
         across, message = sent[rank]
         assert message <= across <= message + 8 * hosts  # one message (int8: a scale per chunk more)
+
+
+RAILS = """
+import numpy as np
+from hpcopt.comm import Comm
+from hpcopt.comm.core import node_indices
+from hpcopt.comm.wire import compressed_mean, message_bytes
+from hpcopt.comm.wire_nodes import NODE_LABEL, chunk_bounds
+from tests.reference import hierarchical_wire_mean
+
+comm = Comm()
+nodes, d, wire = node_indices(comm.mpi), 3001, "{wire}"
+errors = [np.zeros(d) for _ in range(comm.size)]
+error = np.zeros(d)
+for r in range(3):
+    messages = [np.random.default_rng([r, i]).standard_normal(d) * (1 + i) for i in range(comm.size)]
+    mean = compressed_mean(messages[comm.rank].copy(), error, wire, comm, "average", "rails")
+    expected = hierarchical_wire_mean(messages, errors, wire, nodes, "rails")
+    np.testing.assert_array_equal(mean, expected)  # the reference's bits, on every rank
+    np.testing.assert_array_equal(error, errors[comm.rank])
+    everyone = comm.mpi.allgather(mean)
+    assert all(np.array_equal(m, mean) for m in everyone)
+rails, hosts = comm.rails(), len(set(nodes))
+s = [i for i in range(comm.size) if nodes[i] == nodes[comm.rank]].index(comm.rank)
+lo, hi = chunk_bounds(d, rails)[s] if s < rails else (0, 0)
+chunks = [message_bytes(wire, b - a) for a, b in chunk_bounds(hi - lo, hosts)] if s < rails else [0]
+across = comm.stats.totals("average").across_bytes
+assert across == 3 * sum(chunks), (across, chunks)
+assert comm.stats.rails["average"] == rails and comm.stats.ranks.get("average", hosts) == hosts
+assert comm.stats.totals(NODE_LABEL).across_bytes == 0
+if comm.rank == 0:
+    print("rails", rails, flush=True)
+comm.free()
+"""
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "int8"])
+@pytest.mark.parametrize("hosts, per_node, ranks, rails", [(2, 2, 4, 2), (2, 1, 4, 2), (2, 3, 5, 2),
+                                                           (3, 2, 6, 2), (2, 3, 6, 3)])
+def test_the_rails_give_every_rank_the_references_bits_and_share_the_bytes(wire, hosts, per_node,
+                                                                          ranks, rails):
+    """Block and round-robin placement, a node with a rank more than the rails (it owns none),
+    3 nodes and 3 rails."""
+    job = run_on_nodes(ranks, hosts=hosts, per_node=per_node, code=RAILS.format(wire=wire))
+    assert job.returncode == 0, job.describe()
+    assert f"rails {rails}" in job.stdout, job.describe()
 
 
 TRAINING = """
