@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..comm.core import GROUP_LABEL
 from ..comm.wire import WIRES, check_wire
-from ..comm.wire_nodes import NODE_LABEL
+from ..comm.wire_nodes import NODE_LABEL, NODE_ROUNDS
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
@@ -70,6 +70,10 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
                                               "per rank); none = interval")
     wire: str = option("", f"what a round sends: {' | '.join(WIRES)} (int8: a scale per 256 values), "
                            "with error feedback (hpcopt.comm.wire); '' = x uncompressed")
+    node_round: str = option("leader", f"a compressing wire's round on several nodes: {' | '.join(NODE_ROUNDS)} "
+                                       "(each node's first rank exchanges the chunks | every rank of "
+                                       "a node its 1/K | one allgather of every rank's payload; "
+                                       "hpcopt.comm.wire_nodes)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -77,6 +81,11 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
         self.check_groups(self.interval, self.local_steps)
         check_wire(self.wire)
+        if self.node_round not in NODE_ROUNDS:
+            raise HpcoptError(f"unknown node_round {self.node_round!r} (choose from {', '.join(NODE_ROUNDS)})")
+        if self.node_round != "leader" and self.wire in ("", "float32"):
+            raise HpcoptError(f"node_round {self.node_round} applies to a compressing wire (bfloat16, "
+                              f"float16, int8), not to {self.wire or 'no wire'!r}")
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
             "second_moment_policy": self.second_moment_policy != "keep",
@@ -96,7 +105,7 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
     @cached_property
     def reducer(self) -> Reducer:
         """How a round takes the ranks' mean: plain, or through the ``wire``."""
-        return reducer_of(self.wire)
+        return reducer_of(self.wire, self.node_round)
 
     def steps_for(self, total_steps: int, rank: int, size: int) -> int:
         """Local steps rank ``rank`` runs so that every rank completes floor(T/I) rounds.

@@ -76,6 +76,7 @@ class WireMean:
     """x <- the ranks' mean through ``wire`` with error feedback (module docstring)."""
 
     wire: str
+    node_round: str = "leader"  # on several nodes (hpcopt.comm.wire_nodes.NODE_ROUNDS)
     declared: ClassVar[tuple[Declared, ...]] = (("wire_error", VECTOR, RESET),)
     in_flight: ClassVar[bool] = False
 
@@ -86,7 +87,7 @@ class WireMean:
     def mean_(self, x: Array, state: Any, part: slice, comm: Comm, label: str) -> None:
         """``x`` holds this rank's model (of ``part``); the anchor and e_i are the state's."""
         anchor = None if state.anchor is None else state.anchor[part]
-        wire_average_(x, anchor, state.wire_error[part], self.wire, comm, label)
+        wire_average_(x, anchor, state.wire_error[part], self.wire, comm, label, self.node_round)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,6 @@ class SubsetMean:
 PLAIN = PlainMean()
 
 
-def reducer_of(wire: str) -> Reducer:
-    """The reducer of a ``wire`` option ('' plain)."""
-    return WireMean(wire) if wire else PLAIN
+def reducer_of(wire: str, node_round: str = "leader") -> Reducer:
+    """The reducer of a ``wire`` option ('' plain) and its ``node_round``."""
+    return WireMean(wire, node_round) if wire else PLAIN
