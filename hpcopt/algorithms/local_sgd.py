@@ -70,9 +70,9 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
                                               "per rank); none = interval")
     wire: str = option("", f"what a round sends: {' | '.join(WIRES)} (int8: a scale per 256 values), "
                            "with error feedback (hpcopt.comm.wire); '' = x uncompressed")
-    node_round: str = option("leader", f"a compressing wire's round on several nodes: {' | '.join(NODE_ROUNDS)} "
-                                       "(each node's first rank exchanges the chunks | every rank of "
-                                       "a node its 1/K | one allgather of every rank's payload; "
+    node_round: str = option("leader", "a compressing wire's round on several nodes: "
+                                       f"{' | '.join(NODE_ROUNDS)} (each node's first rank exchanges "
+                                       "the chunks | every rank of a node its 1/K | one allgather of every rank's payload; "
                                        "hpcopt.comm.wire_nodes)")
 
     def __post_init__(self) -> None:
@@ -82,7 +82,8 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         self.check_groups(self.interval, self.local_steps)
         check_wire(self.wire)
         if self.node_round not in NODE_ROUNDS:
-            raise HpcoptError(f"unknown node_round {self.node_round!r} (choose from {', '.join(NODE_ROUNDS)})")
+            raise HpcoptError(f"unknown node_round {self.node_round!r} "
+                              f"(choose from {', '.join(NODE_ROUNDS)})")
         if self.node_round != "leader" and self.wire in ("", "float32"):
             raise HpcoptError(f"node_round {self.node_round} applies to a compressing wire (bfloat16, "
                               f"float16, int8), not to {self.wire or 'no wire'!r}")

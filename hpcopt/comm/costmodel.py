@@ -31,7 +31,10 @@ call on a communicator spanning m nodes with k of its ranks on each (m = min(nod
 p / m) costs two levels, as MPI libraries run them: the formula over k ranks on that memory,
 plus the formula over the m nodes on the network profile, where an allgather or gather moves
 the k ranks' bytes of a node together (k n a node); a send costs ``alpha + n beta`` on the
-network. Without a layout (a run on one node, and every run before the split was counted)
+network. A label whose calls K communicators carry at once through every node's link (the rails
+of hpcopt/comm/wire_nodes.py: ``CommStats.rails``) moves K times its bytes across each link in
+that time: its network level is priced on K n bytes (the K rails share one link). Without a
+layout (a run on one node, and every run before the split was counted)
 every call is priced on the network over its ranks, as if each rank had a node of its own:
 how a run here is projected onto a cluster.
 
@@ -137,16 +140,18 @@ class NodeLayout:
     memory: NetworkProfile = MEMORY
 
     def spanning(self, op: str, calls: int, nbytes: float, ranks: int, network: NetworkProfile,
-                 algorithm: str = "auto") -> float:
+                 algorithm: str = "auto", rails: int = 1) -> float:
         """Modelled seconds of ``calls`` calls of ``op`` on a communicator of ``ranks`` ranks
-        that spans nodes: within each node on ``memory``, across them on ``network``."""
+        that spans nodes: within each node on ``memory``, across them on ``network``, where
+        ``rails`` such communicators share each node's link at once."""
         if calls == 0 or op in ("send", "isend"):
-            return op_seconds(op, calls, nbytes, ranks, network, algorithm)
+            return op_seconds(op, calls, nbytes * rails, ranks, network, algorithm)
         spanned = max(1, min(self.nodes, ranks))
         local = max(1, ranks // spanned)
         gathers = op in ("allgather", "iallgather", "gather", "scatter")
         return (op_seconds(op, calls, nbytes, local, self.memory, algorithm)
-                + op_seconds(op, calls, nbytes * (local if gathers else 1), spanned, network, algorithm))
+                + op_seconds(op, calls, nbytes * rails * (local if gathers else 1), spanned, network,
+                             algorithm))
 
 
 def node_layout_of(nodes: Sequence[int], memory: NetworkProfile | None = None) -> NodeLayout | None:
@@ -312,25 +317,29 @@ def network_delay(profile: NetworkProfile, ranks: int,
 
 def placed_seconds(op: str, calls: int, nbytes: float, in_node_calls: int, in_node_bytes: float,
                    ranks: int, profile: NetworkProfile, algorithm: str = "auto",
-                   layout: NodeLayout | None = None) -> float:
+                   layout: NodeLayout | None = None, rails: int = 1) -> float:
     """``op_seconds`` of calls of which ``in_node_calls`` (moving ``in_node_bytes``) were on
     communicators within one node: on ``layout`` those cost memory speed and the others
-    ``NodeLayout.spanning``; without a layout all of them cost ``op_seconds`` on ``profile``."""
+    ``NodeLayout.spanning`` (``rails``: as many communicators sharing each link at once);
+    without a layout all of them cost ``op_seconds`` on ``profile``."""
     if layout is None:
         return op_seconds(op, calls, nbytes, ranks, profile, algorithm)
     return (op_seconds(op, in_node_calls, in_node_bytes, ranks, layout.memory, algorithm)
-            + layout.spanning(op, calls - in_node_calls, nbytes - in_node_bytes, ranks, profile, algorithm))
+            + layout.spanning(op, calls - in_node_calls, nbytes - in_node_bytes, ranks, profile, algorithm,
+                              rails))
 
 
 def comm_modelled(counters: Mapping[tuple[str, str], CallCounter], ranks: int, profile: NetworkProfile,
                   algorithm: str = "auto", label_ranks: Mapping[str, int] | None = None,
-                  layout: NodeLayout | None = None, hidden: float = 1.0) -> dict[str, float]:
+                  layout: NodeLayout | None = None, hidden: float = 1.0,
+                  label_rails: Mapping[str, int] | None = None) -> dict[str, float]:
     """label -> modelled seconds, from ``CommStats.counters`` ((op, label) -> calls, bytes,
     seconds): a non-blocking allreduce's less the computation it overlapped, at most ``hidden``
     of its modelled seconds (``HIDDEN``: the fraction measured hidden; module docstring);
     a label of ``label_ranks`` (``CommStats.ranks``: a group's average) spans its own ranks,
-    every other one ``ranks``; with ``layout`` priced where the bytes went (``placed_seconds``).
-    Summed in sorted (op, label) order, so that a resumed run's counters, restored in another
+    every other one ``ranks``; with ``layout`` priced where the bytes went (``placed_seconds``),
+    a label of ``label_rails`` (``CommStats.rails``) on that many communicators sharing each
+    node's link. Summed in sorted (op, label) order, so that a resumed run's counters, restored in another
     order, give the same bits."""
     spans = label_ranks or {}
     out: dict[str, float] = {}
@@ -338,7 +347,7 @@ def comm_modelled(counters: Mapping[tuple[str, str], CallCounter], ranks: int, p
     for (op, label), counter in sorted(counters.items()):
         seconds = priced[op, label] = placed_seconds(op, counter.calls, counter.bytes, counter.in_node_calls,
                                                      counter.in_node_bytes, spans.get(label, ranks), profile,
-                                                     algorithm, layout)
+                                                     algorithm, layout, (label_rails or {}).get(label, 1))
         out[label] = out.get(label, 0.0) + seconds
     for (op, label), counter in counters.items():
         held = counters.get(("iallreduce", label))

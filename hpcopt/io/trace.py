@@ -270,7 +270,7 @@ def comm_totals(comm: Comm, network: Any = None, layout: Any = None, hidden: flo
         from ..comm.costmodel import comm_modelled
 
         modelled = comm_modelled(comm.stats.counters, comm.size, network, label_ranks=comm.stats.ranks,
-                                 layout=layout, hidden=hidden)
+                                 label_rails=comm.stats.rails, layout=layout, hidden=hidden)
         for label, seconds in modelled.items():
             totals[label].append(seconds)
     return {label: tuple(entry) for label, entry in totals.items()}

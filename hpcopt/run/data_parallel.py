@@ -441,7 +441,8 @@ class DataParallelSession:
         comm, state, algorithm, files = self.comm, self.state, self.algorithm, self._files()
         totals = comm.stats.totals()
         by_label = (comm_modelled(comm.stats.counters, comm.size, self.network,
-                                  label_ranks=comm.stats.ranks, layout=self.layout,
+                                  label_ranks=comm.stats.ranks, label_rails=comm.stats.rails,
+                                  layout=self.layout,
                                   hidden=HIDDEN[self.comm_progress]) if self.network else {})
         modelled = sum(seconds for label, seconds in by_label.items() if label not in SETUP_LABELS)
         ops = main_ops(comm.stats.counters)  # a round's calls: those of the op that moved its bytes

@@ -257,3 +257,23 @@ def test_a_non_blocking_reduction_is_hidden_only_by_the_fraction_measured_hidden
     assert progress_mode() == "calls" and HIDDEN["calls"] == 0.0
     monkeypatch.setenv("MPIR_CVAR_ASYNC_PROGRESS", "1")
     assert progress_mode() == "thread" and 0 < HIDDEN["thread"] < 1
+
+
+def test_rails_share_one_link_so_the_network_carries_k_times_a_rails_bytes():
+    """K = 2 rails of the compressed round on 2 nodes of 2 ranks (hpcopt/comm/wire_nodes.py):
+    a rank's alltoall and allgather of its 1/K share cost on the network what one leader's
+    calls of the whole message cost; their in-node calls and every other label are unchanged."""
+    eth10, layout = get_profile("eth10"), NodeLayout(2, 2)
+    share = {("alltoall", "average"): OpCounter(3, 3 * D, 0.1, 0, 0),
+             ("allgather", "average"): OpCounter(3, 3 * D // 2, 0.1, 0, 0),
+             ("alltoall", "average_node"): OpCounter(3, 3 * D, 0.1, 3, 3 * D)}
+    whole = {("alltoall", "average"): OpCounter(3, 6 * D, 0.1, 0, 0),
+             ("allgather", "average"): OpCounter(3, 3 * D, 0.1, 0, 0),
+             ("alltoall", "average_node"): OpCounter(3, 3 * D, 0.1, 3, 3 * D)}
+    spans = {"average": 2, "average_node": 2}
+    rails = comm_modelled(share, 4, eth10, label_ranks=spans, layout=layout, label_rails={"average": 2})
+    leader = comm_modelled(whole, 4, eth10, label_ranks=spans, layout=layout)
+    assert rails == pytest.approx(leader, rel=1e-12)
+    alone = comm_modelled(share, 4, eth10, label_ranks=spans, layout=layout)
+    assert alone["average"] < rails["average"]  # one rail alone on the link: less
+    assert alone["average_node"] == rails["average_node"]
