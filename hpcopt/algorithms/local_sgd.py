@@ -72,8 +72,8 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
                            "with error feedback (hpcopt.comm.wire); '' = x uncompressed")
     node_round: str = option("leader", "a compressing wire's round on several nodes: "
                                        f"{' | '.join(NODE_ROUNDS)} (each node's first rank exchanges "
-                                       "the chunks | every rank of a node its 1/K | one allgather of every rank's payload; "
-                                       "hpcopt.comm.wire_nodes)")
+                                       "the chunks | every rank of a node its 1/K | one allgather "
+                                       "of every rank's payload; hpcopt.comm.wire_nodes)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
