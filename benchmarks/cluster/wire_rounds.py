@@ -9,7 +9,11 @@ MLP 1024,1024's 1,863,690 by default), after one round not timed:
 - ``float32``: one Allreduce (the uncompressed round);
 - ``<wire> flat``: the round a run on one node takes, one Allgather of every rank's payload
   (the communicator's ``in_node`` set, so ``compressed_mean`` takes that path across nodes too);
-- ``<wire> hierarchical``: the round a run on several nodes takes (hpcopt/comm/wire_nodes.py).
+- ``<wire> hierarchical``: the round a run on several nodes takes (hpcopt/comm/wire_nodes.py);
+- ``<wire> rails``: the same with the leaders' work spread over every rank of a node
+  (``--node-round rails``).
+
+``--only NAME,...`` runs those variants alone, in that order (interleaved repeats).
 
 Per variant: the slowest rank's seconds a round (a barrier before and after the rounds) and the
 bytes each node's link carried a round (its first rank reads the node's ``uplink`` counters:
@@ -32,7 +36,8 @@ from hpcopt.comm.wire import compressed_mean
 #: The variants: name -> (wire, flat).
 VARIANTS = {"float32": ("float32", False),
             "bfloat16 flat": ("bfloat16", True), "bfloat16 hierarchical": ("bfloat16", False),
-            "int8 flat": ("int8", True), "int8 hierarchical": ("int8", False)}
+            "int8 flat": ("int8", True), "int8 hierarchical": ("int8", False),
+            "bfloat16 rails": ("bfloat16", False), "int8 rails": ("int8", False)}
 #: The node's end of its link (benchmarks/cluster/emulated.py's UPLINK).
 COUNTER = "/sys/class/net/uplink/statistics/tx_bytes"
 
@@ -46,22 +51,28 @@ def main() -> int:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--values", type=int, default=1_863_690)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--only", default="", help="comma-separated variants, in this order (default: all)")
     args = p.parse_args()
+    names = args.only.split(",") if args.only else list(VARIANTS)
     comm = Comm()
     node = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     first = node.Get_rank() == 0
     spans_nodes = not comm.in_node
     results = {}
     rng = np.random.default_rng(comm.rank)
-    for name, (wire, flat) in VARIANTS.items():
+    for name in names:
+        wire, flat = VARIANTS[name]
+        node_round = "rails" if name.endswith(" rails") else "leader"
         comm.in_node = flat or not spans_nodes
         error = np.zeros(args.values, dtype=np.float32)
-        compressed_mean(rng.standard_normal(args.values, dtype=np.float32), error, wire, comm, "warm-up")
+        compressed_mean(rng.standard_normal(args.values, dtype=np.float32), error, wire, comm, "warm-up",
+                        node_round)
         comm.mpi.Barrier()
         sent = _link_bytes(first)
         start = time.perf_counter()
         for _ in range(args.rounds):
-            compressed_mean(rng.standard_normal(args.values, dtype=np.float32), error, wire, comm, "average")
+            compressed_mean(rng.standard_normal(args.values, dtype=np.float32), error, wire, comm, "average",
+                            node_round)
         comm.mpi.Barrier()
         seconds = comm.mpi.allreduce(time.perf_counter() - start, op=MPI.MAX) / args.rounds
         sent = comm.mpi.gather(_link_bytes(first) - sent if first else None)
