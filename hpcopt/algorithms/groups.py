@@ -13,7 +13,10 @@ as torch's ``HierarchicalModelAverager`` with periods {I1: G, I: N} and its step
 at 1, not its 0 (which averages after local step k when k - 1, not k, is a multiple of a period:
 docs/algorithms.md). A group with the ranks of
 one node is a node: its average takes the shared-memory path under ``--averaging shm`` (or
-auto), as the global one does (``Comm.group``, ``Comm.node_group``). Consecutive ranks are a
+auto), as the global one does (``Comm.group``, ``Comm.node_group``); with ``group_size =
+"node"``, where the model lives in the run's node-shared window (``Comm.shared_like``), in
+place there (``Comm.node_average_``: no copy into a window of the node's and back, the same
+bits). Consecutive ranks are a
 node's only under block placement: where a numeric group spans nodes, or on several nodes a
 node's ranks fall in several groups, rank 0 prints one warning line when the groups are made,
 and training goes on. A group round is a plain average of x only: the momentum policies, the batch-norm buffer
@@ -102,6 +105,9 @@ class GroupRounds:
         """After a local step that is not a global round's: x <- its group's mean when a group
         round is due (``steps_in_round`` local steps into the round)."""
         if self.group_interval and steps_in_round % self.group_interval == 0:
+            if isinstance(self.group_size, str):  # a node: in place where x is node-shared
+                comm.node_average_(x, GROUP_LABEL)
+                return
             group = self.group_comm(comm)
             assert group is not None
             group.average_(x, label=GROUP_LABEL)

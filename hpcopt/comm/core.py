@@ -349,6 +349,20 @@ class Comm:
         self._record("allreduce", label, buf.nbytes, start)
         return buf
 
+    def node_average_(self, buf: Any, label: str) -> Any:
+        """``buf <- `` the mean over this rank's node: ``node_group(label).average_(buf)``, the
+        same bits and the same count, done in place in this Comm's shared-memory window where
+        ``buf`` is an array ``shared_like`` handed out and the node's average takes the
+        shared-memory path (no copy into the node's own window and back;
+        ``ShmAverager.average_node_``). Collective over the node."""
+        node = self.node_group(label)
+        if self.averager is not None and node.averaging_path(buf) == "shm":
+            start = time.perf_counter()
+            if self.averager.average_node_(buf):
+                node._record("allreduce", label, buf.nbytes, start)
+                return buf
+        return node.average_(buf, label)
+
     def averaging_path(self, buf: Any) -> str:
         """The path ``average_`` takes for ``buf``: "shm" or "mpi" (``--averaging auto``
         resolved; collective, the same answer on every rank)."""

@@ -359,15 +359,29 @@ class ShmAverager:
                 self._sync()
         return buf
 
-    def _average_shared(self, shared: _Shared) -> np.ndarray:
+    def average_node_(self, buf: np.ndarray) -> bool:
+        """``buf <- (1/k) sum_i buf_i`` over this rank's node alone (its k ranks), in place,
+        where ``buf`` is an array from ``shared_empty`` that ``average_`` averages in place;
+        False (nothing done) otherwise. Collective over the node; each element summed in row
+        order and divided by k as the copying path of an averager of the node's ranks does it:
+        the same bits."""
+        shared = self._shared.get(id(buf))
+        if shared is None or shared.array is not buf or not self.in_place:
+            return False
+        self._average_shared(shared, across=False)
+        return True
+
+    def _average_shared(self, shared: _Shared, across: bool = True) -> np.ndarray:
         """``average_`` of an array from ``shared_empty``: each slice summed in place into row
-        0, allreduced across nodes, divided by N, copied into the other rows (two barriers)."""
-        n = float(self.size)
+        0, allreduced across nodes, divided by N, copied into the other rows (two barriers);
+        without ``across``, the node's sum divided by its k ranks."""
+        ranks = self.size if across else self.node_size
+        n = float(ranks)
         # x / n, correctly rounded, is x * (1/n) when n is a power of two (an exact scaling):
         # the same bits at the cost of a multiplication instead of a division
-        scale = np.multiply if self.size & (self.size - 1) == 0 else np.divide
+        scale = np.multiply if ranks & (ranks - 1) == 0 else np.divide
         factor = 1 / n if scale is np.multiply else n
-        inter = self.inter if self.inter != MPI.COMM_NULL else None
+        inter = self.inter if self.inter != MPI.COMM_NULL and across else None
         self._sync(shared.win)  # every rank's row holds its values
         for rows in shared.slices:
             total = rows[0]  # summed in place in row 0, the order row 0, 1, ..., k-1 kept

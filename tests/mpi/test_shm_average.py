@@ -333,3 +333,34 @@ def test_slow_copy_back_then_another_size_does_not_mix_data(world, averagers, ra
         a.average_(buf2)
         np.testing.assert_array_equal(np.asarray(buf1), expected1)
         np.testing.assert_array_equal(buf2, expected2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", [SHM_AVERAGE_MIN_BYTES // 4 + 13, 300_001])
+def test_a_node_average_in_place_gives_the_node_groups_bits_and_count(dtype, size):
+    """``Comm.node_average_`` of the node-shared model (two-level runs' node rounds): the bits
+    and the count of the node group's own average of a copy (its copying path), round after
+    round; where the model is not node-shared, that average itself."""
+    comm = Comm(averaging="shm")
+    try:
+        values = random_data(comm.rank, size, dtype)
+        shared = comm.shared_like(values)
+        assert (shared is not values) == (comm.averaging_path(values) == "shm")
+        copy = values.copy()
+        comm.node_average_(shared, "group_average")
+        node = comm.node_group("group_average").averager
+        if shared is not values:  # in place: the node's own window was never needed
+            assert node is None or node.win is None
+        shared[...] = values
+        comm.stats.reset()
+        for _ in range(3):
+            comm.node_average_(shared, "group_average")
+            comm.node_group("group_average").average_(copy, "group_average")
+            np.testing.assert_array_equal(shared, copy)
+            shared += random_data(comm.rank + 1, size, dtype)
+            copy += random_data(comm.rank + 1, size, dtype)
+        counter = comm.stats.totals("group_average")
+        assert (counter.calls, counter.bytes) == (6, 6 * values.nbytes)
+        assert counter.in_node_calls == 6
+    finally:
+        comm.free()
