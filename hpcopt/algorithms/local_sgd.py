@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 
 Array = Any
 Oracle = Callable[[Array, Array], Any]
+#: The wires that compress (their rounds on several nodes: ``node_round``).
+COMPRESSING = tuple(wire for wire in WIRES if wire != "float32")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,10 +72,11 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
                                               "per rank); none = interval")
     wire: str = option("", f"what a round sends: {' | '.join(WIRES)} (int8: a scale per 256 values), "
                            "with error feedback (hpcopt.comm.wire); '' = x uncompressed")
-    node_round: str = option("leader", "a compressing wire's round on several nodes: "
-                                       f"{' | '.join(NODE_ROUNDS)} (each node's first rank exchanges "
-                                       "the chunks | every rank of a node its 1/K | one allgather "
-                                       "of every rank's payload; hpcopt.comm.wire_nodes)")
+    node_round: str = option("", "how a round crosses nodes: leader (a compressing wire's chunks "
+                                 "by each node's first rank) | rails (by every rank of a node, its "
+                                 "1/K: compressed rounds, and fragments without a wire) | flat (one "
+                                 "collective of every rank); '' = leader for a compressing wire, "
+                                 "flat for fragments without one (hpcopt.comm.wire_nodes)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -81,22 +84,32 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
         self.check_groups(self.interval, self.local_steps)
         check_wire(self.wire)
-        if self.node_round not in NODE_ROUNDS:
-            raise HpcoptError(f"unknown node_round {self.node_round!r} "
-                              f"(choose from {', '.join(NODE_ROUNDS)})")
-        if self.node_round != "leader" and self.wire in ("", "float32"):
-            raise HpcoptError(f"node_round {self.node_round} applies to a compressing wire (bfloat16, "
-                              f"float16, int8), not to {self.wire or 'no wire'!r}")
+        self.check_node_round()
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
             "second_moment_policy": self.second_moment_policy != "keep",
             "wire": bool(self.wire) and self.overlap > 0})
 
+    def check_node_round(self) -> None:
+        """HpcoptError for a ``node_round`` that is not built for this run's rounds."""
+        if self.node_round and self.node_round not in NODE_ROUNDS:
+            raise HpcoptError(f"unknown node_round {self.node_round!r} (choose from "
+                              f"{', '.join(NODE_ROUNDS)}, or '' for the default)")
+        if not self.node_round or self.wire in COMPRESSING:
+            return
+        if self.wire == "float32" or not self.streaming:
+            raise HpcoptError(f"node_round applies to a compressing wire ({', '.join(COMPRESSING)}) or "
+                              "to fragments without a wire, not to "
+                              f"{'wire float32' if self.wire else 'whole-model rounds without a wire'} "
+                              "(see --averaging)")
+        if self.node_round == "leader":
+            raise HpcoptError("node_round leader is not built for fragments without a wire: rails or flat")
+
     @cached_property
     def timing(self) -> Timing:
         """When a round synchronises: every I_i steps, or the fragments in turn (streaming)."""
         if self.streaming:
-            return self.fragment_schedule(self.interval, self.reducer)
+            return self.fragment_schedule(self.interval, self.reducer, self.node_round == "rails")
         return EveryInterval(self.interval, self.local_steps)
 
     def in_flight(self, state: Any) -> bool:

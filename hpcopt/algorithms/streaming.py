@@ -27,6 +27,10 @@ its next one starts; tau <= H // P keeps at most one fragment in flight, the pap
 statistics (``buffer_policy``), blocking. At the end of a run the reductions in flight are
 completed and applied, then the plain average ends it (``finish``).
 
+On several nodes, ``node_round = "rails"`` sums a fragment in flight node-aware (a sum in the
+node, an allreduce across nodes by each rank's 1/K of it, a gather in the node:
+hpcopt/comm/node_reduce.py) instead of one Iallreduce of every rank, another order of the sum.
+
 With a ``wire`` (``hpcopt.comm.wire``, tau = 0 only) a fragment's round is sent through it when
 it is due, blocking: of anchor_p - x_i,p (without an anchor: x_i,p), with the fragment's slice
 of the error feedback e_i, then the outer step and the mix above.
@@ -146,11 +150,12 @@ class FragmentOptions:
         if self.parameter_sizes:
             fragment_bounds(self.parameter_sizes, self.fragments)  # its check against the model
 
-    def fragment_schedule(self, interval: int, reducer: Reducer = PLAIN) -> FragmentSchedule:
+    def fragment_schedule(self, interval: int, reducer: Reducer = PLAIN,
+                          rails: bool = False) -> FragmentSchedule:
         """When each fragment is sent and applied (``parameter_sizes`` must be known), and how
-        its mean is taken."""
+        its mean is taken (``rails``: in flight on several nodes by the rails)."""
         return FragmentSchedule(fragment_bounds(self.parameter_sizes, self.fragments), interval,
-                                self.overlap, self.fragment_mix, reducer)
+                                self.overlap, self.fragment_mix, reducer, rails)
 
 
 @dataclass
@@ -166,13 +171,16 @@ class InFlight:
 class FragmentSchedule:
     """The fragments' (start, stop) in the flat vector, the interval H, overlap tau, mix alpha,
     and the reducer of a fragment's round (``hpcopt.algorithms.reducers``: plain, in flight;
-    a wire, blocking, tau = 0)."""
+    a wire, blocking, tau = 0); ``rails``: a plain reducer's sums in flight take the node-aware
+    path on several nodes (``Comm.iallreduce``'s ``rails``, hpcopt/comm/node_reduce.py), moved
+    on after every step."""
 
     bounds: tuple[tuple[int, int], ...]
     interval: int
     overlap: int
     mix: float
     reducer: Reducer = PLAIN
+    rails: bool = False
 
     def offset(self, p: int) -> int:
         return p * self.interval // len(self.bounds)
@@ -251,6 +259,9 @@ class FragmentSchedule:
         = 0: send it, then apply it). ``rounds`` is the algorithm: its ``outer_step`` and
         ``lr_at``."""
         step, overlap = state.step, self.overlap
+        if self.rails:
+            for reduction in state.reductions.pending.values():
+                comm.advance(reduction)
         done = self.sent_at(step - overlap)
         if done is not None and overlap > 0:  # first: it leaves the wire before the next starts
             self._apply(done, step - overlap, state, comm, rounds)
@@ -274,7 +285,8 @@ class FragmentSchedule:
         start, stop = self.bounds[p]
         reductions = state.reductions
         reductions.pending[p] = comm.iallreduce(state.in_flight[start:stop],
-                                                reductions.received[start:stop], FRAGMENT_LABEL)
+                                                reductions.received[start:stop], FRAGMENT_LABEL,
+                                                rails=self.rails)
 
     def _apply(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
         """Complete fragment p's reduction (posted again from ``in_flight`` after a resume),

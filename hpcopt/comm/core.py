@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -25,6 +25,9 @@ from ..backend import CPU, Backend
 from ..errors import HpcoptError
 from .shm import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
 from .staging import DeviceTransport, transport_for
+
+if TYPE_CHECKING:
+    from .node_reduce import RailsSum
 
 T = TypeVar("T")
 
@@ -161,7 +164,7 @@ class CommStats:
 class Reduction:
     """A non-blocking allreduce in flight (``Comm.iallreduce``), to finish with ``Comm.complete``."""
 
-    request: MPI.Request
+    request: MPI.Request | RailsSum
     label: str
     nbytes: int
     posted: float        # time.perf_counter() when it was posted
@@ -460,12 +463,27 @@ class Comm:
         return request, everyone
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, label: str,
-                   op: MPI.Op = MPI.SUM) -> Reduction:
+                   op: MPI.Op = MPI.SUM, rails: bool = False) -> Reduction:
         """Start ``recv <- sum_i send_i`` over ranks (host arrays of one size; neither may be
-        written, nor ``recv`` read, until ``complete``). Counted when completed."""
+        written, nor ``recv`` read, until ``complete``). Counted when completed. With ``rails``
+        (a sum) on several nodes, the node-aware path of hpcopt/comm/node_reduce.py, moved on
+        by ``advance``."""
         start = time.perf_counter()
+        if rails and not self.in_node:
+            from .node_reduce import RailsSum
+
+            stages = RailsSum(self, send, recv, label)
+            return Reduction(stages, label, stages.nbytes, start, time.perf_counter() - start)
         request = self.mpi.Iallreduce(send, recv, op=op)
         return Reduction(request, label, send.nbytes, start, time.perf_counter() - start)
+
+    def advance(self, reduction: Reduction) -> None:
+        """Complete the stage in flight of a reduction by stages (``iallreduce``'s ``rails``)
+        and post its next one (collective: in the same order on every rank); nothing for one
+        MPI call."""
+        advance = getattr(reduction.request, "advance", None)
+        if advance is not None:
+            advance()
 
     def complete(self, reduction: Reduction) -> None:
         """Wait for ``reduction``: one ("iallreduce", label) call of its bytes, whose seconds

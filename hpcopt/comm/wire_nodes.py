@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 NODE_LABEL = "average_node"
 #: Who exchanges the compressed chunks across nodes (module docstring); "flat": nobody, the
 #: round of one node (one Allgather of every rank's payload, hpcopt/comm/wire.py) across nodes.
+#: A run's ``node_round`` '' is "leader" here.
 NODE_ROUNDS = ("leader", "rails", "flat")
 
 
