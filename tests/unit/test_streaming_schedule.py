@@ -4,10 +4,13 @@ model treat a reduction's seconds in flight."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from hpcopt.algorithms.streaming import FragmentSchedule, fragment_bounds
+from hpcopt.build import build_algorithm
 from hpcopt.comm import IN_FLIGHT, CommStats
 from hpcopt.comm.costmodel import PROFILES, comm_modelled
 from hpcopt.config import build_config
@@ -86,6 +89,33 @@ def test_streaming_options_out_of_range_or_not_built_are_refused(overrides, mess
     with pytest.raises(HpcoptError) as error:
         small(**overrides)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"wire": "int8", "node_round": "ring"}, "unknown node_round 'ring' (choose from leader, rails, flat"),
+    ({"node_round": "rails"}, "node_round applies to a compressing wire (bfloat16, float16, int8) or to "
+     "fragments without a wire, not to whole-model rounds without a wire"),
+    ({"wire": "float32", "node_round": "flat"}, "not to wire float32"),
+    ({"fragments": 2, "node_round": "leader"}, "node_round leader is not built for fragments without a "
+     "wire: rails or flat"),
+])
+def test_node_rounds_not_built_are_refused(overrides, message):
+    with pytest.raises(HpcoptError) as error:
+        small(**overrides)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("overrides, rails", [
+    ({"wire": "int8", "node_round": "rails"}, False), ({"wire": "bfloat16", "fragments": 2}, False),
+    ({"fragments": 2, "overlap": 1, "node_round": "rails"}, True),
+    ({"fragments": 2, "node_round": "flat"}, False), ({"fragments": 2}, False),
+])
+def test_node_rounds_that_are_built_build(overrides, rails):
+    algorithm = build_algorithm(small(**overrides), 4, 910)
+    if algorithm.wire:
+        assert algorithm.reducer.node_round == overrides.get("node_round", "")
+    if algorithm.streaming:
+        assert dataclasses.replace(algorithm, parameter_sizes=DIGITS_MLP).timing.rails == rails
 
 
 def test_every_algorithm_with_fragments_builds_streamed():
