@@ -41,14 +41,13 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..comm.core import GROUP_LABEL
-from ..comm.wire import WIRES, check_wire
 from ..comm.wire_nodes import NODE_LABEL
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 from .groups import GroupRounds
-from .reducers import WHOLE, Reducer, reducer_of
+from .reducers import PLAIN, WHOLE, Reducer, reducers
 from .state import VECTOR, Declared
 from .streaming import FRAGMENT_LABEL, FragmentOptions
 from .when import EveryInterval, Timing
@@ -68,15 +67,16 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
 
     local_steps: tuple[int, ...] = option((), "local steps per round of each rank (one value "
                                               "per rank); none = interval")
-    wire: str = option("", f"what a round sends: {' | '.join(WIRES)} (int8: a scale per 256 values), "
-                           "with error feedback (hpcopt.comm.wire); '' = x uncompressed")
+    wire: str = option("", f"what a round sends: {' | '.join(reducers.builtin())} (int8: a scale per "
+                           "256 values), with error feedback (hpcopt.comm.wire), or a registered "
+                           "reducer (hpcopt.algorithms.reducers); '' = x uncompressed")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if any(k < 1 for k in self.local_steps):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
         self.check_groups(self.interval, self.local_steps)
-        check_wire(self.wire)
+        self.reducer  # noqa: B018 - its checks
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
             "second_moment_policy": self.second_moment_policy != "keep",
@@ -95,8 +95,9 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
 
     @cached_property
     def reducer(self) -> Reducer:
-        """How a round takes the ranks' mean: plain, or through the ``wire``."""
-        return reducer_of(self.wire)
+        """How a round takes the ranks' mean: plain, or the reducer ``wire`` names (a wire
+        with error feedback, or a registered one: ``hpcopt.algorithms.reducers``)."""
+        return reducers.make(self.wire, {}, self.run_context()) if self.wire else PLAIN
 
     def steps_for(self, total_steps: int, rank: int, size: int) -> int:
         """Local steps rank ``rank`` runs so that every rank completes floor(T/I) rounds.

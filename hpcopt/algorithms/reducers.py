@@ -17,6 +17,10 @@ whole of it) to the ranks' mean, on every rank:
 
 A plain reducer's fragments are reduced in flight (``Iallreduce``, overlapped with the inner
 steps that follow); a wire's are blocking (``in_flight`` False).
+
+``--wire NAME`` names the round's reducer in the registry ``reducers``: the wires
+(``hpcopt.comm.wire.WIRES``) built in, entry points of the group ``hpcopt.reducers``, or
+``reducers.register(name, piece)``; no wire (``''``) is the plain mean.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from ..backend import array_module
-from ..comm.wire import wire_average_
+from ..comm.wire import WIRES, wire_average_
 from ..rng import stream
+from .pieces import Piece, Pieces
 from .state import RESET, VECTOR, Declared
 
 if TYPE_CHECKING:
@@ -127,6 +132,12 @@ class SubsetMean:
 PLAIN = PlainMean()
 
 
-def reducer_of(wire: str) -> Reducer:
-    """The reducer of a ``wire`` option ('' plain)."""
-    return WireMean(wire) if wire else PLAIN
+def _wire(name: str) -> Piece[Reducer]:
+    return Piece(lambda options: WireMean(name))
+
+
+#: The reducers a ``wire`` names: built in (the wires), entry points of the group
+#: ``hpcopt.reducers``, ``reducers.register(name, piece)``; they read no option.
+reducers: Pieces[Reducer] = Pieces("wire", "hpcopt.reducers", {},
+                                   lambda: {name: _wire(name) for name in WIRES})
+

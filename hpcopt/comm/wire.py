@@ -36,8 +36,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import HpcoptError
-
 if TYPE_CHECKING:
     from .core import Comm
 
@@ -46,12 +44,6 @@ Array = Any
 WIRES = ("float32", "bfloat16", "float16", "int8")
 #: Values per int8 row (one float32 scale each).
 INT8_ROW = 256
-
-
-def check_wire(wire: str) -> None:
-    """HpcoptError unless ``wire`` is '' (uncompressed) or one of ``WIRES``."""
-    if wire and wire not in WIRES:
-        raise HpcoptError(f"unknown wire {wire!r} (choose from {', '.join(WIRES)})")
 
 
 def message_bytes(wire: str, n: int) -> int:
