@@ -54,6 +54,7 @@ from .state import RESET, SCRATCH, VECTOR, Declared
 
 if TYPE_CHECKING:
     from ..comm import Comm, Reduction
+    from .when import RoundCalls
 
 Array = Any
 
@@ -222,7 +223,7 @@ class FragmentSchedule:
         the host: ``Config`` refuses streaming on a GPU)."""
         return {"in_flight": np.zeros_like(x), "reductions": InFlight(np.zeros_like(x))}
 
-    def after_step(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def after_step(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """A group round when one is due (not at a round's end), the fragments' turn, and every
         interval steps the round's end (``rounds.end_round``)."""
         if state.steps_in_round < self.interval:
@@ -246,7 +247,7 @@ class FragmentSchedule:
             return {}
         return {PEAK_COLUMN: self.peak_bytes(state.step, state.x.itemsize)}
 
-    def step(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def step(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """After local step ``state.step``: apply the fragment due, then send the one due (tau
         = 0: send it, then apply it). ``rounds`` is the algorithm: its ``outer_step`` and
         ``lr_at``."""
@@ -265,7 +266,7 @@ class FragmentSchedule:
             if overlap == 0:
                 self._apply(p, step, state, comm, rounds)
 
-    def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def drain(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Complete and apply every reduction still in flight (the end of a run)."""
         for p, sent in self.in_flight(state.step):
             self._apply(p, sent, state, comm, rounds)
@@ -276,7 +277,7 @@ class FragmentSchedule:
         reductions.pending[p] = comm.iallreduce(state.in_flight[start:stop],
                                                 reductions.received[start:stop], FRAGMENT_LABEL)
 
-    def _apply(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
+    def _apply(self, p: int, sent: int, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Complete fragment p's reduction (posted again from ``in_flight`` after a resume),
         take its outer step and mix it into x."""
         reductions = state.reductions
@@ -289,7 +290,7 @@ class FragmentSchedule:
             mean /= comm.size
         self._mix(p, sent, mean, state, rounds)
 
-    def _apply_blocking(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
+    def _apply_blocking(self, p: int, sent: int, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Fragment p's round by a blocking reducer (a wire: of the pseudo-gradients anchor_p -
         x_i,p, or without an anchor of x_i,p, with the slice of the error feedback e_i), then
         its outer step and mix."""
@@ -300,7 +301,7 @@ class FragmentSchedule:
         self.reducer.mean_(mean, state, part, comm, FRAGMENT_LABEL)
         self._mix(p, sent, mean, state, rounds)
 
-    def _mix(self, p: int, sent: int, mean: Array, state: Any, rounds: Any) -> None:
+    def _mix(self, p: int, sent: int, mean: Array, state: Any, rounds: RoundCalls) -> None:
         """Fragment p's outer step from its round's ``mean`` (sent after step ``sent``), then
         x_i,p <- (1 - alpha) x_i,p + alpha x0_p."""
         start, stop = self.bounds[p]
