@@ -146,6 +146,11 @@ class Pieces(Generic[P]):
         """Forget a piece registered by call (a test's, a notebook's)."""
         self._by_call.pop(name, None)
 
+    def modules_by_call(self) -> dict[str, str]:
+        """The modules that define the pieces registered by call (their ``make``), by name."""
+        return {name: getattr(getattr(piece.make, "func", piece.make), "__module__", "__main__")
+                for name, piece in self._by_call.items()}
+
     def pieces(self) -> dict[str, Piece[P]]:
         """Name -> piece: the built-ins, the entry points' (by name), those registered by call."""
         return {**self.builtin(), **self.from_entry_points(), **self._by_call}
