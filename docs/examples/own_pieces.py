@@ -35,8 +35,7 @@ class Lion:
         anchor, m, xp = state["anchor"], state["lion_m"], array_module(mean)
         delta = xp.subtract(anchor, mean, out=scratch)
         direction = xp.sign(self.beta1 * m + (1 - self.beta1) * delta)
-        m *= self.beta2
-        m += (1 - self.beta2) * delta
+        m[...] = self.beta2 * m + (1 - self.beta2) * delta
         anchor -= self.lr * direction
         mean[...] = anchor
 
