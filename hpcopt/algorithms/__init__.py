@@ -14,7 +14,7 @@ a checkpoint holds; the per-rank ones with a rescale policy, ``SAME``, ``AVERAGE
 
 The pieces of a round: their protocols (``Inner``, ``Outer``, ``Reducer``, ``Timing`` and
 ``RoundCalls``, what a timing calls in the round), their registries (``inner_optimizers``,
-``outer_optimizers``, ``reducers``: ``hpcopt.algorithms.pieces``) with ``Piece``,
+``outer_optimizers``, ``reducers``: ``hpcopt.algorithms.kinds``) with ``Piece``,
 ``PieceOptions`` and the checks ``positive`` and ``fraction``, ``WHOLE`` (a reducer's part: the
 whole model), the labels of a round's communication (``AVERAGE_LABEL``, ``GROUP_LABEL``,
 ``NODE_LABEL``, ``FRAGMENT_LABEL``, ``MOMENTUM_LABEL``, ``SECOND_MOMENT_LABEL``,
@@ -29,12 +29,13 @@ from ..errors import HpcoptError
 from .base import DATA_PARALLEL, PIPELINE, DataParallelAlgorithm, Oracle, context, option, option_fields
 from .buffers import BUFFERS_LABEL
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds, ScheduledSGD
-from .inner import Inner, inner_optimizers
+from .inner import Inner
+from .kinds import inner_optimizers, outer_optimizers, reducers
 from .local_sgd import LocalSGD, RestartedSGD
 from .momentum import MOMENTUM_LABEL, SECOND_MOMENT_LABEL
-from .outer import Outer, outer_optimizers
+from .outer import Outer
 from .pieces import Piece, PieceOptions, fraction, positive
-from .reducers import WHOLE, Reducer, reducers
+from .reducers import WHOLE, Reducer
 from .registration import ENTRY_POINT_GROUP, register, registry
 from .state import AVERAGE, REFUSE, RESET, SAME, counter, flag, model, scalar, scratch, shared, vector
 from .streaming import FRAGMENT_LABEL

@@ -21,7 +21,8 @@ import numpy as np
 from ..errors import HpcoptError
 from .base import DATA_PARALLEL, check_momentum, context, context_fields, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
-from .inner import INNER_OPTIONS, Inner, declared, inner_optimizers
+from .inner import INNER_OPTIONS, Inner, declared
+from .kinds import inner_optimizers, outer_optimizers
 from .momentum import (
     MOMENTUM_LABEL,
     MOMENTUM_POLICIES,
@@ -29,7 +30,7 @@ from .momentum import (
     apply_momentum_policy,
     check_momentum_policy,
 )
-from .outer import OUTER_OPTIONS, Outer, outer_optimizers
+from .outer import OUTER_OPTIONS, Outer
 from .reducers import WHOLE
 from .schedules import SCHEDULES, Schedule
 from .schedules import describe as describe_schedule

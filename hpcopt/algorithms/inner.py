@@ -17,7 +17,7 @@ the steps since each was last zeroed (at the start, and at each round when its p
 
 Each inner optimizer is a piece (``Inner``): its options, the per-rank moments it keeps
 (declared state, rescaled by their average) and its step. The registry
-``hpcopt.algorithms.pieces.inner_optimizers`` holds them by name (``SGD``, ``ADAMW`` here,
+``hpcopt.algorithms.kinds.inner_optimizers`` holds them by name (``SGD``, ``ADAMW`` here,
 ``hpcopt.algorithms.muon.MUON``), each made from the options it reads (``INNER_OPTIONS``);
 ``ScheduledSGD.inner`` makes the one ``inner_optimizer`` names.
 
@@ -40,7 +40,7 @@ import numpy as np
 from ..backend import array_module
 from ..errors import HpcoptError
 from .momentum import momentum_direction
-from .pieces import Piece, PieceOptions, Pieces
+from .pieces import Piece, PieceOptions
 from .state import AVERAGE, VECTOR, Declared
 
 Array = Any
@@ -156,18 +156,6 @@ SGD = Piece(lambda o: Sgd(o["momentum"], o["nesterov"], weight_decay(o)),
 ADAMW = Piece(lambda o: AdamW(o["adam_beta1"], o["adam_beta2"], o["adam_eps"], weight_decay(o)),
               (*ADAMW_DEFAULTS, "weight_decay"))
 
-
-
-def _builtin() -> dict[str, Piece[Inner]]:
-    from .muon import MUON  # muon's step builds on sgd's
-
-    return {"sgd": SGD, "adamw": ADAMW, "muon": MUON}
-
-
-#: The inner optimizers by name (``--inner-optimizer``): built in, entry points of the group
-#: ``hpcopt.inner_optimizers``, ``inner_optimizers.register(name, piece)``.
-inner_optimizers: Pieces[Inner] = Pieces("inner_optimizer", "hpcopt.inner_optimizers",
-                                         INNER_OPTIONS, _builtin)
 
 
 def check_adamw(beta1: float, beta2: float, eps: float) -> None:

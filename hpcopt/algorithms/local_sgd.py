@@ -47,7 +47,8 @@ from .base import option
 from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 from .groups import GroupRounds
-from .reducers import PLAIN, WHOLE, Reducer, reducers
+from .kinds import reducers
+from .reducers import PLAIN, WHOLE, Reducer
 from .state import VECTOR, Declared
 from .streaming import FRAGMENT_LABEL, FragmentOptions
 from .when import EveryInterval, Timing

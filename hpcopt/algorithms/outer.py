@@ -12,7 +12,7 @@ from the new anchor::
 
 lr = ``outer_lr``, mu = ``outer_momentum``: the options each outer optimizer reads, with its
 own default where a run leaves one at the flag's (``OUTER_OPTIONS``: lr 1, mu 0; registered in
-``hpcopt.algorithms.pieces.outer_optimizers``: ``AVERAGE``, ``SGD``, ``NESTEROV``, ``SLOWMO``
+``hpcopt.algorithms.kinds.outer_optimizers``: ``AVERAGE``, ``SGD``, ``NESTEROV``, ``SLOWMO``
 here, ``FEDADAM`` and ``FEDYOGI`` in ``hpcopt.algorithms.fedopt``). ``nesterov`` with mu left
 unset takes DiLoCo's mu 0.9, and its lr 0.7 where lr is left unset too (``DILOCO_MOMENTUM``,
 ``DILOCO_LR``). ``sgd`` with mu
@@ -39,8 +39,8 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..backend import array_module
-from .fedopt import FEDADAM, FEDOPT_BETA2, FEDOPT_TAU, FEDYOGI
-from .pieces import Piece, PieceOptions, Pieces, fraction, positive
+from .fedopt import FEDOPT_BETA2, FEDOPT_TAU
+from .pieces import Piece, PieceOptions, fraction, positive
 
 Array = Any
 
@@ -165,9 +165,3 @@ AVERAGE = Piece(lambda options: OuterOptimizer("average"))
 SGD = Piece(partial(_momentum_outer, "sgd"), MOMENTUM_OPTIONS)
 NESTEROV = Piece(_nesterov, MOMENTUM_OPTIONS)
 SLOWMO = Piece(partial(_momentum_outer, "slowmo"), MOMENTUM_OPTIONS)
-#: The outer optimizers by name (``--outer-optimizer``): built in, entry points of the group
-#: ``hpcopt.outer_optimizers``, ``outer_optimizers.register(name, piece)``.
-outer_optimizers: Pieces[Outer] = Pieces(
-    "outer_optimizer", "hpcopt.outer_optimizers", OUTER_OPTIONS,
-    lambda: {"average": AVERAGE, "sgd": SGD, "nesterov": NESTEROV, "slowmo": SLOWMO,
-             "fedadam": FEDADAM, "fedyogi": FEDYOGI})

@@ -4,7 +4,8 @@ A data-parallel round is made of pieces: the local step (``inner.Inner``), what 
 with the ranks' mean (``outer.Outer``) and how it takes that mean (``reducers.Reducer``). Each
 kind has its own registry, filled as the algorithms' is (``hpcopt.algorithms.registration``):
 
-- built in: hpcopt's own pieces (``inner``, ``muon``, ``outer``, ``fedopt``, ``reducers``);
+- built in: hpcopt's own pieces (``inner``, ``muon``, ``outer``, ``fedopt``, ``reducers``;
+  the registries themselves are in ``hpcopt.algorithms.kinds``, which imports them all);
 - entry points: each entry point of the kind's group (``hpcopt.inner_optimizers``,
   ``hpcopt.outer_optimizers``, ``hpcopt.reducers``) of an installed package, a ``Piece``,
   loaded the first time the registry is asked for a name; the entry point's name is the
@@ -82,20 +83,16 @@ def fraction(key: str, value: float) -> float:
 
 class Pieces(Generic[P]):
     """One kind's registry: the option that names a piece (``option``, e.g. "outer_optimizer"),
-    the entry-point group, the kind's options with their unset values, and the built-ins
-    (``load_builtin``, imported on first use: the piece modules import this one)."""
+    the entry-point group, the kind's options with their unset values, and the built-ins."""
 
     def __init__(self, option: str, group: str, unset: Mapping[str, Any],
-                 load_builtin: Callable[[], dict[str, Piece[P]]]) -> None:
+                 builtin: Mapping[str, Piece[P]]) -> None:
         self.option, self.group, self.unset = option, group, dict(unset)
-        self._load_builtin = load_builtin
-        self._builtin: dict[str, Piece[P]] | None = None
+        self._builtin = dict(builtin)
         self._entry_points: dict[str, Piece[P]] | None = None
         self._by_call: dict[str, Piece[P]] = {}
 
     def builtin(self) -> dict[str, Piece[P]]:
-        if self._builtin is None:
-            self._builtin = self._load_builtin()
         return self._builtin
 
     def from_entry_points(self) -> dict[str, Piece[P]]:

@@ -18,7 +18,7 @@ whole of it) to the ranks' mean, on every rank:
 A plain reducer's fragments are reduced in flight (``Iallreduce``, overlapped with the inner
 steps that follow); a wire's are blocking (``in_flight`` False).
 
-``--wire NAME`` names the round's reducer in the registry ``reducers``: the wires
+``--wire NAME`` names the round's reducer in the registry ``hpcopt.algorithms.kinds.reducers``: the wires
 (``hpcopt.comm.wire.WIRES``) built in, entry points of the group ``hpcopt.reducers``, or
 ``reducers.register(name, piece)``; no wire (``''``) is the plain mean.
 """
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from ..backend import array_module
-from ..comm.wire import WIRES, wire_average_
+from ..comm.wire import wire_average_
 from ..rng import stream
-from .pieces import Piece, Pieces
+from .pieces import Piece
 from .state import RESET, VECTOR, Declared
 
 if TYPE_CHECKING:
@@ -132,12 +132,7 @@ class SubsetMean:
 PLAIN = PlainMean()
 
 
-def _wire(name: str) -> Piece[Reducer]:
+
+def wire_piece(name: str) -> Piece[Reducer]:
+    """The registered reducer of the wire ``name`` (``hpcopt.algorithms.kinds.reducers``)."""
     return Piece(lambda options: WireMean(name))
-
-
-#: The reducers a ``wire`` names: built in (the wires), entry points of the group
-#: ``hpcopt.reducers``, ``reducers.register(name, piece)``; they read no option.
-reducers: Pieces[Reducer] = Pieces("wire", "hpcopt.reducers", {},
-                                   lambda: {name: _wire(name) for name in WIRES})
-

@@ -219,9 +219,7 @@ def child_variables() -> dict[str, str]:
 def _piece_modules() -> dict[str, str]:
     """The modules of the pieces registered by call, by name, those of a script left out (a
     process hpcopt starts then finds no such piece, and says so)."""
-    from .inner import inner_optimizers
-    from .outer import outer_optimizers
-    from .reducers import reducers
+    from .kinds import inner_optimizers, outer_optimizers, reducers
 
     found = {}
     for pieces in (inner_optimizers, outer_optimizers, reducers):
