@@ -192,6 +192,43 @@ def wire_decoded(message, wire):
     return values.astype(ml_dtypes.bfloat16 if wire == "bfloat16" else np.dtype(wire)).astype(np.float32)
 
 
+def whole_vector_encode(message, wire):
+    """(the bytes sent, D(Q(message)) in float32) by whole-vector casts: the wire's codec as it was
+    before hpcopt/comm/codec.py (ml-dtypes' bfloat16 cast; int8 on zero-padded rows), kept as
+    the bits that codec must give."""
+    values = message.astype(np.float32)
+    if wire != "int8":
+        cast = values.astype(_cast_type(wire))
+        return cast.view(np.uint8), cast.astype(np.float32)
+    n = values.size
+    padded = np.zeros(-(-n // 256) * 256, dtype=np.float32)
+    padded[:n] = values
+    rows = padded.reshape(-1, 256)
+    scales = np.max(np.abs(rows), axis=1) / np.float32(127)
+    safe = np.where(scales > 0, scales, np.float32(1))
+    q = np.clip(np.rint(rows / safe[:, None]), -127, 127).astype(np.int8)
+    decoded = (q.astype(np.float32) * scales[:, None]).reshape(-1)[:n]
+    return np.concatenate([q.reshape(-1)[:n].view(np.uint8), scales.view(np.uint8)]), decoded
+
+
+def whole_vector_decode(payload, wire, n):
+    """D of the bytes ``whole_vector_encode`` sent for ``n`` values, in float32."""
+    if wire != "int8":
+        return payload.view(_cast_type(wire)).astype(np.float32)
+    q = np.zeros(-(-n // 256) * 256, dtype=np.float32)
+    q[:n] = payload[:n].view(np.int8)
+    scales = payload[n:].view(np.float32)
+    return (q.reshape(-1, 256) * scales[:, None]).reshape(-1)[:n]
+
+
+def _cast_type(wire):
+    if wire == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(wire)
+
+
 def wire_mean(messages, errors, wire):
     """The mean of the messages sent through ``wire`` with error feedback (``errors``, one
     per worker, updated): each message plus its error is sent, what it loses is its new error;

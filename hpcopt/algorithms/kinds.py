@@ -6,7 +6,7 @@ registered by call. This module imports every built-in piece; the pieces import 
 
 from __future__ import annotations
 
-from ..comm.wire import WIRES
+from ..comm.codec import WIRES
 from .fedopt import FEDADAM, FEDYOGI
 from .inner import ADAMW, INNER_OPTIONS, SGD, Inner
 from .muon import MUON

@@ -19,7 +19,7 @@ A plain reducer's fragments are reduced in flight (``Iallreduce``, overlapped wi
 steps that follow); a wire's are blocking (``in_flight`` False).
 
 ``--wire NAME`` names the round's reducer in the registry ``hpcopt.algorithms.kinds.reducers``: the wires
-(``hpcopt.comm.wire.WIRES``) built in, entry points of the group ``hpcopt.reducers``, or
+(``hpcopt.comm.codec.WIRES``) built in, entry points of the group ``hpcopt.reducers``, or
 ``reducers.register(name, piece)``; no wire (``''``) is the plain mean.
 """
 
