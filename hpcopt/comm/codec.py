@@ -49,8 +49,9 @@ WIRES = ("float32", "bfloat16", "float16", "int8")
 INT8_ROW = 256
 #: Values per block of a NumPy codec: a block of its scratch (256 KB in float32) stays in cache.
 BLOCK = 1 << 16
-#: The float32 bits of bfloat16's NaN (a NaN keeps its sign).
+#: The bits of bfloat16's NaN (a NaN keeps its sign).
 BF16_NAN = 0x7FC0
+FLOAT32_TINY, FLOAT32_MAX = np.finfo(np.float32).tiny, np.finfo(np.float32).max
 
 
 def message_bytes(wire: str, n: int) -> int:
@@ -76,8 +77,8 @@ class Codec:
         if wire == "int8":
             self._scales = xp.zeros(math.ceil(size / INT8_ROW), dtype=xp.float32)
             self._codes = xp.zeros(rows * INT8_ROW, dtype=xp.int8)
-            self._low = xp.zeros(rows, dtype=xp.float32)
-            self._positive = xp.zeros(rows, dtype=bool)
+            self._divisors = xp.zeros(rows, dtype=xp.float32)
+            self._usual = xp.zeros(rows, dtype=bool)
 
     # -- the public passes -------------------------------------------------------------------
 
@@ -189,39 +190,58 @@ class Codec:
         return sums.view(xp.float32)
 
     def _q_int8(self, part: slice, values: Array) -> Array:
-        """The block's rows padded with zeros in the scratch, their scales, codes and D."""
+        """The block's row scales, codes and D; its rows padded with zeros in the scratch."""
         xp, n = self.xp, values.size
         rows = math.ceil(n / INT8_ROW)
-        work = self._work[:rows * INT8_ROW]
+        work, floats = self._work[:rows * INT8_ROW], self._float32(values)
         grid = work.reshape(rows, INT8_ROW)
         scales = self._scales[part.start // INT8_ROW:][:rows]
-        low, positive = self._low[:rows], self._positive[:rows]
-        xp.copyto(work[:n], values, casting="unsafe")
+        divisors, usual = self._divisors[:rows], self._usual[:rows]
+        xp.abs(floats, out=work[:n])
         work[n:] = 0
         xp.max(grid, axis=1, out=scales)
-        xp.min(grid, axis=1, out=low)
-        xp.negative(low, out=low)
-        xp.maximum(scales, low, out=scales)
-        xp.abs(scales, out=scales)  # max |m|: +0 for a row of zeros, a NaN without its sign
         xp.divide(scales, xp.float32(127), out=scales)
-        xp.greater(scales, 0, out=positive)
-        low[...] = 1
-        xp.copyto(low, scales, where=positive)  # the divisor: s, or 1 where s is not > 0
-        xp.divide(grid, low[:, None], out=grid)
+        xp.greater(scales, 0, out=usual)
+        divisors[...] = 1
+        xp.copyto(divisors, scales, where=usual)  # s, or 1 where s is not > 0
+        if n == work.size:
+            xp.divide(floats.reshape(rows, INT8_ROW), divisors[:, None], out=grid)
+        else:
+            xp.copyto(work[:n], floats)
+            xp.divide(grid, divisors[:, None], out=grid)
         xp.rint(work, out=work)
+        codes = self.payload[part].view(xp.int8)
+        if self._usual_scales(scales, usual):  # |q| <= 127 already, and q = rint(m / s) exactly
+            xp.add(work, 0, out=work)  # -0 -> +0: the float of the int8 code
+            xp.copyto(codes, work[:n], casting="unsafe")
+            xp.multiply(grid, scales[:, None], out=grid)
+            return work[:n]
         xp.clip(work, -127, 127, out=work)
-        codes = self._codes[:rows * INT8_ROW]
-        xp.copyto(codes, work, casting="unsafe")
-        self.payload[part].view(xp.int8)[...] = codes[:n]
-        xp.multiply(codes.reshape(rows, INT8_ROW), scales[:, None], out=grid)
+        padded = self._codes[:rows * INT8_ROW]
+        xp.copyto(padded, work, casting="unsafe")
+        codes[...] = padded[:n]
+        xp.multiply(padded.reshape(rows, INT8_ROW), scales[:, None], out=grid)
         return work[:n]
+
+    def _usual_scales(self, scales: Array, usual: Array) -> bool:
+        """Whether every scale is 0 or a normal float32 (not subnormal, infinite or NaN): then
+        |m / s| <= 127 (1 + 2^-23) rounds to at most 127 and no quotient is NaN. ``usual`` is
+        scratch."""
+        xp = self.xp
+        xp.less_equal(scales, FLOAT32_MAX, out=usual)
+        xp.logical_and(usual, scales >= FLOAT32_TINY, out=usual)
+        xp.logical_or(usual, scales == 0, out=usual)
+        return bool(xp.all(usual))
 
     def _d_int8(self, part: slice, payload: Array) -> Array:
         xp, n = self.xp, part.stop - part.start
         rows = math.ceil(n / INT8_ROW)
-        codes, work = self._codes[:rows * INT8_ROW], self._work[:rows * INT8_ROW]
-        codes[:n] = payload[part].view(xp.int8)
-        codes[n:] = 0
+        work, codes = self._work[:rows * INT8_ROW], payload[part].view(xp.int8)
+        if n != work.size:
+            padded = self._codes[:rows * INT8_ROW]
+            padded[:n] = codes
+            padded[n:] = 0
+            codes = padded
         scales = self._scales[part.start // INT8_ROW:][:rows]
         xp.multiply(codes.reshape(rows, INT8_ROW), scales[:, None], out=work.reshape(rows, INT8_ROW))
         return work[:n]
