@@ -187,9 +187,7 @@ def wire_decoded(message, wire):
             q = np.clip(np.rint(row / scale), -127, 127) if scale > 0 else np.zeros_like(row)
             out[start:start + 256] = q.astype(np.float32) * scale
         return out
-    import ml_dtypes
-
-    return values.astype(ml_dtypes.bfloat16 if wire == "bfloat16" else np.dtype(wire)).astype(np.float32)
+    return values.astype(_cast_type(wire)).astype(np.float32)
 
 
 def whole_vector_encode(message, wire):

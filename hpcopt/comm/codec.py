@@ -25,9 +25,11 @@ those of the whole-vector casts (tests/unit/test_codec.py):
   cast ml-dtypes runs): b = (u + 0x7FFF + ((u >> 16) & 1)) >> 16, a NaN as 0x7FC0 with its sign
   (looked for by one max per block, set only where there is one); D(b) = b << 16, which is
   u + the bias with its lower half cleared;
-- int8: max|m| of a row as max(max m, -min m) (no |m| written; its absolute value gives +0 for a
-  row of zeros and a NaN's sign as |m| does), the quotient, rint and clip in place, the codes
-  cast from there, D as the product of the codes and the row scales.
+- int8: |m| and one max per row give the scales, the quotient and rint run in place, and where
+  every scale of the block is 0 or a normal float32 the clip is left out (|m / s| <= 127 (1 +
+  2^-23) rounds to at most 127, and no quotient is NaN): the codes are cast straight into the
+  payload and D is the rounded quotient (its -0 made +0, as the int8 code's float) times the
+  scale; a block with a subnormal, infinite or NaN scale takes the clip and D from the codes.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ Array = Any
 WIRES = ("float32", "bfloat16", "float16", "int8")
 #: Values per int8 row (one float32 scale each).
 INT8_ROW = 256
-#: Values per block of a NumPy codec: a block of its scratch (256 KB in float32) stays in cache.
-BLOCK = 1 << 16
+#: Values per block of a NumPy codec: a block of its scratch (1 MB in float32) stays in the cache.
+BLOCK = 1 << 18
 #: The bits of bfloat16's NaN (a NaN keeps its sign).
 BF16_NAN = 0x7FC0
 FLOAT32_TINY, FLOAT32_MAX = np.finfo(np.float32).tiny, np.finfo(np.float32).max
@@ -86,11 +88,8 @@ class Codec:
         """``payload`` <- Q(message) (a flat message of ``size`` values, any float dtype), and
         ``error`` <- message - D(payload) (error feedback); returns ``payload``, valid until this
         codec's next ``encode_``."""
-        xp = self.xp
         for part, decoded in self._encoded(message):
-            xp.subtract(message[part], decoded, out=error[part])
-        if self.wire == "int8":
-            self.payload[self.size:] = self._scales.view(xp.uint8)
+            self.xp.subtract(message[part], decoded, out=error[part])
         return self.payload
 
     def encode(self, message: Array) -> tuple[Array, Array]:
@@ -98,8 +97,6 @@ class Codec:
         decoded = self.xp.empty(self.size, dtype=self.xp.float32)
         for part, block in self._encoded(message):
             decoded[part] = block
-        if self.wire == "int8":
-            self.payload[self.size:] = self._scales.view(self.xp.uint8)
         return self.payload.copy(), decoded
 
     def decode_(self, payload: Array, out: Array) -> Array:
@@ -122,10 +119,12 @@ class Codec:
 
     def _encoded(self, message: Array) -> Iterator[tuple[slice, Array]]:
         """(the block, its D(Q) in float32: scratch) for each block of ``message``, its codes
-        written into ``payload`` (the int8 scales into ``_scales``)."""
+        written into ``payload`` (then the int8 scales)."""
         quantize: Callable[[slice, Array], Array] = getattr(self, "_q_" + self.wire)
         for part in self._blocks():
             yield part, quantize(part, message[part])
+        if self.wire == "int8":
+            self.payload[self.size:] = self._scales.view(self.xp.uint8)
 
     def _decoded(self, payload: Array) -> Iterator[tuple[slice, Array]]:
         if self.wire == "int8":
@@ -211,7 +210,7 @@ class Codec:
             xp.divide(grid, divisors[:, None], out=grid)
         xp.rint(work, out=work)
         codes = self.payload[part].view(xp.int8)
-        if self._usual_scales(scales, usual):  # |q| <= 127 already, and q = rint(m / s) exactly
+        if self._usual_scales(scales, usual):  # no quotient beyond +-127.5, none NaN: no clip
             xp.add(work, 0, out=work)  # -0 -> +0: the float of the int8 code
             xp.copyto(codes, work[:n], casting="unsafe")
             xp.multiply(grid, scales[:, None], out=grid)

@@ -19,7 +19,7 @@ from tests.reference import whole_vector_decode, whole_vector_encode
 SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 1e-40, -3e-39,
                      1.1754942e-38, 3.4028235e38, -3.4028235e38, 3.3961776e38, 65504.0, 1.0, -1.0],
                     dtype=np.float32)
-SIZES = [1, 5, INT8_ROW - 1, INT8_ROW, INT8_ROW + 1, 1000, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 300]
+SIZES = [1, 5, INT8_ROW - 1, INT8_ROW, INT8_ROW + 1, 1000, BLOCK + 1, 2 * BLOCK + 300]
 
 
 def bfloat16_bits(floats: np.ndarray) -> np.ndarray:
