@@ -409,6 +409,10 @@ class Config:
         if self.run.network and self.algorithm.algorithm in pipeline_algorithms():
             raise HpcoptError("network applies only to the data-parallel algorithms "
                               "(prsgd, celgc, naive_clip)")
+        if self.run.comm_progress == "comm-thread" and self.algorithm.algorithm in pipeline_algorithms():
+            raise HpcoptError("comm_progress comm-thread moves the data-parallel algorithms' reductions in "
+                              "flight on; a pipeline's messages are point-to-point (use calls or "
+                              "mpich-thread)")
         if self.run.device != "cpu" and streamed(self.algorithm):
             raise HpcoptError("fragments, overlap and fragment_mix are built for device cpu only")
         text, lstm = self.data.dataset in TEXT_CORPORA, self.model.model == "lstm"

@@ -20,6 +20,11 @@ def test_an_unknown_mode_is_refused():
         build_config(None, {"dataset": "digits", "comm_progress": "thread"})
 
 
+def test_the_communication_thread_is_refused_for_a_pipeline():
+    with pytest.raises(HpcoptError, match="a pipeline's messages are point-to-point"):
+        build_config(None, {"algorithm": "pprs", "comm_progress": "comm-thread"})
+
+
 @pytest.mark.parametrize("argv, on", [
     (["train", "--comm-progress", "mpich-thread"], True),
     (["train", "--comm-progress=mpich-thread", "--steps", "4"], True),
