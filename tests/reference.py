@@ -478,7 +478,8 @@ def fragment_cuts(sizes, fragments):
 def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     """Final averaged model of Streaming DiLoCo, serially: fragment p's mean taken after steps
     s = p H // P (mod H), its outer step (own anchor and buffer) and the mix
-    x_p <- (1 - alpha) x_p + alpha x0_p applied tau steps later; the means still due at the
+    x_p <- (1 - alpha) x_p + alpha x0_p (``overlap_rule`` delayed: x_i,p <- x_i,p + alpha (x0_p -
+    send_i,p), send_i,p the fragment rank i sent) applied tau steps later; the means still due at the
     end are applied then, and the run ends with the plain average. With a ``wire`` the
     fragment's mean is taken through it (``wire_mean``, each fragment with its slice of the
     errors; tau = 0). With two-level periods, each
@@ -488,6 +489,7 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     parts = worker_parts(config, workers)
     algo = config.algorithm
     interval, fragments, overlap, alpha = algo.interval, algo.fragments, algo.overlap, algo.fragment_mix
+    delayed = algo.overlap_rule == "delayed"  # x_i,p <- x_i,p + alpha (x0_p - send_i,p)
     schedule = parts[0].algorithm.lr_at
     sizes = [math.prod(shape) for _, shape in parts[0].workload.layout.entries]
     bounds = fragment_cuts(sizes, fragments)
@@ -510,10 +512,10 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     due = {}  # fragment -> (the step its mean was taken, the mean)
 
     def apply(p):
-        sent, mean = due.pop(p)
+        sent, mean, sends = due.pop(p)
         (a, b), new = bounds[p], outers[p].step(mean, schedule(sent - 1))
-        for xi in x:
-            xi[a:b] = (1 - alpha) * xi[a:b] + alpha * new
+        for xi, send in zip(x, sends):
+            xi[a:b] = xi[a:b] + alpha * (new - send) if delayed else (1 - alpha) * xi[a:b] + alpha * new
 
     groups, group_interval = group_members(workers, algo.group_size), algo.group_interval
     for step in range(1, parts[0].total_steps + 1):
@@ -524,8 +526,9 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
             x = group_averaged(x, groups)
         for p in range(fragments):
             if (step - p * interval // fragments) % interval == 0:
-                due[p] = (step, fragment_mean(p))
-        for p in [p for p, (sent, _) in due.items() if sent + overlap == step]:
+                a, b = bounds[p]
+                due[p] = (step, fragment_mean(p), [xi[a:b].copy() for xi in x])
+        for p in [p for p, (sent, *_) in due.items() if sent + overlap == step]:
             apply(p)
     for p in sorted(due, key=lambda p: due[p][0]):
         apply(p)
