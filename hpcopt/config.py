@@ -25,6 +25,7 @@ from .algorithms.schedules import BY_RUN_LENGTH
 from .algorithms.streaming import streamed
 from .backend import DEVICES
 from .comm import AVERAGING_MODES
+from .comm.progress import PROGRESS_MODES
 from .errors import HpcoptError, did_you_mean
 from .presets import apply_preset, describe_presets, preset_values
 
@@ -323,6 +324,12 @@ class RunConfig:
     timeline_max_spans: int = option(200_000, "spans the timeline keeps per rank; later ones are "
                                      "counted as dropped")
     averaging: str = option("auto", "auto | mpi | shm (node-local shared memory), see hpcopt.comm")
+    comm_progress: str = option("calls", "how a reduction in flight moves on while the rank "
+                                         "computes: calls (MPI's own, inside MPI calls) | "
+                                         "mpich-thread (MPICH's progress thread; on the command "
+                                         "line, which sets it before MPI starts) | comm-thread "
+                                         "(hpcopt's communication thread, polling while one is "
+                                         "in flight), see hpcopt.comm.progress")
     network: str = option("",
                           "cost-model profile for modelled comm seconds in the trace, see "
                           "hpcopt.comm.costmodel")
@@ -354,6 +361,9 @@ class RunConfig:
             get_profile(self.network)  # HpcoptError for an unknown name or bad values
         elif self.network_delay:
             raise HpcoptError("network_delay needs a profile: --network NAME or alpha=...,bandwidth=...")
+        if self.comm_progress not in PROGRESS_MODES:
+            raise HpcoptError(f"comm_progress must be one of {', '.join(PROGRESS_MODES)}, "
+                              f"got {self.comm_progress!r}")
         if self.averaging not in AVERAGING_MODES:
             raise HpcoptError(f"averaging must be one of {', '.join(AVERAGING_MODES)}, "
                             f"got {self.averaging!r}")
@@ -399,6 +409,10 @@ class Config:
         if self.run.network and self.algorithm.algorithm in pipeline_algorithms():
             raise HpcoptError("network applies only to the data-parallel algorithms "
                               "(prsgd, celgc, naive_clip)")
+        if self.run.comm_progress == "comm-thread" and self.algorithm.algorithm in pipeline_algorithms():
+            raise HpcoptError("comm_progress comm-thread moves the data-parallel algorithms' reductions in "
+                              "flight on; a pipeline's messages are point-to-point (use calls or "
+                              "mpich-thread)")
         if self.run.device != "cpu" and streamed(self.algorithm):
             raise HpcoptError("fragments, overlap and fragment_mix are built for device cpu only")
         text, lstm = self.data.dataset in TEXT_CORPORA, self.model.model == "lstm"

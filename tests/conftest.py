@@ -9,12 +9,18 @@ waiting in the next collective forever. The hook below prints the failure (prefi
 rank) and aborts the whole MPI job at once, turning a hang into a failure in well under a second.
 An MPI test marked ``sizes(2, 4)`` runs only at those world sizes (tests/run.sh runs the MPI
 tests at 1, 2, 3 and 4 ranks).
+
+A test that needs an optional package (torch, the tensorboard extra, safetensors) is marked
+``extra``, so that ``tests/run.sh extras`` runs just those once the packages are installed. A
+test skipped for such a package without the mark (or a test module skipped at collection that
+does not declare it) fails the session: an unmarked one would be run by neither pass.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -41,10 +47,38 @@ def pytest_runtest_setup(item):
             pytest.skip(f"runs at {', '.join(map(str, marker.args))} rank(s) only, not at {size}")
 
 
+# a skip reason that names an optional package, and the tests skipped so without the mark
+OPTIONAL_PACKAGE = re.compile(r"\b(torch|tensorboard\w*|safetensors)\b")
+_unmarked_extras: list[str] = []
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped and OPTIONAL_PACKAGE.search(_skip_reason(report)):
+        source = Path(str(report.fspath)).read_text()
+        if "pytest.mark.extra" not in source:
+            _unmarked_extras.append(f"{report.nodeid} (add `pytestmark = pytest.mark.extra`)")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _unmarked_extras:
+        lines = "\n".join(f"  {name}" for name in _unmarked_extras)
+        print(f"\nskipped for an optional package but not marked `extra` (tests/run.sh extras "
+              f"would never run them):\n{lines}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    if (report.skipped and item.get_closest_marker("extra") is None
+            and OPTIONAL_PACKAGE.search(_skip_reason(report))):
+        _unmarked_extras.append(f"{item.nodeid} (add @pytest.mark.extra)")
     if not report.failed or not item.config.getoption("with_mpi", default=False):
         return
     if _world_size() > 1:

@@ -187,9 +187,44 @@ def wire_decoded(message, wire):
             q = np.clip(np.rint(row / scale), -127, 127) if scale > 0 else np.zeros_like(row)
             out[start:start + 256] = q.astype(np.float32) * scale
         return out
-    import ml_dtypes
+    return values.astype(_cast_type(wire)).astype(np.float32)
 
-    return values.astype(ml_dtypes.bfloat16 if wire == "bfloat16" else np.dtype(wire)).astype(np.float32)
+
+def whole_vector_encode(message, wire):
+    """(the bytes sent, D(Q(message)) in float32) by whole-vector casts: the wire's codec as it was
+    before hpcopt/comm/codec.py (ml-dtypes' bfloat16 cast; int8 on zero-padded rows), kept as
+    the bits that codec must give."""
+    values = message.astype(np.float32)
+    if wire != "int8":
+        cast = values.astype(_cast_type(wire))
+        return cast.view(np.uint8), cast.astype(np.float32)
+    n = values.size
+    padded = np.zeros(-(-n // 256) * 256, dtype=np.float32)
+    padded[:n] = values
+    rows = padded.reshape(-1, 256)
+    scales = np.max(np.abs(rows), axis=1) / np.float32(127)
+    safe = np.where(scales > 0, scales, np.float32(1))
+    q = np.clip(np.rint(rows / safe[:, None]), -127, 127).astype(np.int8)
+    decoded = (q.astype(np.float32) * scales[:, None]).reshape(-1)[:n]
+    return np.concatenate([q.reshape(-1)[:n].view(np.uint8), scales.view(np.uint8)]), decoded
+
+
+def whole_vector_decode(payload, wire, n):
+    """D of the bytes ``whole_vector_encode`` sent for ``n`` values, in float32."""
+    if wire != "int8":
+        return payload.view(_cast_type(wire)).astype(np.float32)
+    q = np.zeros(-(-n // 256) * 256, dtype=np.float32)
+    q[:n] = payload[:n].view(np.int8)
+    scales = payload[n:].view(np.float32)
+    return (q.reshape(-1, 256) * scales[:, None]).reshape(-1)[:n]
+
+
+def _cast_type(wire):
+    if wire == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(wire)
 
 
 def wire_mean(messages, errors, wire):
@@ -460,7 +495,8 @@ def fragment_cuts(sizes, fragments):
 def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     """Final averaged model of Streaming DiLoCo, serially: fragment p's mean taken after steps
     s = p H // P (mod H), its outer step (own anchor and buffer) and the mix
-    x_p <- (1 - alpha) x_p + alpha x0_p applied tau steps later; the means still due at the
+    x_p <- (1 - alpha) x_p + alpha x0_p (``overlap_rule`` delayed: x_i,p <- x_i,p + alpha (x0_p -
+    send_i,p), send_i,p the fragment rank i sent) applied tau steps later; the means still due at the
     end are applied then, and the run ends with the plain average. With a ``wire`` the
     fragment's mean is taken through it (``wire_mean``, each fragment with its slice of the
     errors; tau = 0). With two-level periods, each
@@ -470,6 +506,7 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     parts = worker_parts(config, workers)
     algo = config.algorithm
     interval, fragments, overlap, alpha = algo.interval, algo.fragments, algo.overlap, algo.fragment_mix
+    delayed = algo.overlap_rule == "delayed"  # x_i,p <- x_i,p + alpha (x0_p - send_i,p)
     schedule = parts[0].algorithm.lr_at
     sizes = [math.prod(shape) for _, shape in parts[0].workload.layout.entries]
     bounds = fragment_cuts(sizes, fragments)
@@ -492,10 +529,10 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     due = {}  # fragment -> (the step its mean was taken, the mean)
 
     def apply(p):
-        sent, mean = due.pop(p)
+        sent, mean, sends = due.pop(p)
         (a, b), new = bounds[p], outers[p].step(mean, schedule(sent - 1))
-        for xi in x:
-            xi[a:b] = (1 - alpha) * xi[a:b] + alpha * new
+        for xi, send in zip(x, sends):
+            xi[a:b] = xi[a:b] + alpha * (new - send) if delayed else (1 - alpha) * xi[a:b] + alpha * new
 
     groups, group_interval = group_members(workers, algo.group_size), algo.group_interval
     for step in range(1, parts[0].total_steps + 1):
@@ -506,8 +543,9 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
             x = group_averaged(x, groups)
         for p in range(fragments):
             if (step - p * interval // fragments) % interval == 0:
-                due[p] = (step, fragment_mean(p))
-        for p in [p for p, (sent, _) in due.items() if sent + overlap == step]:
+                a, b = bounds[p]
+                due[p] = (step, fragment_mean(p), [xi[a:b].copy() for xi in x])
+        for p in [p for p, (sent, *_) in due.items() if sent + overlap == step]:
             apply(p)
     for p in sorted(due, key=lambda p: due[p][0]):
         apply(p)

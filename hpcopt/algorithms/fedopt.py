@@ -12,24 +12,26 @@ mean, the pseudo-gradient of ``hpcopt.algorithms.outer``), at every round::
 elementwise, without bias correction, from m = 0 and v = tau^2 (the paper's v_{-1} >= tau^2).
 The paper writes Delta the other way round (mean - x_0) and adds the step; the bits are the
 same. b1 = ``outer_momentum`` (0: the paper's 0.9), b2 = ``outer_beta2`` (0.99), tau =
-``outer_tau`` (1e-3), lr = ``outer_lr`` (left at 1: 0.01, our default; the paper tunes it per
-task). m and v are ``shared()`` state (``/shared/outer_exp_avg``, ``/shared/outer_exp_avg_sq``):
-every rank applies the same update to the same mean, so they add no communication, and
-``resume --ranks-changed`` carries them over as they are, as it does the anchor.
+``outer_tau`` (1e-3), lr = ``outer_lr`` (left unset: 0.01, FedAdam's and FedYogi's own default
+here, whatever another outer optimizer's is; the paper tunes it per task). m and v are
+``shared()`` state (``/shared/outer_exp_avg``, ``/shared/outer_exp_avg_sq``): every rank
+applies the same update to the same mean, so they add no communication, and ``resume
+--ranks-changed`` carries them over as they are, as it does the anchor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..backend import array_module
+from .pieces import Piece, PieceOptions, fraction, positive
 
 Array = Any
 
-ADAPTIVE = ("fedadam", "fedyogi")
-#: The paper's b1, b2 and tau, and our lr where a run leaves ``outer_lr`` at 1.
+#: The paper's b1, b2 and tau, and our lr where a run leaves ``outer_lr`` unset.
 FEDOPT_BETA1, FEDOPT_BETA2, FEDOPT_TAU, FEDOPT_LR = 0.9, 0.99, 1e-3, 0.01
 
 
@@ -83,3 +85,18 @@ class AdaptiveOuter:
     def describe(self) -> str:
         return (f"outer {self.kind} (lr {self.lr:g}, betas {self.beta1:g}, {self.beta2:g}, "
                 f"tau {self.tau:g})")
+
+
+def _adaptive(kind: str, options: PieceOptions) -> AdaptiveOuter:
+    """fedadam, fedyogi from their four options: lr and b1 their own defaults where unset."""
+    positive("outer_lr", options["outer_lr"])
+    fraction("outer_momentum", options["outer_momentum"])
+    return AdaptiveOuter(kind, options.get("outer_lr", FEDOPT_LR),
+                         options.get("outer_momentum", FEDOPT_BETA1),
+                         fraction("outer_beta2", options["outer_beta2"]),
+                         positive("outer_tau", options["outer_tau"]))
+
+
+ADAPTIVE_OPTIONS = ("outer_lr", "outer_momentum", "outer_beta2", "outer_tau")
+FEDADAM = Piece(partial(_adaptive, "fedadam"), ADAPTIVE_OPTIONS)
+FEDYOGI = Piece(partial(_adaptive, "fedyogi"), ADAPTIVE_OPTIONS)

@@ -16,8 +16,10 @@ the steps since each was last zeroed (at the start, and at each round when its p
 ``reset``), this one included, so the bias correction is that of a fresh AdamW after a reset.
 
 Each inner optimizer is a piece (``Inner``): its options, the per-rank moments it keeps
-(declared state, rescaled by their average) and its step; ``ScheduledSGD.inner`` makes the
-one the options name, ``hpcopt.algorithms.muon.Muon`` is a third.
+(declared state, rescaled by their average) and its step. The registry
+``hpcopt.algorithms.kinds.inner_optimizers`` holds them by name (``SGD``, ``ADAMW`` here,
+``hpcopt.algorithms.muon.MUON``), each made from the options it reads (``INNER_OPTIONS``);
+``ScheduledSGD.inner`` makes the one ``inner_optimizer`` names.
 
 Both steps are elementwise, so ``blockwise`` runs them on NumPy vectors block by block: each
 block's slices stay in cache from one operation to the next, and every vector is read from
@@ -38,13 +40,16 @@ import numpy as np
 from ..backend import array_module
 from ..errors import HpcoptError
 from .momentum import momentum_direction
+from .pieces import Piece, PieceOptions
 from .state import AVERAGE, VECTOR, Declared
 
 Array = Any
 
-INNER_OPTIMIZERS = ("sgd", "adamw", "muon")  # muon: hpcopt.algorithms.muon
 #: AdamW's options and their defaults (PyTorch's): refused with sgd unless left at these.
 ADAMW_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8}
+#: The inner optimizers' options, each at its unset value (the flag's default): an inner
+#: optimizer reads its own (``Piece.options``); another one set is refused.
+INNER_OPTIONS = {"momentum": 0.0, "nesterov": False, **ADAMW_DEFAULTS, "weight_decay": 0.0}
 #: Elements per block of a NumPy step: a block of each vector (256 KB in float32) stays in the
 #: core's cache between the step's operations.
 BLOCK = 1 << 16
@@ -136,6 +141,21 @@ class AdamW:
 
     def describe(self) -> str:
         return f"adamw (betas {self.beta1:g}, {self.beta2:g}, wd {self.weight_decay:g})"
+
+
+def weight_decay(options: PieceOptions) -> float:
+    """The option ``weight_decay`` (wd >= 0), which every built-in inner optimizer reads."""
+    value = options["weight_decay"]
+    if not (value >= 0 and math.isfinite(value)):
+        raise HpcoptError(f"weight_decay must be >= 0, got {value}")
+    return float(value)
+
+
+SGD = Piece(lambda o: Sgd(o["momentum"], o["nesterov"], weight_decay(o)),
+            ("momentum", "nesterov", "weight_decay"))
+ADAMW = Piece(lambda o: AdamW(o["adam_beta1"], o["adam_beta2"], o["adam_eps"], weight_decay(o)),
+              (*ADAMW_DEFAULTS, "weight_decay"))
+
 
 
 def check_adamw(beta1: float, beta2: float, eps: float) -> None:

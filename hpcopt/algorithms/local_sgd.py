@@ -36,19 +36,20 @@ for whole-model rounds and fragments alike.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..comm.codec import WIRES
 from ..comm.core import GROUP_LABEL
-from ..comm.wire import WIRES, check_wire
 from ..comm.wire_nodes import NODE_LABEL, NODE_ROUNDS
 from ..errors import HpcoptError
 from .base import option
 from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 from .groups import GroupRounds
-from .reducers import WHOLE, Reducer, reducer_of
+from .kinds import reducers
+from .reducers import PLAIN, WHOLE, Reducer, WireMean
 from .state import VECTOR, Declared
 from .streaming import FRAGMENT_LABEL, FragmentOptions
 from .when import EveryInterval, Timing
@@ -70,8 +71,9 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
 
     local_steps: tuple[int, ...] = option((), "local steps per round of each rank (one value "
                                               "per rank); none = interval")
-    wire: str = option("", f"what a round sends: {' | '.join(WIRES)} (int8: a scale per 256 values), "
-                           "with error feedback (hpcopt.comm.wire); '' = x uncompressed")
+    wire: str = option("", f"what a round sends: {' | '.join(reducers.builtin())} (int8: a scale per "
+                           "256 values), with error feedback (hpcopt.comm.wire), or a registered "
+                           "reducer (hpcopt.algorithms.reducers); '' = x uncompressed")
     node_round: str = option("", "how a round crosses nodes: leader (a compressing wire's chunks "
                                  "by each node's first rank) | rails (by every rank of a node, its "
                                  "1/K: compressed rounds, and fragments without a wire) | flat (one "
@@ -83,7 +85,7 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         if any(k < 1 for k in self.local_steps):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
         self.check_groups(self.interval, self.local_steps)
-        check_wire(self.wire)
+        self.reducer  # noqa: B018 - its checks
         self.check_node_round()
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
@@ -97,10 +99,10 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
                               f"{', '.join(NODE_ROUNDS)}, or '' for the default)")
         if not self.node_round or self.wire in COMPRESSING:
             return
-        if self.wire == "float32" or not self.streaming:
+        if self.wire or not self.streaming:
             raise HpcoptError(f"node_round applies to a compressing wire ({', '.join(COMPRESSING)}) or "
                               "to fragments without a wire, not to "
-                              f"{'wire float32' if self.wire else 'whole-model rounds without a wire'} "
+                              f"{f'wire {self.wire}' if self.wire else 'whole-model rounds without a wire'} "
                               "(see --averaging)")
         if self.node_round == "leader":
             raise HpcoptError("node_round leader is not built for fragments without a wire: rails or flat")
@@ -118,8 +120,11 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
 
     @cached_property
     def reducer(self) -> Reducer:
-        """How a round takes the ranks' mean: plain, or through the ``wire``."""
-        return reducer_of(self.wire, self.node_round)
+        """How a round takes the ranks' mean: plain, or the reducer ``wire`` names (a wire
+        with error feedback, or a registered one: ``hpcopt.algorithms.reducers``); a wire's
+        crosses nodes as ``node_round`` says."""
+        reducer = reducers.make(self.wire, {}, self.run_context()) if self.wire else PLAIN
+        return replace(reducer, node_round=self.node_round) if isinstance(reducer, WireMean) else reducer
 
     def steps_for(self, total_steps: int, rank: int, size: int) -> int:
         """Local steps rank ``rank`` runs so that every rank completes floor(T/I) rounds.

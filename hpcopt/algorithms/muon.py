@@ -29,8 +29,9 @@ from typing import Any
 
 from ..backend import array_module
 from ..errors import HpcoptError
-from .inner import Sgd
+from .inner import SGD, Sgd, weight_decay
 from .momentum import momentum_direction
+from .pieces import Piece
 
 Array = Any
 
@@ -92,3 +93,8 @@ class Muon(Sgd):
     def describe(self) -> str:
         nesterov = ", nesterov" if self.nesterov else ""
         return f"muon (mu {self.momentum:g}{nesterov}, wd {self.weight_decay:g})"
+
+
+#: The registered inner optimizer ``muon``: sgd's options; the parameters' shapes from the run.
+MUON = Piece(lambda o: Muon(o["momentum"], o["nesterov"], weight_decay(o),
+                            shapes=o.context.get("parameter_shapes", ())), SGD.options)

@@ -10,8 +10,12 @@ from the new anchor::
     nesterov  b <- mu b + Delta;           x_0 <- x_0 - lr (Delta + mu b)
     slowmo    u <- mu u + Delta / eta;     x_0 <- x_0 - lr eta u
 
-lr = ``outer_lr``, mu = ``outer_momentum``. ``nesterov`` with mu left at 0 takes DiLoCo's mu
-0.9, and its lr 0.7 where lr is left at 1 (``DILOCO_MOMENTUM``, ``DILOCO_LR``). ``sgd`` with mu
+lr = ``outer_lr``, mu = ``outer_momentum``: the options each outer optimizer reads, with its
+own default where a run leaves one at the flag's (``OUTER_OPTIONS``: lr 1, mu 0; registered in
+``hpcopt.algorithms.kinds.outer_optimizers``: ``AVERAGE``, ``SGD``, ``NESTEROV``, ``SLOWMO``
+here, ``FEDADAM`` and ``FEDYOGI`` in ``hpcopt.algorithms.fedopt``). ``nesterov`` with mu left
+unset takes DiLoCo's mu 0.9, and its lr 0.7 where lr is left unset too (``DILOCO_MOMENTUM``,
+``DILOCO_LR``). ``sgd`` with mu
 = 0 and lr = 1 is ``average`` up to rounding; with mu > 0 it is heavy-ball momentum on the
 pseudo-gradient (FedAvgM: Hsu, Qi, Brown, "Measuring the Effects of Non-Identical Data
 Distribution for Federated Visual Classification", 2019). ``nesterov`` is DiLoCo's outer step
@@ -29,18 +33,22 @@ state fields, saved once per checkpoint.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from ..backend import array_module
-from ..errors import HpcoptError
-from .fedopt import ADAPTIVE, FEDOPT_BETA1, FEDOPT_BETA2, FEDOPT_LR, FEDOPT_TAU, AdaptiveOuter
+from .fedopt import FEDOPT_BETA2, FEDOPT_TAU
+from .pieces import Piece, PieceOptions, fraction, positive
 
 Array = Any
 
-OUTER_OPTIMIZERS = ("average", "sgd", "nesterov", "slowmo", *ADAPTIVE)
+#: The outer optimizers' options, each at its unset value (the flag's default): an outer
+#: optimizer reads its own (``Piece.options``), with its own default where one is unset;
+#: another one set is refused.
+OUTER_OPTIONS = {"outer_lr": 1.0, "outer_momentum": 0.0, "outer_beta2": FEDOPT_BETA2,
+                 "outer_tau": FEDOPT_TAU}
 #: DiLoCo's outer step (Douillard et al., 2023): ``nesterov``'s lr and mu where a run leaves them
 DILOCO_LR, DILOCO_MOMENTUM = 0.7, 0.9
 
@@ -73,8 +81,8 @@ class Outer(Protocol):
 
 @dataclass(frozen=True)
 class OuterOptimizer:
-    """One outer optimizer (``kind`` of ``OUTER_OPTIMIZERS``), its lr and momentum mu; its
-    buffer is the state field ``buffer_field``."""
+    """One outer optimizer (``kind``: average, sgd, nesterov or slowmo), its lr and momentum
+    mu; its buffer is the state field ``buffer_field``."""
 
     kind: str = "average"
     lr: float = 1.0
@@ -136,34 +144,24 @@ class OuterOptimizer:
         return f"outer {self.kind} (lr {self.lr:g}{momentum})"
 
 
-def check_outer(kind: str, lr: float, momentum: float, names: tuple[str, str, str],
-                buffer_field: str = "outer_buffer", beta2: float = FEDOPT_BETA2,
-                tau: float = FEDOPT_TAU) -> Outer:
-    """The outer optimizer of these option values (``nesterov`` with momentum 0: DiLoCo's, module
-    docstring; ``fedadam``, ``fedyogi``: ``hpcopt.algorithms.fedopt``), or a HpcoptError
-    naming the options (``names``: those of kind, lr and momentum; ``outer_beta2`` and
-    ``outer_tau``: fedadam's and fedyogi's own)."""
-    kind_name, lr_name, momentum_name = names
-    if kind not in OUTER_OPTIMIZERS:
-        raise HpcoptError(f"unknown {kind_name} {kind!r} (choose from {', '.join(OUTER_OPTIMIZERS)})")
-    if not (lr > 0 and math.isfinite(lr)):
-        raise HpcoptError(f"{lr_name} must be > 0, got {lr}")
-    if not 0 <= momentum < 1:
-        raise HpcoptError(f"{momentum_name} must be in [0, 1), got {momentum}")
-    if kind == "average" and (lr != 1 or momentum != 0):
-        changed = lr_name if lr != 1 else momentum_name
-        raise HpcoptError(f"{changed} applies only to {kind_name} "
-                          f"{', '.join(OUTER_OPTIMIZERS[1:])}, not average")
-    if kind not in ADAPTIVE:
-        for name, value, default in (("outer_beta2", beta2, FEDOPT_BETA2), ("outer_tau", tau, FEDOPT_TAU)):
-            if value != default:
-                raise HpcoptError(f"{name} applies only to {kind_name} {', '.join(ADAPTIVE)}, not {kind}")
-    if kind == "nesterov" and momentum == 0:
-        momentum, lr = DILOCO_MOMENTUM, DILOCO_LR if lr == 1 else lr
-    if kind in ADAPTIVE:
-        if not 0 <= beta2 < 1:
-            raise HpcoptError(f"outer_beta2 must be in [0, 1), got {beta2}")
-        if not (tau > 0 and math.isfinite(tau)):
-            raise HpcoptError(f"outer_tau must be > 0, got {tau}")
-        return AdaptiveOuter(kind, FEDOPT_LR if lr == 1 else lr, momentum or FEDOPT_BETA1, beta2, tau)
-    return OuterOptimizer(kind, lr, momentum, buffer_field)
+def _momentum_outer(kind: str, options: PieceOptions) -> OuterOptimizer:
+    """sgd, slowmo: lr and mu as set (their own defaults are the options' 1 and 0)."""
+    return OuterOptimizer(kind, positive("outer_lr", options["outer_lr"]),
+                          fraction("outer_momentum", options["outer_momentum"]))
+
+
+def _nesterov(options: PieceOptions) -> OuterOptimizer:
+    """DiLoCo's mu 0.9 where ``outer_momentum`` is unset, then also its lr 0.7 where
+    ``outer_lr`` is (a set momentum keeps lr as set, 1 included)."""
+    lr = positive("outer_lr", options["outer_lr"])
+    momentum = fraction("outer_momentum", options["outer_momentum"])
+    if options.is_unset("outer_momentum"):
+        momentum, lr = DILOCO_MOMENTUM, options.get("outer_lr", DILOCO_LR)
+    return OuterOptimizer("nesterov", lr, momentum)
+
+
+MOMENTUM_OPTIONS = ("outer_lr", "outer_momentum")
+AVERAGE = Piece(lambda options: OuterOptimizer("average"))
+SGD = Piece(partial(_momentum_outer, "sgd"), MOMENTUM_OPTIONS)
+NESTEROV = Piece(_nesterov, MOMENTUM_OPTIONS)
+SLOWMO = Piece(partial(_momentum_outer, "slowmo"), MOMENTUM_OPTIONS)

@@ -17,6 +17,10 @@ whole of it) to the ranks' mean, on every rank:
 
 A plain reducer's fragments are reduced in flight (``Iallreduce``, overlapped with the inner
 steps that follow); a wire's are blocking (``in_flight`` False).
+
+``--wire NAME`` names the round's reducer in the registry ``hpcopt.algorithms.kinds.reducers``: the wires
+(``hpcopt.comm.codec.WIRES``) built in, entry points of the group ``hpcopt.reducers``, or
+``reducers.register(name, piece)``; no wire (``''``) is the plain mean.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import numpy as np
 from ..backend import array_module
 from ..comm.wire import wire_average_
 from ..rng import stream
+from .pieces import Piece
 from .state import RESET, VECTOR, Declared
 
 if TYPE_CHECKING:
@@ -128,6 +133,7 @@ class SubsetMean:
 PLAIN = PlainMean()
 
 
-def reducer_of(wire: str, node_round: str = "leader") -> Reducer:
-    """The reducer of a ``wire`` option ('' plain) and its ``node_round``."""
-    return WireMean(wire, node_round) if wire else PLAIN
+
+def wire_piece(name: str) -> Piece[Reducer]:
+    """The registered reducer of the wire ``name`` (``hpcopt.algorithms.kinds.reducers``)."""
+    return Piece(lambda options: WireMean(name))

@@ -196,22 +196,36 @@ def _parent_modules() -> tuple[str, ...]:
 
 def child_variables() -> dict[str, str]:
     """For a process hpcopt starts: ``MODULES_VARIABLE`` naming the modules of the algorithms
-    registered by call here, and ``PYTHONPATH`` entries that import them; {} when there are none."""
-    if not _by_call:
+    registered by call here, and of the pieces (``hpcopt.algorithms.pieces``: a run's config
+    names them too), and ``PYTHONPATH`` entries that import them; {} when there are none."""
+    defined = {**{name: cls.__module__ for name, cls in _by_call.items()}, **_piece_modules()}
+    if not defined:
         return {}
     entries, roots = [], []
-    for name, cls in _by_call.items():
-        module = sys.modules.get(cls.__module__)
-        if cls.__module__ == "__main__" or module is None:
+    for name, module_name in defined.items():
+        module = sys.modules.get(module_name)
+        if module_name == "__main__" or module is None:
             entries.append(f"__main__:{name}")
             continue
-        entries.append(cls.__module__)
+        entries.append(module_name)
         file = getattr(module, "__file__", None)
         if file:  # the folder its top-level package is in: a.b from /x/a/b.py -> /x
-            depth = cls.__module__.count(".") + (Path(file).stem == "__init__")
+            depth = module_name.count(".") + (Path(file).stem == "__init__")
             roots.append(str(Path(file).resolve().parents[depth]))
     return {MODULES_VARIABLE: ",".join(dict.fromkeys(entries)),
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(roots))}
+
+
+def _piece_modules() -> dict[str, str]:
+    """The modules of the pieces registered by call, by name, those of a script left out (a
+    process hpcopt starts then finds no such piece, and says so)."""
+    from .kinds import inner_optimizers, outer_optimizers, reducers
+
+    found = {}
+    for pieces in (inner_optimizers, outer_optimizers, reducers):
+        found.update({f"{pieces.option}:{name}": module for name, module in pieces.modules_by_call().items()
+                      if module != "__main__"})
+    return found
 
 
 class NotRegistered(HpcoptError):

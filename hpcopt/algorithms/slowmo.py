@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .base import option
 from .data_parallel import DataParallelState
 from .local_sgd import RestartedSGD
-from .outer import Outer, check_outer
+from .outer import Outer, OuterOptimizer
+from .pieces import fraction, positive
 from .state import shared
 
 if TYPE_CHECKING:
@@ -56,8 +57,9 @@ class SlowMo(RestartedSGD):
 
     @cached_property
     def outer(self) -> Outer:
-        return check_outer("slowmo", self.slow_lr, self.slow_momentum,
-                           ("outer", "slow_lr", "slow_momentum"), buffer_field="slow_buffer")
+        """The outer optimizer slowmo, under SlowMo's option names, its u in ``slow_buffer``."""
+        return OuterOptimizer("slowmo", positive("slow_lr", self.slow_lr),
+                              fraction("slow_momentum", self.slow_momentum), "slow_buffer")
 
     def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> SlowMoState:
         return self.new_state(x0, comm, buffers, SlowMoState)

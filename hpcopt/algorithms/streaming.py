@@ -13,10 +13,18 @@ alpha = ``fragment_mix``, fragment p (offset o_p = floor(p H / P)) on every rank
         xbar_p = (1/N) sum_j send_j,p
         the outer step on (anchor_p, its state_p) from xbar_p        (eta = lr_{s-1}; average: xbar_p)
         x_i,p <- (1 - alpha) x_i,p + alpha x0_p                      (x0_p the new anchor; 1: replace)
+        or, ``overlap_rule = "delayed"`` (tau > 0):
+        x_i,p <- x_i,p + alpha (x0_p - send_i,p)                      (the tau steps' progress kept)
 
 Here alpha weights the global fragment; the paper's alpha, and torchft's
 ``fragment_update_alpha`` (``lerp`` of the global towards the local parameters), weight the
 local one: ``fragment_mix`` = 1 - their alpha (docs/algorithms.md).
+
+The ``delayed`` rule is delayed averaging (Zhou et al., "DaSGD: Squeezing SGD Parallelization
+Performance in Distributed Training Using Delayed Averaging", arXiv 2006.00441, 2020; with
+tau = H, Shen et al., "CoCoD-SGD", IJCAI 2019): a rank keeps the steps it took while the mean
+was in flight. With one fragment (P = 1) it is PR-SGD whose round overlaps the next tau inner
+steps (``--overlap tau --overlap-rule delayed``).
 
 Each fragment has its own slice of the outer optimizer's state (anchor, buffer, moments), so the
 outer step (``hpcopt.algorithms.outer``) applies per fragment (Nesterov per fragment, as the
@@ -58,6 +66,7 @@ from .state import RESET, SCRATCH, VECTOR, Declared
 
 if TYPE_CHECKING:
     from ..comm import Comm, Reduction
+    from .when import RoundCalls
 
 Array = Any
 
@@ -70,6 +79,11 @@ FRAGMENT_FIELDS = (("in_flight", VECTOR, RESET), ("reductions", SCRATCH, None))
 #: The trace column of a streaming run: the most bytes a rank had in flight at once over the
 #: round up to the row's step.
 PEAK_COLUMN = "peak_bytes_in_flight"
+#: How a reduction that overlapped tau > 0 inner steps lands (``overlap_rule``): ``replace``, the
+#: local fragment mixed towards the new global one (Streaming DiLoCo: the tau steps' local
+#: progress on it is dropped at alpha = 1); ``delayed``, the round's correction x0_p - send_i,p
+#: added to the local fragment (delayed averaging: the tau steps' progress is kept).
+OVERLAP_RULES = ("replace", "delayed")
 
 
 #: Why each option refused with streaming stays refused, in one line.
@@ -119,6 +133,10 @@ class FragmentOptions:
     fragment_mix: float = option(1.0, "streaming: weight a of the new GLOBAL fragment in the local "
                                       "one (1: replace). NOT the Streaming DiLoCo paper's or torchft's "
                                       "alpha, which weights the LOCAL one: a = 1 - alpha")
+    overlap_rule: str = option("replace", "streaming, overlap > 0: how a reduction lands tau steps "
+                                          "after its send: replace (x <- (1-a) x + a x0, Streaming "
+                                          "DiLoCo) | delayed (x <- x + a (x0 - sent): the local "
+                                          "progress made meanwhile is kept; delayed averaging)")
     parameter_sizes: tuple[int, ...] = context(())  # the model's parameters, in the flat vector
 
     @property
@@ -129,7 +147,8 @@ class FragmentOptions:
         """For ``describe``: the streaming settings (empty without)."""
         if not self.streaming:
             return ""
-        return f", fragments {self.fragments} (overlap {self.overlap}, mix {self.fragment_mix:g})"
+        rule = "" if self.overlap_rule == "replace" else f" {self.overlap_rule}"
+        return f", fragments {self.fragments} (overlap {self.overlap}{rule}, mix {self.fragment_mix:g})"
 
     def check_fragments(self, interval: int, refused: dict[str, bool]) -> None:
         """HpcoptError for values out of range, or for an option named in ``refused`` (True:
@@ -143,6 +162,12 @@ class FragmentOptions:
             raise HpcoptError(f"overlap must be in [0, interval {interval}), got {self.overlap}")
         if not 0 < self.fragment_mix <= 1:
             raise HpcoptError(f"fragment_mix must be in (0, 1], got {self.fragment_mix}")
+        if self.overlap_rule not in OVERLAP_RULES:
+            raise HpcoptError(f"unknown overlap_rule {self.overlap_rule!r} (choose from "
+                              f"{', '.join(OVERLAP_RULES)})")
+        if self.overlap_rule != "replace" and self.overlap == 0:
+            raise HpcoptError(f"overlap_rule {self.overlap_rule} needs overlap > 0 (at overlap 0 the "
+                              "model sent is the current one, and the rules are one)")
         for name, changed in refused.items():
             if self.streaming and changed:
                 raise HpcoptError(f"{name} is not built with fragments, overlap or fragment_mix: "
@@ -155,7 +180,7 @@ class FragmentOptions:
         """When each fragment is sent and applied (``parameter_sizes`` must be known), and how
         its mean is taken (``rails``: in flight on several nodes by the rails)."""
         return FragmentSchedule(fragment_bounds(self.parameter_sizes, self.fragments), interval,
-                                self.overlap, self.fragment_mix, reducer, rails)
+                                self.overlap, self.fragment_mix, reducer, self.overlap_rule, rails)
 
 
 @dataclass
@@ -170,16 +195,17 @@ class InFlight:
 @dataclass(frozen=True)
 class FragmentSchedule:
     """The fragments' (start, stop) in the flat vector, the interval H, overlap tau, mix alpha,
-    and the reducer of a fragment's round (``hpcopt.algorithms.reducers``: plain, in flight;
-    a wire, blocking, tau = 0); ``rails``: a plain reducer's sums in flight take the node-aware
-    path on several nodes (``Comm.iallreduce``'s ``rails``, hpcopt/comm/node_reduce.py), moved
-    on after every step."""
+    the reducer of a fragment's round (``hpcopt.algorithms.reducers``: plain, in flight;
+    a wire, blocking, tau = 0) and how a reduction lands (``OVERLAP_RULES``); ``rails``: a plain
+    reducer's sums in flight take the node-aware path on several nodes (``Comm.iallreduce``'s
+    ``rails``, hpcopt/comm/node_reduce.py), moved on after every step."""
 
     bounds: tuple[tuple[int, int], ...]
     interval: int
     overlap: int
     mix: float
     reducer: Reducer = PLAIN
+    rule: str = "replace"
     rails: bool = False
 
     def offset(self, p: int) -> int:
@@ -230,7 +256,7 @@ class FragmentSchedule:
         the host: ``Config`` refuses streaming on a GPU)."""
         return {"in_flight": np.zeros_like(x), "reductions": InFlight(np.zeros_like(x))}
 
-    def after_step(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def after_step(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """A group round when one is due (not at a round's end), the fragments' turn, and every
         interval steps the round's end (``rounds.end_round``)."""
         if state.steps_in_round < self.interval:
@@ -254,7 +280,7 @@ class FragmentSchedule:
             return {}
         return {PEAK_COLUMN: self.peak_bytes(state.step, state.x.itemsize)}
 
-    def step(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def step(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """After local step ``state.step``: apply the fragment due, then send the one due (tau
         = 0: send it, then apply it). ``rounds`` is the algorithm: its ``outer_step`` and
         ``lr_at``."""
@@ -276,7 +302,7 @@ class FragmentSchedule:
             if overlap == 0:
                 self._apply(p, step, state, comm, rounds)
 
-    def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def drain(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Complete and apply every reduction still in flight (the end of a run)."""
         for p, sent in self.in_flight(state.step):
             self._apply(p, sent, state, comm, rounds)
@@ -288,7 +314,7 @@ class FragmentSchedule:
                                                 reductions.received[start:stop], FRAGMENT_LABEL,
                                                 rails=self.rails)
 
-    def _apply(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
+    def _apply(self, p: int, sent: int, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Complete fragment p's reduction (posted again from ``in_flight`` after a resume),
         take its outer step and mix it into x."""
         reductions = state.reductions
@@ -301,7 +327,7 @@ class FragmentSchedule:
             mean /= comm.size
         self._mix(p, sent, mean, state, rounds)
 
-    def _apply_blocking(self, p: int, sent: int, state: Any, comm: Comm, rounds: Any) -> None:
+    def _apply_blocking(self, p: int, sent: int, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Fragment p's round by a blocking reducer (a wire: of the pseudo-gradients anchor_p -
         x_i,p, or without an anchor of x_i,p, with the slice of the error feedback e_i), then
         its outer step and mix."""
@@ -312,13 +338,19 @@ class FragmentSchedule:
         self.reducer.mean_(mean, state, part, comm, FRAGMENT_LABEL)
         self._mix(p, sent, mean, state, rounds)
 
-    def _mix(self, p: int, sent: int, mean: Array, state: Any, rounds: Any) -> None:
+    def _mix(self, p: int, sent: int, mean: Array, state: Any, rounds: RoundCalls) -> None:
         """Fragment p's outer step from its round's ``mean`` (sent after step ``sent``), then
-        x_i,p <- (1 - alpha) x_i,p + alpha x0_p."""
+        x_i,p <- (1 - alpha) x_i,p + alpha x0_p; under the ``delayed`` rule (tau > 0)
+        x_i,p <- x_i,p + alpha (x0_p - send_i,p)."""
         start, stop = self.bounds[p]
         rounds.outer_step(state, rounds.lr_at(sent - 1), mean, slice(start, stop))
         x = state.x[start:stop]
-        if self.mix == 1:
+        if self.rule == "delayed" and self.overlap > 0:
+            mean -= state.in_flight[start:stop]
+            if self.mix != 1:
+                mean *= self.mix
+            x += mean
+        elif self.mix == 1:
             x[...] = mean
         else:
             x *= 1 - self.mix

@@ -6,7 +6,8 @@
     fragments   fragment p in turn, every I steps at offset p I / P, with group rounds
                 between (Streaming DiLoCo: ``hpcopt.algorithms.streaming.FragmentSchedule``)
 
-Each declares the state it keeps (the fragments' in flight), as the other pieces do.
+Each declares the state it keeps (the fragments' in flight), as the other pieces do, and
+calls back into the algorithm's round through ``RoundCalls``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,33 @@ if TYPE_CHECKING:
     from ..comm import Comm
 
 
+class RoundCalls(Protocol):
+    """What a timing calls in the algorithm (``RestartedSGD`` implements it): the parts of a
+    round, for the timing to put in order."""
+
+    def average(self, state: Any, comm: Comm) -> None:
+        """The whole round: the mean, the buffer and momentum policies, the outer step."""
+        ...
+
+    def group_round(self, x: Any, steps_in_round: int, comm: Comm) -> None:
+        """x <- its group's mean when a group round is due (``hpcopt.algorithms.groups``)."""
+        ...
+
+    def end_round(self, state: Any, comm: Comm) -> None:
+        """The end of a round whose fragments took their turns: buffers, the round counted."""
+        ...
+
+    def outer_step(self, state: Any, eta: float, mean: Any | None = None, part: slice = ...) -> None:
+        """The outer optimizer's step from a round's mean, on ``part`` of the model."""
+        ...
+
+    def lr_at(self, t: int) -> float:
+        """lr_t at the (0-based) local step t (a fragment's outer step: the eta of its round)."""
+        ...
+
+
 class Timing(Protocol):
-    """When a round's model synchronises. ``rounds`` is the algorithm: its ``average``,
-    ``group_round``, ``end_round``, ``outer_step`` and ``lr_at``."""
+    """When a round's model synchronises; ``rounds`` is the algorithm (``RoundCalls``)."""
 
     declared: ClassVar[tuple[Declared, ...]]
 
@@ -30,7 +55,7 @@ class Timing(Protocol):
         """Each of ``declared`` at the start."""
         ...
 
-    def after_step(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def after_step(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """What follows local step ``state.step`` (``state.steps_in_round`` of its round)."""
         ...
 
@@ -42,7 +67,7 @@ class Timing(Protocol):
         """(fragment, step it was sent) of the reductions still in flight after ``step``."""
         ...
 
-    def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def drain(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Complete what is still in flight (the end of a run)."""
         ...
 
@@ -66,7 +91,7 @@ class EveryInterval:
     def new_state(self, x: Any) -> dict[str, Any]:
         return {}
 
-    def after_step(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def after_step(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         if state.steps_in_round == self.interval_of(comm.rank):
             rounds.average(state, comm)
         else:
@@ -80,7 +105,7 @@ class EveryInterval:
         """Nothing is in flight: every round is blocking."""
         return []
 
-    def drain(self, state: Any, comm: Comm, rounds: Any) -> None:
+    def drain(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Nothing is in flight."""
 
     def trace_columns(self) -> tuple[str, ...]:

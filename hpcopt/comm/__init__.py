@@ -12,6 +12,8 @@ from .core import (
     AVERAGING_MODES,
     GROUP_LABEL,
     IN_FLIGHT,
+    OWN,
+    UNSPENT,
     Comm,
     CommStats,
     OpCounter,
@@ -20,5 +22,5 @@ from .core import (
     node_layout,
 )
 
-__all__ = ["Comm", "CommStats", "OpCounter", "Reduction", "IN_FLIGHT", "agreed", "node_layout",
-           "AVERAGING_MODES", "ALLREDUCE_SLICE_BYTES", "GROUP_LABEL"]
+__all__ = ["Comm", "CommStats", "OpCounter", "Reduction", "IN_FLIGHT", "OWN", "UNSPENT", "agreed",
+           "node_layout", "AVERAGING_MODES", "ALLREDUCE_SLICE_BYTES", "GROUP_LABEL"]

@@ -23,6 +23,8 @@ from mpi4py.util.dtlib import from_numpy_dtype
 
 from ..backend import CPU, Backend
 from ..errors import HpcoptError
+from .progress import MPICH_ASYNC, CommThread, Posted, hidden_fraction
+from .progress import describe as describe_progress
 from .shm import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
 from .staging import DeviceTransport, transport_for
 
@@ -46,9 +48,15 @@ AVERAGING_MODES = ("auto", "mpi", "shm")
 #: (``Comm.complete``; no calls, no bytes: those are its operation's). They overlap computation,
 #: so ``CommStats.totals`` and the trace leave them out of the seconds spent communicating.
 IN_FLIGHT = "in_flight"
+#: The counter of a reduction's own seconds in MPI, from its post to its completion, where the
+#: communication thread measures them (``--comm-progress comm-thread``; no calls, no bytes); with
+#: the seconds held, the fraction of it hidden (``hpcopt.comm.progress.hidden_fraction``).
+OWN = "own"
 #: The label of the group averages of two-level rounds (``hpcopt.algorithms.groups``), which a
 #: run's summary reports on a line of their own.
 GROUP_LABEL = "group_average"
+#: The counters whose seconds overlap computation: no rank spent them communicating.
+UNSPENT = (IN_FLIGHT, OWN)
 
 #: ``Comm._groups``' keys of the node's Comm (``Comm.node_group``) and the leaders' (``Comm.node_leaders``).
 NODE = "node"
@@ -118,6 +126,10 @@ class CommStats:
         self._add(op, label, 1, nbytes, held, in_node)
         self._add(IN_FLIGHT, label, 0, 0, held + hidden, in_node)
 
+    def record_own(self, label: str, seconds: float, in_node: bool = False) -> None:
+        """A completed reduction's own seconds in MPI (under (OWN, label))."""
+        self._add(OWN, label, 0, 0, seconds, in_node)
+
     def _add(self, op: str, label: str, calls: int, nbytes: int, seconds: float, in_node: bool) -> None:
         counter = self.counters.get((op, label))
         if counter is None:
@@ -128,24 +140,31 @@ class CommStats:
         if in_node:
             counter.in_node_calls += calls
             counter.in_node_bytes += nbytes
-        if self.spans is not None and op != IN_FLIGHT:
+        if self.spans is not None and op not in UNSPENT:
             self.spans(op, label, seconds)
 
     def totals(self, label: str | None = None, op: str | None = None) -> OpCounter:
         """Sum over all counters matching ``label`` and ``op`` (None matches anything; its
-        seconds leave out those in flight, IN_FLIGHT, unless ``op`` names it)."""
+        seconds leave out those in flight, IN_FLIGHT and OWN, unless ``op`` names it)."""
         total = OpCounter()
         for (o, lab), c in self.counters.items():
             if (label is None or lab == label) and (op is None or o == op):
                 total.calls += c.calls
                 total.bytes += c.bytes
-                total.seconds += c.seconds if o != IN_FLIGHT or op == IN_FLIGHT else 0.0
+                total.seconds += c.seconds if o not in UNSPENT or op == o else 0.0
                 total.in_node_calls += c.in_node_calls
                 total.in_node_bytes += c.in_node_bytes
         return total
 
     def labels(self) -> list[str]:
         return sorted({label for _, label in self.counters})
+
+    def hidden_fraction(self) -> float:
+        """Of the own seconds of the reductions the communication thread moved on (OWN), the
+        fraction hidden: 1 - the seconds held in them / their own seconds (NaN: none yet)."""
+        own = [(label, c.seconds) for (op, label), c in self.counters.items() if op == OWN]
+        held = sum(self.counters[("iallreduce", label)].seconds for label, _ in own)
+        return hidden_fraction(held, sum(seconds for _, seconds in own))
 
     def as_rows(self) -> list[tuple[str, str, int, int, float]]:
         """(op, label, calls, bytes, seconds) sorted by op and label."""
@@ -164,7 +183,7 @@ class CommStats:
 class Reduction:
     """A non-blocking allreduce in flight (``Comm.iallreduce``), to finish with ``Comm.complete``."""
 
-    request: MPI.Request | RailsSum
+    request: MPI.Request | Posted | RailsSum  # Posted: handed to the communication thread
     label: str
     nbytes: int
     posted: float        # time.perf_counter() when it was posted
@@ -207,6 +226,21 @@ class Comm:
         self.transport: DeviceTransport | None = None
         self._scalar = np.zeros(1, dtype=np.float64)
         self._groups: dict[int | str, Comm | None] = {}
+        #: The thread that moves ``iallreduce``'s reductions on (``start_comm_thread``), or None:
+        #: MPI's own progress.
+        self.comm_thread: CommThread | None = None
+
+    def start_comm_thread(self) -> None:
+        """Hand every later ``iallreduce`` to a communication thread of its own
+        (``hpcopt.comm.progress``; collective, MPI_THREAD_MULTIPLE)."""
+        if self.comm_thread is None:
+            self.comm_thread = CommThread(self.mpi)
+
+    def stop_comm_thread(self) -> None:
+        """End the communication thread, if any (collective: its communicator is freed)."""
+        if self.comm_thread is not None:
+            self.comm_thread.free()
+            self.comm_thread = None
 
     @property
     def averaging(self) -> str:
@@ -306,6 +340,7 @@ class Comm:
             if group is not None:
                 group.free()
         self._groups.clear()
+        self.stop_comm_thread()
         if self.averager is not None:
             self.averager.free()
             self.averager = None
@@ -474,7 +509,8 @@ class Comm:
 
             stages = RailsSum(self, send, recv, label)
             return Reduction(stages, label, stages.nbytes, start, time.perf_counter() - start)
-        request = self.mpi.Iallreduce(send, recv, op=op)
+        request = (self.mpi.Iallreduce(send, recv, op=op) if self.comm_thread is None
+                   else self.comm_thread.post(send, recv, op))
         return Reduction(request, label, send.nbytes, start, time.perf_counter() - start)
 
     def advance(self, reduction: Reduction) -> None:
@@ -488,13 +524,21 @@ class Comm:
     def complete(self, reduction: Reduction) -> None:
         """Wait for ``reduction``: one ("iallreduce", label) call of its bytes, whose seconds
         are its post's and this wait's (the seconds this rank was held), and its seconds in
-        flight, from the post to now, under (IN_FLIGHT, label)."""
+        flight, from the post to now, under (IN_FLIGHT, label); where the communication thread
+        moved it on, its own seconds in MPI under (OWN, label)."""
         start = time.perf_counter()
-        reduction.request.Wait()
+        request = reduction.request
+        if isinstance(request, Posted):
+            assert self.comm_thread is not None
+            self.comm_thread.wait(request)
+        else:
+            request.Wait()
         held = reduction.post_seconds + time.perf_counter() - start
         hidden = start - reduction.posted - reduction.post_seconds
         self.stats.record_overlapped("iallreduce", reduction.label, reduction.nbytes, held, hidden,
                                      self.in_node)
+        if isinstance(request, Posted):
+            self.stats.record_own(reduction.label, request.own_seconds, self.in_node)
 
     def gather(self, values: np.ndarray, label: str, root: int = 0) -> np.ndarray | None:
         """Every rank's small host vector ``values`` stacked (N, k) on ``root``; None elsewhere."""
@@ -606,12 +650,15 @@ def node_layout(mpi_comm: MPI.Comm) -> tuple[int, int]:
         local.Free()
 
 
-def progress_mode() -> str:
-    """How MPI moves a non-blocking collective on between this rank's MPI calls: "thread" with
-    MPICH's asynchronous progress (``MPIR_CVAR_ASYNC_PROGRESS=1`` under MPI_THREAD_MULTIPLE),
-    else "calls" (only inside MPI calls: a reduction posted and waited for with none between
-    moves in its wait)."""
-    on = os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "").strip().lower() in ("1", "true", "yes", "on")
+def progress_mode(comm: Comm | None = None) -> str:
+    """How a non-blocking collective moves on between this rank's MPI calls: "comm-thread" where
+    ``comm``'s communication thread moves its reductions on (``hpcopt.comm.progress``), "thread"
+    with MPICH's asynchronous progress (``MPIR_CVAR_ASYNC_PROGRESS=1`` under
+    MPI_THREAD_MULTIPLE), else "calls" (only inside MPI calls: a reduction posted and waited for
+    with none between moves in its wait)."""
+    if comm is not None and comm.comm_thread is not None:
+        return describe_progress("comm-thread")
+    on = os.environ.get(MPICH_ASYNC, "").strip().lower() in ("1", "true", "yes", "on")
     return "thread" if on and MPI.Query_thread() >= MPI.THREAD_MULTIPLE else "calls"
 
 

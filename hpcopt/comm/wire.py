@@ -8,13 +8,8 @@ al., "Error Feedback Fixes SignSGD", ICML 2019)::
     m_i <- m_i + e_i;   q_i = Q(m_i);   e_i <- m_i - D(q_i)
     mean = (1/N) (D(q_0) + D(q_1) + ... + D(q_{N-1}))        (in float32)
 
-Q and D per wire type (``WIRES``; bytes a rank sends for n values):
-
-    float32   the float32 cast: one MPI Allreduce (SUM) of the cast values, then / N      4 n
-    bfloat16  the bfloat16 cast (ml-dtypes), D the cast back to float32                   2 n
-    float16   the float16 cast                                                            2 n
-    int8      per row of ``INT8_ROW`` values: s = max|m| / 127 (float32),
-              q = rint(m / s) in [-127, 127], D = q s                   n + 4 ceil(n / 256)
+Q and D per wire type are the codec's (hpcopt/comm/codec.py: float32, bfloat16, float16, int8
+per rows of 256 values with a float32 scale each; ``message_bytes`` the bytes a rank sends).
 
 MPI has no reduction for bfloat16, float16 or a scaled int8, so these messages are exchanged with
 one Allgather (label as the round's) and every rank decodes and sums all N in float32 in rank
@@ -30,70 +25,16 @@ Allreduce.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import HpcoptError
+from .codec import codec_for
+from .wire_nodes import hierarchical_mean, rails_mean
 
 if TYPE_CHECKING:
     from .core import Comm
-
-Array = Any
-
-WIRES = ("float32", "bfloat16", "float16", "int8")
-#: Values per int8 row (one float32 scale each).
-INT8_ROW = 256
-
-
-def check_wire(wire: str) -> None:
-    """HpcoptError unless ``wire`` is '' (uncompressed) or one of ``WIRES``."""
-    if wire and wire not in WIRES:
-        raise HpcoptError(f"unknown wire {wire!r} (choose from {', '.join(WIRES)})")
-
-
-def message_bytes(wire: str, n: int) -> int:
-    """Bytes a rank sends for a message of ``n`` values."""
-    if wire == "int8":
-        return n + 4 * math.ceil(n / INT8_ROW)
-    return n * (4 if wire == "float32" else 2)
-
-
-def _cast_type(wire: str) -> np.dtype:
-    if wire == "bfloat16":
-        import ml_dtypes  # only where bfloat16 is used
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(wire)
-
-
-def encode(message: np.ndarray, wire: str) -> tuple[np.ndarray, np.ndarray]:
-    """(the bytes sent, D(Q(message)) in float32) of a flat message."""
-    values = message.astype(np.float32)
-    if wire != "int8":
-        cast = values.astype(_cast_type(wire))
-        return cast.view(np.uint8), cast.astype(np.float32)
-    n = values.size
-    padded = np.zeros(math.ceil(n / INT8_ROW) * INT8_ROW, dtype=np.float32)
-    padded[:n] = values
-    rows = padded.reshape(-1, INT8_ROW)
-    scales = np.max(np.abs(rows), axis=1) / np.float32(127)
-    safe = np.where(scales > 0, scales, np.float32(1))
-    q = np.clip(np.rint(rows / safe[:, None]), -127, 127).astype(np.int8)
-    decoded = (q.astype(np.float32) * scales[:, None]).reshape(-1)[:n]
-    return np.concatenate([q.reshape(-1)[:n].view(np.uint8), scales.view(np.uint8)]), decoded
-
-
-def decode(payload: np.ndarray, wire: str, n: int) -> np.ndarray:
-    """D of the bytes ``encode`` sent for ``n`` values, in float32."""
-    if wire != "int8":
-        return payload.view(_cast_type(wire)).astype(np.float32)
-    q = np.zeros(math.ceil(n / INT8_ROW) * INT8_ROW, dtype=np.float32)
-    q[:n] = payload[:n].view(np.int8)
-    scales = payload[n:].view(np.float32)
-    return (q.reshape(-1, INT8_ROW) * scales[:, None]).reshape(-1)[:n]
 
 
 def compressed_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: Comm,
@@ -103,21 +44,17 @@ def compressed_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: Com
     new e. On several nodes a compressing wire takes ``wire_nodes.hierarchical_mean``, or
     ``wire_nodes.rails_mean`` (``node_round``: ``wire_nodes.NODE_ROUNDS``; "flat" this round)."""
     if wire != "float32" and not comm.in_node and node_round != "flat":  # hpcopt/comm/wire_nodes.py
-        from .wire_nodes import hierarchical_mean, rails_mean
-
         mean = rails_mean if node_round == "rails" else hierarchical_mean
         return mean(message, error, wire, comm, label)
     message += error
-    payload, decoded = encode(message, wire)
-    np.subtract(message, decoded, out=error)
+    codec = codec_for(wire, message.size)
+    payload = codec.encode_(message, error)
     if wire == "float32":
-        comm.allreduce_(decoded, MPI.SUM, label=label)
-        total = decoded
-    else:
-        everyone = comm.allgather(payload, label=label)
-        total = np.zeros(message.size, dtype=np.float32)
-        for row in everyone:
-            total += decode(row, wire, message.size)
+        return comm.allreduce_(payload.view(np.float32), MPI.SUM, label=label) / np.float32(comm.size)
+    everyone = comm.allgather(payload, label=label)
+    total = np.zeros(message.size, dtype=np.float32)
+    for row in everyone:
+        codec.add_decoded_(row, total)
     total /= np.float32(comm.size)
     return total
 

@@ -2,7 +2,7 @@
 
 When a round's ranks sit on M > 1 nodes (``Comm.in_node`` is false), ``hierarchical_mean``
 takes the mean of the messages m_i of hpcopt/comm/wire.py in three steps (N ranks, node j's
-ranks R_j, its first rank its leader, leaders in rank order)::
+ranks R_j, its first rank its leader, leaders in rank order; Q and D: hpcopt/comm/codec.py)::
 
     1. in-node:   s_j = sum_{i in R_j} m_i                          float32, label NODE_LABEL
     2. leaders:   s_j cut into M chunks (chunk c: values [c d / M, (c+1) d / M)), owned by leader c
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from mpi4py import MPI
 
-from .wire import decode, encode, message_bytes
+from .codec import codec_for, message_bytes
 
 if TYPE_CHECKING:
     from .core import Comm
@@ -118,28 +118,25 @@ def _leaders_mean(total: np.ndarray, message: np.ndarray, error: np.ndarray, wir
         if c == me:
             payloads.append(np.zeros(0, dtype=np.uint8))
             continue
-        payload, decoded = encode(message[lo:hi], wire)
-        np.subtract(message[lo:hi], decoded, out=error[lo:hi])
-        payloads.append(payload)
+        payloads.append(codec_for(wire, hi - lo).encode_(message[lo:hi], error[lo:hi]).copy())
     send_counts = [0 if c == me else sizes[c] for c in range(leaders.size)]
     recv_counts = [0 if j == me else sizes[me] for j in range(leaders.size)]
     received = leaders.alltoallv(np.concatenate(payloads), send_counts, recv_counts, label)
     lo, hi = bounds[me]
-    chunk = np.zeros(hi - lo, dtype=np.float32)
+    codec, chunk = codec_for(wire, hi - lo), np.zeros(hi - lo, dtype=np.float32)
     offset = 0
     for j in range(leaders.size):
         if j == me:
             chunk += total[lo:hi]
         else:
-            chunk += decode(received[offset:offset + sizes[me]], wire, hi - lo)
+            codec.add_decoded_(received[offset:offset + sizes[me]], chunk)
             offset += sizes[me]
     chunk /= np.float32(ranks)
     mine = chunk + error[lo:hi]
-    payload, decoded = encode(mine, wire)
-    np.subtract(mine, decoded, out=error[lo:hi])
+    payload = codec.encode_(mine, error[lo:hi])
     message[lo:hi] = mine
     everyone = leaders.allgatherv(payload, sizes, label)
     offset = 0
     for (lo, hi), size in zip(bounds, sizes):
-        mean[lo:hi] = decode(everyone[offset:offset + size], wire, hi - lo)
+        codec_for(wire, hi - lo).decode_(everyone[offset:offset + size], mean[lo:hi])
         offset += size

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..backend import Backend
-from ..comm import IN_FLIGHT, Comm
+from ..comm import UNSPENT, Comm
 from ..config import Config
 from ..errors import HpcoptError
 from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_reading, text_attr
@@ -65,7 +65,10 @@ OPTIONAL_COLUMNS = {"clip_fraction": "float64", "eval_perplexity": "float64",
                     "modelled_time": "float64", "messages": "int64",
                     # streaming fragments (hpcopt.algorithms.streaming): the most bytes a rank had
                     # in flight at once over the round (interval steps) up to the row's step
-                    "peak_bytes_in_flight": "int64"}
+                    "peak_bytes_in_flight": "int64",
+                    # reductions in flight moved on by the communication thread
+                    # (hpcopt.comm.progress): the fraction of their own seconds hidden, so far
+                    "hidden_fraction": "float64"}
 #: Per-stage columns of pipeline runs: ``busy_<s>`` and ``idle_<s>``, stage s's seconds in the window.
 STAGE_COLUMNS = ("busy", "idle")
 
@@ -253,17 +256,17 @@ class Window:
 
 def comm_totals(comm: Comm, network: Any = None, layout: Any = None, hidden: float = 1.0) -> dict[str, tuple]:
     """label -> (calls, bytes, seconds, in-node calls, in-node bytes) of this rank, summed over
-    operations (not the seconds in flight of non-blocking reductions, ``IN_FLIGHT``: they
-    overlap computation); with a ``costmodel.NetworkProfile`` also the modelled seconds on it
-    (on the nodes of ``layout``, a ``costmodel.NodeLayout``, when given; non-blocking reductions
-    hidden at most the fraction ``hidden``), as a sixth value
+    operations (not the seconds in flight of non-blocking reductions, nor their own seconds,
+    ``UNSPENT``: they overlap computation); with a ``costmodel.NetworkProfile`` also the
+    modelled seconds on it (on the nodes of ``layout``, a ``costmodel.NodeLayout``, when given;
+    non-blocking reductions hidden at most the fraction ``hidden``), as a sixth value
     (``TOTALS``)."""
     totals: dict[str, list] = {}
     for (op, label), counter in comm.stats.counters.items():
         entry = totals.setdefault(label, [0, 0, 0.0, 0, 0])
         entry[0] += counter.calls
         entry[1] += counter.bytes
-        entry[2] += counter.seconds if op != IN_FLIGHT else 0.0  # overlapped computation
+        entry[2] += counter.seconds if op not in UNSPENT else 0.0  # overlapped computation
         entry[3] += counter.in_node_calls
         entry[4] += counter.in_node_bytes
     if network is not None:

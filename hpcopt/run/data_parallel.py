@@ -29,6 +29,7 @@ from mpi4py import MPI
 
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
+from ..algorithms.streaming import PEAK_COLUMN
 from ..build import RunParts, build_run
 from ..comm import GROUP_LABEL, Comm
 from ..comm.core import agreed, node_indices, progress_mode
@@ -43,6 +44,8 @@ from ..comm.costmodel import (
     node_layout_of,
     profile_attrs,
 )
+from ..comm.progress import HIDDEN_COLUMN
+from ..comm.progress import prepare as prepare_progress
 from ..comm.ulfm import unavailable
 from ..config import Config, check_resume
 from ..errors import HpcoptError
@@ -230,7 +233,7 @@ class DataParallelSession:
                            run.eval_every, run.checkpoint_every)
         self.network = get_profile(run.network) if run.network else None
         self.layout: NodeLayout | None = None  # from start()
-        self.comm_progress = progress_mode()  # how much of a non-blocking reduction can be hidden
+        self.comm_progress = progress_mode(comm)  # how much of a non-blocking reduction can be hidden
         self.guard = StepGuard(run.on_nonfinite, faults, comm.rank)
         self.schedule = Schedule(run, comm.rank if job_rank is None else job_rank,  # --fault, --straggler
                                  parts.backend.synchronize, stop_received)
@@ -290,9 +293,15 @@ class DataParallelSession:
 
     def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
         extra = self.algorithm.trace_columns() + \
-            (("eval_perplexity",) if self.workload.language_model else ())
+            (("eval_perplexity",) if self.workload.language_model else ()) + self._hidden_column()
         attrs = profile_attrs(self.network, layout=self.layout) if self.network else {}
         return extra, {**attrs, "averaging": self.comm.averaging_path(self.state.x)}
+
+    def _hidden_column(self) -> tuple[str, ...]:
+        """``hidden_fraction`` where the communication thread moves this run's reductions in
+        flight on (a streaming run's: those with ``peak_bytes_in_flight``)."""
+        in_flight = PEAK_COLUMN in self.algorithm.trace_columns()
+        return (HIDDEN_COLUMN,) if in_flight and self.comm.comm_thread is not None else ()
 
     def parameters(self) -> int:
         return self.workload.layout.size
@@ -373,7 +382,8 @@ class DataParallelSession:
         fields = {"step": state.step, "rounds": state.rounds, "wall": self._files().wall(),
                   "lr": self.algorithm.lr_at(max(state.step - 1, 0)),
                   **_evaluation_fields(evaluation, self.workload.language_model),
-                  **self.algorithm.trace_row(state)}
+                  **self.algorithm.trace_row(state),
+                  **{name: self.comm.stats.hidden_fraction() for name in self._hidden_column()}}
         totals = trace_io.comm_totals(self.comm, self.network, self.layout, HIDDEN[self.comm_progress])
         row = trace_io.Row(tick, fields, totals)
         self.window.post(self.comm, stop, row)
@@ -512,6 +522,8 @@ def train_data_parallel(config: Config, comm: Comm, verbose: bool = True,
                       else config.run.averaging)
     if config.run.network_delay:  # sleep what the modelled network would take, after every call
         comm.stats.delay = network_delay(get_profile(config.run.network), comm.size)
+    prepare_progress(config.run.comm_progress, comm)
     builder = DataParallelSessionBuilder(workload, faults, ranks_changed)
     summary, session = run(builder, config, comm, verbose, resume)
+    comm.stop_comm_thread()  # the run's own: a later run on this Comm chooses again
     return summary, session.state

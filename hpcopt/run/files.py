@@ -153,7 +153,7 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
     if comm.rank != 0 or out is None or not config.run.trace:
         return None
     path = out / trace_io.FILE_NAME
-    attrs = {**versions(), "run_id": run_id, "world_size": comm.size, "comm_progress": progress_mode(),
+    attrs = {**versions(), "run_id": run_id, "world_size": comm.size, "comm_progress": progress_mode(comm),
              **(attrs or {}),
              "algorithm": config.algorithm.algorithm, "config": to_toml(config),
              "parameters": parameters,

@@ -14,6 +14,10 @@ exit as it would have. No other rank can be asked which ranks still run: a rank 
 unless a rank of the same job with a lower number runs (not stopped) on its node (the one that
 prints stays ``LINGER_SECONDS``), so the job prints one line a node. This module imports
 nothing of MPI before the timer runs.
+
+``--comm-progress mpich-thread`` on the command line turns MPICH's progress thread on here, by
+``MPIR_CVAR_ASYNC_PROGRESS=1`` in the environment before MPI starts (MPICH reads it only then;
+``hpcopt.comm.progress``).
 """
 
 from __future__ import annotations
@@ -36,23 +40,33 @@ EXIT_NOT_CONTINUED = 6
 _FT_VARIABLE = "OMPI_MCA_mpi_ft_enable"  # hpcopt.comm.ulfm.FT_VARIABLE, which imports MPI
 _RANK, _JOB = "OMPI_COMM_WORLD_RANK", "PMIX_NAMESPACE"
 _THREAD_MULTIPLE = 3  # Open MPI's MPI_THREAD_MULTIPLE
+_MPICH_ASYNC = "MPIR_CVAR_ASYNC_PROGRESS"  # hpcopt.comm.progress.MPICH_ASYNC, which imports MPI
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` (``--name``) first given in ``argv`` (``--name V`` or ``--name=V``)."""
+    for i, word in enumerate(argv):
+        value = word.partition("=")[2] if word.startswith(f"{flag}=") else \
+            argv[i + 1] if word == flag and i + 1 < len(argv) else None
+        if value is not None:
+            return value
+    return None
 
 
 def stall_timeout(argv: Sequence[str]) -> float:
     """The ``--stall-timeout`` given in ``argv`` (0 for none or one that is no number)."""
-    for i, word in enumerate(argv):
-        value = word.partition("=")[2] if word.startswith("--stall-timeout=") else \
-            argv[i + 1] if word == "--stall-timeout" and i + 1 < len(argv) else None
-        if value is not None:
-            try:
-                return max(float(value), 0.0)
-            except ValueError:
-                return 0.0
-    return 0.0
+    value = flag_value(argv, "--stall-timeout")
+    try:
+        return max(float(value), 0.0) if value is not None else 0.0
+    except ValueError:
+        return 0.0
 
 
 def start(argv: Sequence[str]) -> None:
-    """Start MPI, under the timer where fault tolerance is on and ``argv`` sets a stall timeout."""
+    """Start MPI, under the timer where fault tolerance is on and ``argv`` sets a stall timeout;
+    with MPICH's progress thread where ``argv`` asks for it (``--comm-progress mpich-thread``)."""
+    if flag_value(argv, "--comm-progress") == "mpich-thread":
+        os.environ[_MPICH_ASYNC] = "1"
     seconds = stall_timeout(argv)
     if os.environ.get(_FT_VARIABLE, "").lower() not in ("1", "true", "yes", "on") or not seconds:
         return

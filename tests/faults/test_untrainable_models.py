@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.extra
 pytest.importorskip("torch")
 
 from tests.command_line import assert_one_line_error  # noqa: E402

@@ -69,7 +69,7 @@ def heterogeneous(size):
 RESUME_CASES = ["momentum", "nesterov-average-eval", "heterogeneous", "shared-memory-averaging",
                 "celgc", "lstm", "batchnorm", "batchnorm-local", "batchnorm-celgc",
                 "batchnorm-naive-clip", "slowmo", "slowmo-heterogeneous", "celgc-diloco", "streaming",
-                "batchnorm-streaming", "two-level"]
+                "batchnorm-streaming", "two-level", "overlapped"]
 
 
 # on the GPU: device state written and read back, the clipping counters, the LSTM hidden state
@@ -131,6 +131,10 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
              "batchnorm-streaming": {"model": "plain_cnn", "hidden": None, "channels": "3",
                                      "batch_norm": "true", "algorithm": "diloco", "momentum": 0,
                                      "fragments": 2, "overlap": 1, "eval_every": 3},
+             # PR-SGD whose whole-model round overlaps 3 steps, delayed averaging: the
+             # checkpoint at 10 holds the round sent at 8 in flight (due at 11)
+             "overlapped": {"overlap": 3, "overlap_rule": "delayed", "interval": 4,
+                            "momentum": 0.9, "network": "eth1"},
              # group averages (hpcopt/algorithms/groups.py; groups of 2 on an even world) and
              # int8 rounds with error feedback (hpcopt/comm/wire.py) under DiLoCo's outer step:
              # the checkpoint at 10 follows a group round, and the resumed run's modelled

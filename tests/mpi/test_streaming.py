@@ -33,7 +33,14 @@ CASES = [
      "overlap": 1, "interval": 4, "steps": 13},
     # one fragment (the whole model), overlapped
     {"outer_optimizer": "sgd", "outer_lr": 1.1, "outer_momentum": 0.5, "overlap": 2, "steps": 11},
+    # PR-SGD whose whole-model round overlaps the next 3 steps, delayed averaging (the local
+    # progress kept), heavy-ball momentum; the run ends with a round in flight (sent at 12)
+    {"overlap": 3, "overlap_rule": "delayed", "interval": 4, "momentum": 0.9, "steps": 14},
+    # the delayed rule per fragment, with DiLoCo's outer step and a mix
+    {**DILOCO, "fragments": 3, "overlap": 2, "overlap_rule": "delayed", "fragment_mix": 0.7,
+     "interval": 6, "steps": 14},
 ]
+DELAYED = 5  # the whole-model round under the delayed rule
 
 
 @pytest.mark.parametrize("overrides", CASES)
@@ -45,12 +52,12 @@ def test_streaming_matches_the_serial_reference(comm, overrides):
     assert_shared(comm, state)
 
 
-@pytest.mark.parametrize("case", [0, 2])
+@pytest.mark.parametrize("case", [0, 2, DELAYED])
 def test_a_checkpoint_at_every_tick_changes_no_bit(comm, shared_dir, case):
     """Every tick of more than a round is checkpointed and resumed, some with reductions in
-    flight (one, and three at once), the last one too: the run ends with the same bits in every
-    field."""
-    overrides = {**CASES[case], "steps": 8 if case == 0 else 6}
+    flight (one, and three at once; under the delayed rule the whole model's), the last one
+    too: the run ends with the same bits in every field."""
+    overrides = {**CASES[case], "steps": {0: 8, 2: 6, DELAYED: 9}[case]}
     config = small_config(**overrides)
     state, ticks = run_in_process(config, comm, shared_dir)
     plain, _ = run_in_process(config, comm)
@@ -62,6 +69,21 @@ def test_a_checkpoint_at_every_tick_changes_no_bit(comm, shared_dir, case):
     assert sorted(got) == sorted(expected) and "in_flight" in got
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_the_delayed_rule_keeps_the_steps_taken_in_flight(comm):
+    """PR-SGD with its round in flight: the delayed rule differs from Streaming DiLoCo's replace
+    (which drops the steps taken meanwhile), and sends one iallreduce of the whole model a round,
+    none blocking."""
+    base = {"overlap": 2, "interval": 4, "steps": 12, "lr": 0.2}
+    _, replaced = train(small_config(**base), comm, verbose=False)
+    comm.stats.reset()
+    _, state = train(small_config(**base, overlap_rule="delayed"), comm, verbose=False)
+    assert not np.allclose(host(state.x), host(replaced.x), rtol=1e-6)
+    counters = comm.stats.counters
+    assert counters[("iallreduce", "fragments")].calls == 12 // 4
+    assert counters[("iallreduce", "fragments")].bytes == 3 * state.x.nbytes
+    assert "average" not in comm.stats.labels()
 
 
 def config_schedule(config, comm):

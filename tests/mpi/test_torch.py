@@ -17,7 +17,7 @@ from hpcopt.data.sampler import MinibatchSampler  # noqa: E402
 from hpcopt.torch import TensorData, torch_workload  # noqa: E402
 from tests.reference import celgc_reference  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.extra]
 
 nn = torch.nn
 SEED, BATCH, SAMPLES = 3, 6, 96

@@ -12,7 +12,7 @@ from hpcopt.torch import evaluate_tokens, language_workload  # noqa: E402
 from hpcopt.torch.models import word_lstm  # noqa: E402
 from hpcopt.torch.text import sequence_loss, windows  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.extra]
 
 VOCAB, BPTT = 11, 4
 

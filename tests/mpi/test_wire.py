@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hpcopt import train
+from hpcopt.comm.codec import WIRES, message_bytes
 from hpcopt.comm.costmodel import comm_modelled, get_profile
-from hpcopt.comm.wire import WIRES, message_bytes
 from hpcopt.io.trace import read_trace
 from tests.mpi.test_optimizers import DILOCO, assert_shared, run_in_process, small_config, state_arrays
 from tests.reference import prsgd_reference, streaming_reference

@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.docs_check import ROOT, Block, doc_files, find_blocks, run_file
 
 
-@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def marked(path: Path) -> Any:
+    """A page with a block that needs an optional package runs again in the extras pass."""
+    needs = any(block.needs for block in find_blocks(path))
+    return pytest.param(path, marks=pytest.mark.extra) if needs else path
+
+
+@pytest.mark.parametrize("path", [marked(path) for path in doc_files()],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_docs_command_runs(path: Path, tmp_path: Path):
     outcomes = run_file(path, tmp_path / "work")
     failed = [o for o in outcomes if o.failed]

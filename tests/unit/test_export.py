@@ -58,6 +58,7 @@ def test_csv_holds_the_rows_and_the_communication_table(run, tmp_path):
     assert {row["op"] for row in averages} == {trace.ops["average"]}
 
 
+@pytest.mark.extra
 def test_tensorboard_event_files_are_read_by_tensorboard(run, tmp_path):
     pytest.importorskip("tensorboardX", reason="the optional tensorboard extra is not installed")
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",

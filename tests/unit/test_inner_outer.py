@@ -21,6 +21,7 @@ def gradients(count: int, d: int = 7) -> list[np.ndarray]:
     return [rng.standard_normal(d) * 10.0 ** rng.integers(-3, 2) for _ in range(count)]
 
 
+@pytest.mark.extra
 @pytest.mark.parametrize("lr, weight_decay, betas, eps", [
     (1e-2, 0.0, (0.9, 0.999), 1e-8),
     (3e-3, 0.1, (0.8, 0.95), 1e-6),
@@ -42,6 +43,7 @@ def test_adamw_is_pytorchs(lr, weight_decay, betas, eps):
     np.testing.assert_allclose(v, state["exp_avg_sq"].numpy(), rtol=1e-13)
 
 
+@pytest.mark.extra
 @pytest.mark.parametrize("kind, nesterov", [("nesterov", True), ("sgd", False)])
 def test_the_outer_step_is_pytorchs_sgd_on_the_pseudo_gradient(kind, nesterov):
     """DiLoCo's outer step: torch.optim.SGD(nesterov=True) on the anchor, with the gradient

@@ -44,11 +44,19 @@ def test_every_name_a_table_lists_is_exported(module, after):
         assert getattr(module, name) is not None, name
 
 
+PIECES = DOC[DOC.index("## A piece of your own"):DOC.index("## Registering an algorithm")]
+
+
 def example_blocks() -> list[str]:
-    """The ```python blocks from "Adding an algorithm" on (the first one's ``my_problem`` is
-    the reader's own)."""
-    text = DOC[DOC.index("## Adding an algorithm"):]
+    """The ```python blocks from "Adding an algorithm" on, but those of "A piece of your own"
+    (the first one's ``my_problem`` is the reader's own)."""
+    text = DOC[DOC.index("## Adding an algorithm"):].replace(PIECES, "")
     return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def quoted_blocks() -> list[str]:
+    """The ```python blocks of "A piece of your own": excerpts of docs/examples/own_pieces.py."""
+    return re.findall(r"```python\n(.*?)```", PIECES, re.S)
 
 
 @pytest.mark.parametrize("code", example_blocks(), ids=lambda code: code.split("class ")[1].split("(")[0])
@@ -57,6 +65,16 @@ def test_the_example_code_runs(code):
                           env={**os.environ, "PYTHONPATH": str(ROOT)},
                           timeout=scaled(120))
     assert done.returncode == 0, done.stderr
+
+
+def test_the_pieces_shown_are_those_the_example_script_runs():
+    """The page quotes Lion and the float64 reducer from the script its bash block runs
+    (tests/docs_check.py runs it; tests/mpi/test_own_pieces.py checks what it trains)."""
+    script = (ROOT / "docs" / "examples" / "own_pieces.py").read_text()
+    blocks = quoted_blocks()
+    assert len(blocks) == 2
+    for block in blocks:
+        assert block in script, block.splitlines()[1]
 
 
 def test_the_examples_are_the_ones_expected():

@@ -24,6 +24,7 @@ def _errors(capsys) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
+@pytest.mark.extra
 def test_a_torch_run_resumes_only_with_its_model_named_again(tmp_path, capsys):
     pytest.importorskip("torch")
     from hpcopt.cli import main

@@ -75,6 +75,10 @@ def small(**overrides):
     ({"overlap": -1}, "overlap must be in [0, interval 4), got -1"),
     ({"fragment_mix": 0}, "fragment_mix must be in (0, 1], got 0"),
     ({"fragment_mix": 1.5}, "fragment_mix must be in (0, 1], got 1.5"),
+    ({"overlap_rule": "eager"}, "unknown overlap_rule 'eager' (choose from replace, delayed)"),
+    ({"overlap_rule": "delayed"}, "overlap_rule delayed needs overlap > 0"),
+    ({"fragments": 2, "overlap_rule": "delayed"}, "overlap_rule delayed needs overlap > 0"),
+    ({"overlap": 1, "overlap_rule": "delayed", "wire": "bfloat16"}, "wire is not built with"),
     ({"fragments": 2, "local_steps": "2,3"}, "local_steps is not built with fragments, overlap or "
      "fragment_mix: every rank sends a fragment at the same step"),
     ({"fragments": 2, "overlap": 1, "wire": "int8"}, "wire is not built with fragments, overlap or "

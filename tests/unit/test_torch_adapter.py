@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.extra
 torch = pytest.importorskip("torch")
 
 from hpcopt.algorithms.local_clip import LocalClip  # noqa: E402

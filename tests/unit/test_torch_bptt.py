@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.extra
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 

@@ -6,6 +6,7 @@ they were."""
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.extra
 torch = pytest.importorskip("torch")
 
 from hpcopt.backend import CPU  # noqa: E402

@@ -18,6 +18,7 @@ import pytest
 from hpcopt import build_config, train
 from hpcopt.io.trace import read_trace
 
+pytestmark = pytest.mark.extra
 hierarchical = pytest.importorskip(
     "torch.distributed.algorithms.model_averaging.hierarchical_model_averager")
 

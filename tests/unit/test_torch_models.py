@@ -8,6 +8,7 @@ import functools
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.extra
 torch = pytest.importorskip("torch")
 
 from hpcopt.algorithms.local_sgd import LocalSGD  # noqa: E402

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.extra
 torch = pytest.importorskip("torch")
 
 from hpcopt.config import build_config  # noqa: E402

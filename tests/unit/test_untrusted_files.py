@@ -103,7 +103,8 @@ def test_every_reader_refuses_what_a_checkpoint_must_not_hold(checkpoint, tmp_pa
             assert message.startswith(f"{bad}: ") and words in message, message
 
 
-@pytest.mark.parametrize("kind", ["checkpoint", "trace", "state_dict"])
+@pytest.mark.parametrize("kind", ["checkpoint", "trace",
+                                  pytest.param("state_dict", marks=pytest.mark.extra)])
 def test_declared_data_beyond_the_file_is_refused_before_it_is_allocated(tmp_path, kind):
     """A few header bytes declaring tens of MB cost no memory: the refusal comes first."""
     if kind == "checkpoint":
@@ -189,6 +190,7 @@ def state_dict(tmp_path) -> Path:
     return save_state_dict({"weight": torch.arange(4.0), "bias": torch.zeros(2)}, tmp_path / "model.h5")
 
 
+@pytest.mark.extra
 @pytest.mark.parametrize("kind,words", [
     ("group", "/block holds a group, not a tensor (a state_dict file holds one numeric dataset "
               "per key at its root)"),
@@ -207,6 +209,7 @@ def test_load_state_dict_refuses_what_it_cannot_load_in_one_line(state_dict, kin
     assert message.startswith(f"{bad}: ") and words in message, message
 
 
+@pytest.mark.extra
 def test_save_state_dict_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
     torch = pytest.importorskip("torch")
     from hpcopt.torch import load_state_dict, save_state_dict
@@ -293,6 +296,7 @@ def test_a_disk_full_mid_trace_is_one_error_then_a_quiet_close(tmp_path, monkeyp
     assert "Exception ignored" not in capfd.readouterr().err
 
 
+@pytest.mark.extra
 def test_a_disk_full_while_exporting_keeps_the_earlier_export(state_dict, monkeypatch):
     import torch
 
