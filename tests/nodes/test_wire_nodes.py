@@ -68,7 +68,8 @@ RAILS = """
 import numpy as np
 from hpcopt.comm import Comm
 from hpcopt.comm.core import node_indices
-from hpcopt.comm.wire import compressed_mean, message_bytes
+from hpcopt.comm.codec import message_bytes
+from hpcopt.comm.wire import compressed_mean
 from hpcopt.comm.wire_nodes import NODE_LABEL, chunk_bounds
 from tests.reference import hierarchical_wire_mean
 
