@@ -51,9 +51,8 @@ from . import (
     versions,
 )
 from .digest import check_sealed, refuse_damaged, seal
-from .safe_files import check_regular
+from .safe_files import HDF5Writing, check_regular, publish
 from .trace import FILE_NAME as TRACE_FILE
-from .writing import HDF5Writing, publish
 
 FORMAT = "hpcopt-checkpoint"
 VERSION = 3  # 2: the content digest (root attribute content_sha256); 3: the state as declared
@@ -199,7 +198,7 @@ class CheckpointWriter:
     communication counters, then closes, fsyncs and renames. Leaving the block without
     ``commit`` (an exception) deletes the temporary file; a killed process leaves it behind,
     where readers ignore it and the next ``prune`` deletes it. A write that fails (a full disk:
-    ``hpcopt.io.writing``) stops the writing but not the block, so rank 0 goes on receiving
+    ``hpcopt.io.safe_files``) stops the writing but not the block, so rank 0 goes on receiving
     every rank's rows; ``commit`` raises it (one HpcoptError line naming the file and the free
     space) and the temporary file is deleted.
     """

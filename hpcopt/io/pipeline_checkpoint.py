@@ -40,7 +40,7 @@ from ..flat import ParamLayout
 from . import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
 from . import data_parallel_checkpoint as ckpt_io
 from .digest import check_sealed, refuse_damaged, seal
-from .writing import HDF5Writing
+from .safe_files import HDF5Writing
 
 FORMAT = "hpcopt-pipeline-checkpoint"
 VERSION = 2  # 2: the content digest (root attribute content_sha256)

@@ -32,8 +32,8 @@ from ..comm import IN_FLIGHT, Comm
 from ..config import Config
 from ..errors import HpcoptError
 from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_reading, text_attr
+from .safe_files import HDF5Writing
 from .structure import check_structure
-from .writing import HDF5Writing
 
 if TYPE_CHECKING:
     from ..run.rank_loss import RankLoss

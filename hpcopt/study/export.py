@@ -42,7 +42,7 @@ from typing import Any
 
 from ..errors import HpcoptError
 from ..io import safe_files
-from ..io.writing import publish
+from ..io.safe_files import publish
 
 TRAIN = ("loss_mean", "loss_max", "grad_norm", "grad_norm_max", "lr", "clip_fraction")
 EVAL = {"eval_loss": "eval/loss", "eval_accuracy": "eval/accuracy", "eval_perplexity": "eval/perplexity"}
