@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -34,9 +34,6 @@ from ..errors import HpcoptError
 from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_reading, text_attr
 from .safe_files import HDF5Writing
 from .structure import check_structure
-
-if TYPE_CHECKING:
-    from ..run.rank_loss import RankLoss
 
 FORMAT = "hpcopt-trace"
 VERSION = 1
@@ -99,6 +96,19 @@ CHUNK_ROWS = 256
 READ_ROWS = 1 << 14
 
 Oracle = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class RankLoss:
+    """One lost rank as the trace records it (``/rank_losses``, a dataset per field of
+    ``RANK_LOSS_COLUMNS``; hpcopt.run.rank_loss): the step (rank 0's, when the loss was seen),
+    the lost rank (of the job's original ranks), the seconds from detection to training again,
+    and the step of the round the survivors went on from."""
+
+    step: int
+    rank: int
+    recover_seconds: float
+    round_step: int
 
 
 @dataclass(frozen=True)
@@ -431,7 +441,7 @@ class TraceWriter:
         self._attempt(lambda _: self._truncate(rows))
 
     def record_rank_loss(self, loss: RankLoss) -> None:
-        """Append one lost rank (``hpcopt.run.rank_loss.RankLoss``) to ``/rank_losses``
+        """Append one lost rank (``RankLoss``) to ``/rank_losses``
         (a dataset per field: docs/formats.md), made at the first loss."""
         def write(f: Any) -> None:
             group = f.require_group(RANK_LOSSES)

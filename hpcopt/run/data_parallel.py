@@ -54,7 +54,7 @@ from .fault_schedule import Schedule, check_ranks, check_reached, stop_received
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
-from .rank_loss import RankLoss, RankLossRecovery
+from .rank_loss import RankLossRecovery
 from .runner import RunFiles, Ticks, run, wall_text
 from .threads import ThreadChoice
 
@@ -96,7 +96,7 @@ class Summary:
     group_rounds: int = 0
     group_bytes_per_rank: float = 0.0
     group_in_node_bytes_per_rank: float = 0.0
-    rank_losses: list[RankLoss] = field(default_factory=list)  # --on-rank-loss continue: survived
+    rank_losses: list[trace_io.RankLoss] = field(default_factory=list)  # --on-rank-loss continue: survived
     earlier_seconds: float = 0.0   # a resumed run: the wall seconds of its earlier jobs (in wall_seconds)
 
     def lines(self) -> list[str]:

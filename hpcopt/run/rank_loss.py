@@ -44,6 +44,7 @@ from ..comm import Comm, ulfm
 from ..errors import EXIT_NOT_CONTINUED, HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io.rescale import rescaled
+from ..io.trace import RankLoss
 from .lock import release_lost
 
 if TYPE_CHECKING:
@@ -63,18 +64,6 @@ class RankLossError(HpcoptError):
     def __init__(self, message: str, reports: bool) -> None:
         super().__init__(message, everywhere=True)
         self.reports = reports
-
-
-@dataclass(frozen=True)
-class RankLoss:
-    """One loss, as the trace records it (``/rank_losses``): the step (rank 0's, when the loss
-    was seen), the lost rank (of the job's original ranks), the seconds from detection to
-    training again, and the step of the round the survivors went on from."""
-
-    step: int
-    rank: int
-    recover_seconds: float
-    round_step: int
 
 
 @dataclass
