@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +19,6 @@ from ..errors import HpcoptError
 
 if TYPE_CHECKING:
     import h5py
-
-    from ..config import Config
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Exceptions h5py and numpy raise on a damaged file or an unexpected object; readers map them
@@ -129,21 +121,6 @@ def json_attr(attrs: Any, key: str, path: Path) -> Any:
         return json.loads(text_attr(attrs, key, path))
     except json.JSONDecodeError:
         raise HpcoptError(f"{path}: attribute {key!r} is not valid JSON") from None
-
-
-def config_from_toml(text: str, path: Path) -> Config:
-    """The run configuration stored as TOML text, parsed and validated (``config_from_stored``)."""
-    from ..algorithms.registration import NotRegistered, written_by_unknown
-    from ..config import config_from_stored
-
-    try:
-        return config_from_stored(tomllib.loads(text))
-    except tomllib.TOMLDecodeError as exc:
-        raise HpcoptError(f"{path}: the stored config is not valid TOML ({exc})") from None
-    except NotRegistered as exc:  # a plugin's algorithm, not installed here: not an invalid file
-        raise written_by_unknown(exc, path) from None
-    except HpcoptError as exc:
-        raise HpcoptError(f"{path}: the stored config is invalid: {exc}") from None
 
 
 def versions() -> dict[str, str]:

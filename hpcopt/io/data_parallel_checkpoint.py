@@ -37,13 +37,12 @@ from ..algorithms import state as fields
 from ..algorithms.registration import registry
 from ..backend import Backend
 from ..comm import Comm, OpCounter, agreed
-from ..config import Config, to_toml
+from ..config import Config, config_from_toml, to_toml
 from ..errors import HpcoptError
 from ..flat import ParamLayout
 from . import (
     READ_ERRORS,
     check_format,
-    config_from_toml,
     int_attr,
     json_attr,
     open_for_reading,

@@ -34,11 +34,11 @@ import numpy as np
 from ..algorithms import state as fields
 from ..algorithms.pprs import PipelineState
 from ..comm import Comm, agreed
-from ..config import Config
+from ..config import Config, config_from_toml
 from ..errors import HpcoptError
 from ..flat import ParamLayout
-from . import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
 from . import data_parallel_checkpoint as ckpt_io
+from . import int_attr, json_attr, open_for_reading, text_attr
 from .digest import check_sealed, refuse_damaged, seal
 from .safe_files import HDF5Writing
 

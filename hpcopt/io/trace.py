@@ -29,9 +29,9 @@ import numpy as np
 
 from ..backend import Backend
 from ..comm import IN_FLIGHT, Comm
-from ..config import Config
+from ..config import Config, config_from_toml
 from ..errors import HpcoptError
-from . import READ_ERRORS, check_format, config_from_toml, json_attr, open_for_reading, text_attr
+from . import READ_ERRORS, check_format, json_attr, open_for_reading, text_attr
 from .safe_files import HDF5Writing
 from .structure import check_structure
 

@@ -16,9 +16,8 @@ import pytest
 
 from hpcopt.algorithms import ENTRY_POINT_GROUP, LocalSGD, option, register, registration, registry
 from hpcopt.cli import make_parser
-from hpcopt.config import algorithm_options, build_config, to_toml
+from hpcopt.config import algorithm_options, build_config, config_from_toml, to_toml
 from hpcopt.errors import HpcoptError
-from hpcopt.io import config_from_toml
 from tests.timeouts import scaled
 
 
