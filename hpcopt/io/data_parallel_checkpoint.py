@@ -323,7 +323,7 @@ def read_checkpoint(path: str | Path, rank: int | None = None,
                     world_size: int | None = None, verify: bool = True) -> Checkpoint:
     """Read and validate a checkpoint: every rank's vectors, or only those of ``rank`` (of a
     run on ``world_size`` ranks, which must be the size that wrote it). ``verify=False`` skips
-    the content digest, for a job whose rank 0 has checked it (``hpcopt.io.vet``): hashing
+    the content digest, for a job whose rank 0 has checked it (``hpcopt.run.vetting``): hashing
     reads the whole file, and N ranks each hashing it would read it N times.
 
     Raises HpcoptError (one line, naming the file) for anything wrong; nothing in the file is
@@ -347,13 +347,9 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
             raise refuse_damaged(f, path, FORMAT, READABLE, "checkpoint", exc) from None
 
 
-def checkpoint_world_size(run: str | Path) -> int:
-    """The number of ranks that wrote the newest checkpoint of ``run`` (a run directory or a
-    checkpoint), once a child process has read the file whole (hpcopt.io.vet); HpcoptError (one
-    line) where it cannot be read."""
-    from .vet import vet_checkpoint
-
-    path = vet_checkpoint(run)
+def checkpoint_world_size(path: str | Path) -> int:
+    """The number of ranks that wrote the checkpoint ``path`` (vetted by the caller:
+    hpcopt.run.vetting); HpcoptError (one line) where it cannot be read."""
     with opened(path) as (path, f):
         return int_attr(f.attrs, "world_size", path, minimum=1)
 

@@ -483,12 +483,8 @@ def _value(totals: tuple, index: int) -> float:
 
 
 def _check_resumable(path: Path, run_id: str, keep_rows: int) -> Trace:
-    """``path`` read, once a child process has read it cleanly (``hpcopt.io.vet``: this process
-    then writes to it); HpcoptError unless it is this run's trace with at least ``keep_rows``
-    rows."""
-    from .vet import vet_traces
-
-    vet_traces([path])
+    """``path`` read (vetted by the caller first, hpcopt.run.vetting: this process then writes to
+    it); HpcoptError unless it is this run's trace with at least ``keep_rows`` rows."""
     trace = read_trace(path)
     if trace.attrs.get("run_id") != run_id:
         raise HpcoptError(f"{path} is the trace of another run (run_id {trace.attrs.get('run_id')!r}, "

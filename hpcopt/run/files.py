@@ -19,6 +19,7 @@ from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..io import versions
 from ..io.safe_files import check_regular
+from . import vetting
 from .lock import RunLock, check_free
 
 
@@ -64,13 +65,11 @@ def vet_resumed(resume: str | Path, out: str) -> None:
     """Rank 0, before any rank of a resumed run opens its checkpoint ``resume``: HpcoptError
     naming the holder when another job holds the directory the run is to write (``out``, else
     the checkpoint's own), as it may be pruning that very checkpoint (``claim`` takes the lock
-    later); then a child process reads the file whole (``hpcopt.io.vet``)."""
-    from ..io.vet import vet_checkpoint
-
+    later); then a child process reads the file whole (``hpcopt.run.vetting``)."""
     directory = Path(out) if out else ckpt_io.run_directory(ckpt_io.find_checkpoint(resume))
     if directory is not None:
         check_free(directory)
-    vet_checkpoint(resume)
+    vetting.vet_checkpoint(resume)
 
 
 def claim(out: Path | None, run_id: str, resumed: bool, verbose: bool) -> RunLock | None:
@@ -149,7 +148,9 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
     """Rank 0, in the run directory ``claim`` made: when tracing, the trace, opened with
     ``extra_columns`` and the session's root ``attrs`` (and modelled communication columns when
     they name a cost-model profile, ``network``), its attributes naming MPI's progress mode
-    (``comm_progress``). None on the other ranks."""
+    (``comm_progress``); a resumed run's trace (``resume_at``) is read whole in a child first
+    (``hpcopt.run.vetting``: a run killed while writing it can leave one HDF5 cannot read safely).
+    None on the other ranks."""
     if comm.rank != 0 or out is None or not config.run.trace:
         return None
     path = out / trace_io.FILE_NAME
@@ -158,6 +159,8 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
              "algorithm": config.algorithm.algorithm, "config": to_toml(config),
              "parameters": parameters,
              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if resume_at is not None and path.exists():
+        vetting.vet_traces([path])
     return trace_io.TraceWriter(path, attrs, resume_at, extra_columns=extra_columns,
                                 modelled="network" in (attrs or {}))
 

@@ -138,13 +138,14 @@ def launched_ranks(launcher: Sequence[str]) -> int | None:
 def _ranks_changed(run: Path, launcher: Sequence[str]) -> bool:
     """Whether the newest checkpoint of ``run`` was written by another number of ranks than
     ``launcher`` starts (a task requeued onto fewer or more nodes): its resume then needs
-    ``--ranks-changed``. The checkpoint is read in a child first (hpcopt.io.vet); one that cannot
-    be read is left to ``hpcopt resume`` to report."""
+    ``--ranks-changed``. The checkpoint is read in a child first (hpcopt.run.vetting); one that
+    cannot be read is left to ``hpcopt resume`` to report."""
     from ..io.data_parallel_checkpoint import checkpoint_world_size
+    from ..run.vetting import vet_checkpoint
 
     ranks = launched_ranks(launcher)
     try:
-        return ranks is not None and checkpoint_world_size(run) != ranks
+        return ranks is not None and checkpoint_world_size(vet_checkpoint(run)) != ranks
     except HpcoptError:
         return False
 

@@ -19,7 +19,7 @@ from hpcopt.io import timeline as timeline_io
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.timeline import read_timeline
 from hpcopt.io.trace import read_trace
-from hpcopt.io.vet import vet_traces
+from hpcopt.run.vetting import vet_traces
 from hpcopt.study.export import export
 from tests import crafted
 from tests.command_line import assert_one_line_error, launch

@@ -23,7 +23,7 @@ from hpcopt.config import build_config, to_toml
 from hpcopt.errors import HpcoptError
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint, stored_config, write_checkpoint
 from hpcopt.io.trace import COLUMNS, TraceWriter, read_trace
-from hpcopt.io.vet import vet_traces
+from hpcopt.run.vetting import vet_traces
 from tests import crafted
 from tests.memory import peak_allocation
 
