@@ -276,7 +276,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         comm.free()  # no MPI: these commands start their own processes (sweep --local)
         return importlib.import_module(STUDY_COMMANDS[args.command][0]).run(args) if rank == 0 else 0
     if args.command == "report":
-        from .io.report import write_report
+        from .report import write_report
 
         written = agreed(lambda: write_report(args.runs, args.out) if comm.rank == 0 else [], comm)
         for path in written:

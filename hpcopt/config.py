@@ -629,6 +629,11 @@ def config_from_stored(values: dict[str, Any]) -> Config:
     return build_config(values)
 
 
+def clips(config: Config) -> bool:
+    """Whether ``config``'s algorithm clips (its trace window and checkpoints count clipped steps)."""
+    return registry()[config.algorithm.algorithm].clips
+
+
 def config_from_toml(text: str, path: Path) -> Config:
     """The config stored as TOML text in the file ``path`` (a checkpoint or trace), parsed and
     validated (``config_from_stored``); HpcoptError naming the file, and for an algorithm this

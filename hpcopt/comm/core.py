@@ -82,7 +82,7 @@ class CommStats:
     #: every other label spans the world. The cost model reads it; ``reset`` keeps it.
     ranks: dict[str, int] = field(default_factory=dict)
     #: With ``--timeline``: told (op, label, seconds) of each call once it is counted, the call
-    #: having ended just now (``hpcopt.io.timeline.Recorder.communicated``); not of the seconds
+    #: having ended just now (``hpcopt.run.recorder.Recorder.communicated``); not of the seconds
     #: in flight (IN_FLIGHT), which overlap the computation.
     spans: Callable[[str, str, float], None] | None = None
 

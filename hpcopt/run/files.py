@@ -17,9 +17,9 @@ from ..config import Config, to_toml
 from ..errors import HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
-from ..io import versions
 from ..io.safe_files import check_regular
 from . import vetting
+from .checkpointing import written_by
 from .lock import RunLock, check_free
 
 
@@ -154,7 +154,7 @@ def open_trace(config: Config, out: Path | None, run_id: str, comm: Comm, parame
     if comm.rank != 0 or out is None or not config.run.trace:
         return None
     path = out / trace_io.FILE_NAME
-    attrs = {**versions(), "run_id": run_id, "world_size": comm.size, "comm_progress": progress_mode(),
+    attrs = {**written_by(), "run_id": run_id, "world_size": comm.size, "comm_progress": progress_mode(),
              **(attrs or {}),
              "algorithm": config.algorithm.algorithm, "config": to_toml(config),
              "parameters": parameters,

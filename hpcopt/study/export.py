@@ -156,7 +156,7 @@ FORMATS: dict[str, Callable[[Any, Path], list[Path]]] = {"csv": write_csv, "tens
 
 def export(runs: list[str], kind: str, out: str | Path) -> list[Path]:
     """Export each run's trace as ``kind`` into ``out/<run name>/``; the files written."""
-    from ..io.report import load_traces
+    from ..report import load_traces
 
     traces = load_traces(runs)
     written: list[Path] = []

@@ -69,8 +69,8 @@ UNFINISHED = 1
 
 def finished(run: Path) -> bool:
     """Whether ``run`` holds a trace with its end-of-run summary (read in a child first)."""
-    from ..io.report import read_each
     from ..io.trace import FILE_NAME, Trace
+    from ..report import read_each
 
     trace = run / FILE_NAME
     if not trace.is_file():

@@ -24,11 +24,11 @@ from hpcopt.io.data_parallel_checkpoint import (
     find_checkpoint,
     prune,
     read_checkpoint,
-    restore,
     write_checkpoint,
 )
 from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
+from hpcopt.run.checkpointing import restore
 from tests import crafted
 from tests.command_line import ROOT
 from tests.stored import assert_near_stored

@@ -113,6 +113,7 @@ def pipeline_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
     from hpcopt.config import build_config
     from hpcopt.flat import ParamLayout
     from hpcopt.io import pipeline_checkpoint as pipe
+    from hpcopt.io import versions
 
     model = np.linspace(0, 1, 6)
     ckpt = pipe.PipelineCheckpoint(
@@ -121,7 +122,7 @@ def pipeline_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
          pipe.StageRecord((4, 6), {"x": model[4:].copy()}, {"step": 7, "alpha": 0.1})],
         np.zeros((2, len(pipe.WINDOW_COLUMNS))))
     path = directory / "step-000000007.h5"
-    pipe._write(path, ckpt, ParamLayout.of(w=(4,), b=(2,)), [])
+    pipe.write(path, ckpt, ParamLayout.of(w=(4,), b=(2,)), [], versions())
     return path, model
 
 

@@ -35,13 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config, applies
-from ..errors import HpcoptError
-from ..run.progress import Ticker
-from ..run.vetting import vet_traces
-from ..study.layout import is_study, read_manifest, study_traces
-from .safe_files import replacing, write_replacing
-from .trace import FILE_NAME, Trace, read_trace
+from .config import Config, applies
+from .errors import HpcoptError
+from .io.safe_files import replacing, write_replacing
+from .io.trace import FILE_NAME, Trace, read_trace
+from .run.progress import Ticker
+from .run.vetting import vet_traces
+from .study.layout import is_study, read_manifest, study_traces
 
 #: Options that do not change what a run computes; never used to tell runs apart.
 NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "trace",
