@@ -101,37 +101,6 @@ class Checkpoint:
     shared: dict[str, np.ndarray] = field(default_factory=dict)   # vectors the same on every rank
 
 
-def checkpoint_path(out: Path, tick: int) -> Path:
-    return out / SUBDIR / f"step-{tick:09d}.h5"
-
-
-def run_directory(path: Path) -> Path | None:
-    """The run directory of a checkpoint: the folder above the ``checkpoints/`` it lies in (so
-    a moved run directory still works); None for a checkpoint outside one. Never the ``out``
-    its config names: a file does not choose where a run writes. Written as ``path`` is (a
-    relative path stays relative) unless links make the folder another one."""
-    given, resolved = Path(path), Path(path).resolve()
-    if resolved.parent.name != SUBDIR:
-        return None
-    home = resolved.parent.parent
-    as_given = given.parent.name == SUBDIR and given.parent.parent.resolve() == home
-    return given.parent.parent if as_given else home
-
-
-def has_checkpoints(out: Path) -> bool:
-    return bool(_complete(out / SUBDIR))
-
-
-def checkpoints(out: Path) -> list[Path]:
-    """The complete checkpoints of run directory ``out``, oldest first."""
-    return [path for _, path in _complete(out / SUBDIR)]
-
-
-def checkpoints_after(out: Path, tick: int) -> list[Path]:
-    """The complete checkpoints of run directory ``out`` past clock tick ``tick``, oldest first."""
-    return [path for at, path in _complete(out / SUBDIR) if at > tick]
-
-
 def run_id_of(path: Path) -> str | None:
     """The ``run_id`` attribute of a checkpoint or trace, read alone; None where it cannot be
     read (a damaged file, or no regular file: a FIFO is never opened; its owner is unknown)."""
@@ -155,7 +124,7 @@ def find_checkpoint(path: str | Path) -> Path:
     if not path.is_dir():
         return path
     for directory in (path / SUBDIR, path):
-        found = _complete(directory)
+        found = complete(directory)
         if found:
             return found[-1][1]
     if (path / TRACE_FILE).is_file():
@@ -164,23 +133,13 @@ def find_checkpoint(path: str | Path) -> Path:
     raise HpcoptError(f"no checkpoint in {path}")
 
 
-def _complete(directory: Path) -> list[tuple[int, Path]]:
-    """(tick, path) of the complete checkpoints in ``directory``, oldest first."""
+def complete(directory: Path) -> list[tuple[int, Path]]:
+    """(tick, path) of the complete checkpoints in ``directory`` (named ``NAME_PATTERN``; never a
+    ``*.tmp`` file), oldest first."""
     if not directory.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := NAME_PATTERN.match(p.name))]
     return sorted(found)
-
-
-def prune(directory: Path, keep: int, run_id: str) -> None:
-    """Delete all but the newest ``keep`` checkpoints of run ``run_id``, and leftovers of
-    interrupted writes. A file of another run, or one whose run cannot be read, is never
-    deleted (nor counted)."""
-    ours = [path for _, path in _complete(directory) if run_id_of(path) == run_id]
-    for path in ours[:-keep]:
-        path.unlink(missing_ok=True)
-    for path in directory.glob(f"*{TMP_SUFFIX}"):
-        path.unlink(missing_ok=True)
 
 
 class CheckpointWriter:
@@ -191,10 +150,10 @@ class CheckpointWriter:
     name the ``software`` that wrote it: ``hpcopt.io.versions`` when not given); ``commit`` adds
     the communication counters, then closes, fsyncs and renames. Leaving the block without
     ``commit`` (an exception) deletes the temporary file; a killed process leaves it behind,
-    where readers ignore it and the next ``prune`` deletes it. A write that fails (a full disk:
-    ``hpcopt.io.safe_files``) stops the writing but not the block, so rank 0 goes on receiving
-    every rank's rows; ``commit`` raises it (one HpcoptError line naming the file and the free
-    space) and the temporary file is deleted.
+    where readers ignore it and the next prune deletes it (``hpcopt.run.directory.prune``). A
+    write that fails (a full disk: ``hpcopt.io.safe_files``) stops the writing but not the
+    block, so rank 0 goes on receiving every rank's rows; ``commit`` raises it (one HpcoptError
+    line naming the file and the free space) and the temporary file is deleted.
     """
 
     def __init__(self, path: Path, ckpt: Checkpoint, names: Sequence[str],
@@ -465,5 +424,4 @@ def comm_rows(f: Any, path: Path) -> list[CommRow]:
 
 __all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint",
            "stored_config", "opened", "damaged", "header_attrs", "write_model", "publish", "comm_rows",
-           "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "checkpoints",
-           "run_id_of", "prune", "FORMAT", "VERSION"]
+           "find_checkpoint", "complete", "run_id_of", "FORMAT", "VERSION"]

@@ -49,7 +49,7 @@ from ..errors import HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
 from ..workload import ModelEvaluation, Workload
-from . import checkpointing
+from . import checkpointing, directory
 from .fault_schedule import Schedule, check_ranks, check_reached, stop_received
 from .faults import FaultPlan
 from .nonfinite import StepGuard
@@ -336,7 +336,7 @@ class DataParallelSession:
     def _say_what_is_replaced(self, out: Path, ckpt: ckpt_io.Checkpoint) -> None:
         """Rank 0, resuming on another number of ranks: one line naming the old count's newer
         checkpoints in the run directory, which this run's replace (same step) and prune."""
-        newer = ckpt_io.checkpoints_after(out, ckpt.tick)
+        newer = directory.checkpoints_after(out, ckpt.tick)
         if self.comm.rank != 0 or not newer:
             return
         names = ", ".join(path.name for path in newer[:3]) + (", ..." if len(newer) > 3 else "")
@@ -414,7 +414,7 @@ class DataParallelSession:
             model = comm.average_(self.scratch, label=checkpointing.LABEL)
         assert files.out is not None
         self.guard.check_model(model, tick, self.checkpoint or self.resumed_from)
-        path = ckpt_io.checkpoint_path(files.out, tick)
+        path = directory.checkpoint_path(files.out, tick)
         at = checkpointing.Position(files.config, self.workload.layout, tick, files.run_id,
                               files.writer.rows if files.writer else 0, files.wall())
         carried = self.workload.carried
@@ -423,7 +423,7 @@ class DataParallelSession:
                      hidden=carried[0]() if carried else None,
                      before_commit=self.guard.commit_hook(tick))
         if comm.rank == 0:
-            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
+            directory.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
         self.checkpoint = str(path)
 
     def last_rows(self, tick: int) -> list[Row]:

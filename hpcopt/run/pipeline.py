@@ -41,7 +41,6 @@ from ..algorithms.pprs import PipelineState
 from ..comm import Comm
 from ..config import Config, check_resume
 from ..errors import HpcoptError
-from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import pipeline_checkpoint as pipe_ckpt
 from ..io import trace as trace_io
 from ..pipeline.executor import Pipeline
@@ -49,7 +48,7 @@ from ..pipeline.parts import Algorithm, build_algorithm, build_problem, describe
 from ..pipeline.schedules import ideal_bubble
 from ..pipeline.split import StagePlan
 from ..problems.staged import StagedProblem, setup_stage
-from . import checkpointing
+from . import checkpointing, directory
 from .faults import FaultPlan
 from .nonfinite import nonfinite_loss, nonfinite_parameters
 from .preflight import CHECKPOINT_OVERHEAD
@@ -349,7 +348,7 @@ class PipelineSession:
         if comm.allreduce_scalar(0.0 if finite else 1.0, label=checkpointing.LABEL):
             raise nonfinite_parameters(f"iteration {tick}", self.checkpoint or self.resumed_from,
                                        skip=False)
-        path = ckpt_io.checkpoint_path(files.out, tick)
+        path = directory.checkpoint_path(files.out, tick)
         window = np.array([self.loss_sum, self.loss_max, self.iterations, self.messages,
                            self._sends() - self.sends_base, self.modelled])
         block = self.pipe.params.copy()  # with x_t, not the last point evaluated, in it
@@ -360,7 +359,7 @@ class PipelineSession:
                                     before_commit=(self.faults.commit_hook(comm.rank, tick)
                                                    if self.faults else None))
         if comm.rank == 0:
-            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
+            directory.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
         self.checkpoint = str(path)
 
     def last_rows(self, tick: int) -> list[Row]:

@@ -3,7 +3,7 @@
 It owns what every run shares: threads and the GPU, reading the checkpoint to resume from,
 agreement across ranks on each set-up step (``hpcopt.comm.agreed``: a problem found on one
 rank ends every rank with the same message), the run directory (locked for the job, holding
-one run: ``hpcopt.run.files.claim``) and trace file, SIGTERM and SIGINT
+one run: ``hpcopt.run.directory.claim``) and trace file, SIGTERM and SIGINT
 (``hpcopt.run.signals``), the stall watchdog, progress lines and the summary. A session builder
 builds a :class:`Session` on each rank; the runner drives it through the ticks of the run (the points
 every rank passes in the same order), and at a tick t:
@@ -46,7 +46,8 @@ from ..comm.ulfm import is_rank_loss
 from ..config import Config
 from ..errors import HpcoptError
 from ..io import trace as trace_io
-from .files import claim, header_end, open_trace, run_directory, vet_resumed
+from .directory import claim, run_directory, vet_resumed
+from .files import header_end, open_trace
 from .lock import RunLock
 from .preflight import check_output
 from .progress import Progress

@@ -87,7 +87,7 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
     train = [*hpcopt, "train", *task_defaults(entry.args), *entry.args, "--out", entry.run.as_posix()]
     if not run.exists():  # a first start: nothing to read (and no reader to import)
         return train
-    from ..io.data_parallel_checkpoint import has_checkpoints
+    from ..run.directory import has_checkpoints
 
     if finished(run):
         return None

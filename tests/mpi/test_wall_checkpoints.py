@@ -12,7 +12,7 @@ import pytest
 
 from hpcopt.io import data_parallel_checkpoint as ckpt_io
 from hpcopt.io.trace import read_trace
-from hpcopt.run import checkpointing
+from hpcopt.run import checkpointing, directory
 from hpcopt.run.data_parallel import DataParallelSession
 from hpcopt.run.pipeline import PipelineSession
 from tests.mpi import test_pipeline_run as pipeline_tests
@@ -40,7 +40,7 @@ def slowed(monkeypatch, session_class) -> None:
 
 def checkpoint_ticks(comm, out) -> list[int]:
     """The ticks of the run directory's checkpoints, as rank 0 lists them."""
-    ticks = [int(ckpt_io.NAME_PATTERN.match(p.name).group(1)) for p in ckpt_io.checkpoints(out)] \
+    ticks = [int(ckpt_io.NAME_PATTERN.match(p.name).group(1)) for p in directory.checkpoints(out)] \
         if comm.rank == 0 else None
     return comm.mpi.bcast(ticks)
 
@@ -62,7 +62,7 @@ def test_data_parallel_checkpoints_by_wall_time_change_nothing_and_resume_bitwis
     ticks = checkpoint_ticks(comm, timed)
     assert_checkpointed_by_the_clock(ticks, steps)
     assert_same_run(want, got, plain, timed, comm.rank, ignored_labels=(checkpointing.LABEL,))
-    middle = ckpt_io.checkpoint_path(timed, ticks[len(ticks) // 2 - 1])
+    middle = directory.checkpoint_path(timed, ticks[len(ticks) // 2 - 1])
     _, resumed = fresh_train(config(timed, steps=steps, checkpoint_minutes=0), resume=middle)  # may change
     assert_same_run(want, resumed, plain, timed, comm.rank, ignored_labels=(checkpointing.LABEL,))
 
@@ -102,6 +102,6 @@ def test_pipeline_checkpoints_by_wall_time_change_nothing_and_resume_bitwise(
     ticks = checkpoint_ticks(comm, timed)
     assert_checkpointed_by_the_clock(ticks, steps)
     assert_same(want, got)
-    middle = ckpt_io.checkpoint_path(timed, ticks[len(ticks) // 2 - 1])
+    middle = directory.checkpoint_path(timed, ticks[len(ticks) // 2 - 1])
     _, resumed = fresh_pipeline(settings(timed, checkpoint_minutes=MINUTES), resume=middle)
     assert_same(want, resumed)
