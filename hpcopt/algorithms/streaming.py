@@ -69,7 +69,7 @@ Array = Any
 FRAGMENT_LABEL = "fragments"
 #: The state a streaming run keeps: what this rank sent of each fragment (read only to post again
 #: a reduction in flight at a checkpoint: reset on another number of ranks, where a checkpoint
-#: with one in flight is refused, hpcopt.io.rescale), and the reductions in flight (run-time
+#: with one in flight is refused, hpcopt.run.rescale), and the reductions in flight (run-time
 #: objects, ``InFlight``).
 FRAGMENT_FIELDS = (("in_flight", VECTOR, RESET), ("reductions", SCRATCH, None))
 #: The trace column of a streaming run: the most bytes a rank had in flight at once over the

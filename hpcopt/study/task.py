@@ -69,8 +69,8 @@ UNFINISHED = 1
 
 def finished(run: Path) -> bool:
     """Whether ``run`` holds a trace with its end-of-run summary (read in a child first)."""
-    from ..io.report import read_each
     from ..io.trace import FILE_NAME, Trace
+    from ..report import read_each
 
     trace = run / FILE_NAME
     if not trace.is_file():
@@ -87,7 +87,7 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
     train = [*hpcopt, "train", *task_defaults(entry.args), *entry.args, "--out", entry.run.as_posix()]
     if not run.exists():  # a first start: nothing to read (and no reader to import)
         return train
-    from ..io.data_parallel_checkpoint import has_checkpoints
+    from ..run.directory import has_checkpoints
 
     if finished(run):
         return None
@@ -138,13 +138,14 @@ def launched_ranks(launcher: Sequence[str]) -> int | None:
 def _ranks_changed(run: Path, launcher: Sequence[str]) -> bool:
     """Whether the newest checkpoint of ``run`` was written by another number of ranks than
     ``launcher`` starts (a task requeued onto fewer or more nodes): its resume then needs
-    ``--ranks-changed``. The checkpoint is read in a child first (hpcopt.io.vet); one that cannot
-    be read is left to ``hpcopt resume`` to report."""
+    ``--ranks-changed``. The checkpoint is read in a child first (hpcopt.run.vetting); one that
+    cannot be read is left to ``hpcopt resume`` to report."""
     from ..io.data_parallel_checkpoint import checkpoint_world_size
+    from ..run.vetting import vet_checkpoint
 
     ranks = launched_ranks(launcher)
     try:
-        return ranks is not None and checkpoint_world_size(run) != ranks
+        return ranks is not None and checkpoint_world_size(vet_checkpoint(run)) != ranks
     except HpcoptError:
         return False
 

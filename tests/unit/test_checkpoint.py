@@ -22,13 +22,13 @@ from hpcopt.flat import ParamLayout
 from hpcopt.io.data_parallel_checkpoint import (
     Checkpoint,
     find_checkpoint,
-    prune,
     read_checkpoint,
-    restore,
     write_checkpoint,
 )
 from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
+from hpcopt.run.checkpointing import restore
+from hpcopt.run.directory import prune
 from tests import crafted
 from tests.command_line import ROOT
 from tests.stored import assert_near_stored
@@ -445,12 +445,12 @@ def _ending_at(config, steps: int, out: Path):
 def test_a_checkpoints_run_directory_is_written_as_the_user_gave_it(tmp_path, monkeypatch):
     """A resumed run prints and uses the run directory as the user wrote it (relative stays
     relative); a checkpoints/ folder that is a link to another run's is that run's directory."""
-    from hpcopt.io.data_parallel_checkpoint import run_directory
+    from hpcopt.run.directory import home_of
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "a" / "checkpoints").mkdir(parents=True)
-    assert run_directory(Path("runs/a/checkpoints/step-000000008.h5")) == Path("runs/a")
+    assert home_of(Path("runs/a/checkpoints/step-000000008.h5")) == Path("runs/a")
     (tmp_path / "runs" / "b").mkdir()
     (tmp_path / "runs" / "b" / "checkpoints").symlink_to(tmp_path / "runs" / "a" / "checkpoints")
-    assert run_directory(Path("runs/b/checkpoints/step-000000008.h5")) == tmp_path / "runs" / "a"
-    assert run_directory(Path("loose.h5")) is None
+    assert home_of(Path("runs/b/checkpoints/step-000000008.h5")) == tmp_path / "runs" / "a"
+    assert home_of(Path("loose.h5")) is None
