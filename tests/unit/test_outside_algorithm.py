@@ -167,7 +167,7 @@ import hpcopt
 {define}
 
 out, algorithm = sys.argv[1], sys.argv[2]
-said = open(f"{{out}}-said-by-rank-{{MPI.COMM_WORLD.Get_rank()}}.txt", "w")  # one file a rank: no interleaving
+said = open(f"{{out}}-said-by-rank-{{MPI.COMM_WORLD.Get_rank()}}.txt", "w")  # a file a rank: no interleaving
 run = {{"algorithm": algorithm, "dataset": "digits", "hidden": "16", "interval": "4",
         "dtype": "float64", "progress": "false"}}
 _, whole = hpcopt.train(hpcopt.build_config(None, {{**run, "steps": "24", "out": out + "/whole"}}),
