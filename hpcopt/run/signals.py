@@ -75,14 +75,19 @@ class StopSignal:
     """This rank's stop request in the training loop: ``raised`` is the signal it received (0:
     none), which the runner sends with its next trace row. Requests count only when ``enabled``
     (there is a run directory to checkpoint to). Under :class:`JobSignals` that thread watches
-    SIGTERM and SIGINT; otherwise (the Python API) a handler of its own watches SIGTERM."""
+    SIGTERM and SIGINT; otherwise (the Python API) a handler of its own watches SIGTERM.
+    ``current`` is the loop's while it runs (a straggler's sleep ends once it is raised)."""
+
+    current: ClassVar[StopSignal | None] = None
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.raised = 0
         self._previous: Any = None
+        self._outer: StopSignal | None = None
 
     def __enter__(self) -> StopSignal:
+        self._outer, StopSignal.current = StopSignal.current, self
         job = JobSignals.active
         if job is not None:
             job.enter_loop(self)
@@ -102,6 +107,7 @@ class StopSignal:
             JobSignals.active.settle()
 
     def __exit__(self, *_: Any) -> None:
+        StopSignal.current = self._outer
         if JobSignals.active is not None:
             JobSignals.active.leave_loop()
         if self._previous is not None:
