@@ -272,8 +272,9 @@ class JobSignals:
         While MPI starts (the rest of hpcopt is being imported), first wait for it: under
         Hydra, a rank that exits before the others' MPI_Init completes leaves them waiting for
         ever, and under Open MPI a rank that exits without MPI_Abort while MPI connects its
-        ranks once left ``mpirun`` waiting for ever. Where it does not start within the grace,
-        the rank ends by SIGKILL, which the launcher answers by ending the job."""
+        ranks once left ``mpirun`` waiting for ever. Where it does not start within the grace
+        (imports slowed by the load), the rank ends by the signal its line's exit code names
+        (``_die_by``), which the launcher answers by ending the job."""
         running = _mpi_running(self.grace)
         if rank != 0:
             time.sleep(self.stagger)
@@ -285,7 +286,7 @@ class JobSignals:
         if not running:
             sys.stderr.write(line)
             sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die_by(exit_code(signum) - 128)
         abort_job(line, exit_code(signum))
 
 
@@ -321,6 +322,23 @@ def launcher_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+def _die_by(signum: int) -> None:
+    """End this process by ``signum``'s default action, from any thread. A launcher reports the
+    death as that signal's (Open MPI's ``mpirun`` exits 128 + ``signum``: 143 where the line
+    said 143, which a requeue-on-143 script requeues; MPICH's Hydra exits ``signum`` | 9, its
+    SIGKILL of the other ranks included) and ends the job; a SIGKILL read as a rank killed
+    (137). Python sets handlers only from the main thread, so C's ``signal`` restores the
+    default; SIGKILL follows should the process outlive it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p
+    libc.signal(signum, None)  # SIG_DFL
+    os.kill(os.getpid(), signum)
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _mpi_running(limit: float) -> bool:
