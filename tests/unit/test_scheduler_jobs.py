@@ -8,6 +8,7 @@ input, NaN, a finished run or ``scancel``, at most ``[job] requeue`` times. Stan
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -206,6 +207,30 @@ def test_a_signal_before_the_launcher_starts_stops_the_task_before_it_starts(tmp
     entry = task_module.read_manifest(study)[0]
     assert task_module._carry_on(study, entry, [str(bin_dir / "srun")], forward) == 143
     assert not record.exists()  # the launcher never started
+
+
+@pytest.mark.parametrize("sent, code, stopped", [
+    (signal.SIGUSR1, 138, 143),  # Open MPI's mpirun: a rank (or mpirun itself) died of SIGUSR1
+    (signal.SIGTERM, 15, 143),  # MPICH's Hydra: a rank died of SIGTERM (15 | its SIGKILL of the rest)
+    (signal.SIGINT, 15, 130),  # srun gets SIGTERM for SIGINT
+])
+def test_a_stop_that_killed_a_process_before_hpcopt_started_is_a_stop_before_the_start(
+        tmp_path, sent, code, stopped):
+    """A stop signal passed on to the launcher in a rank's first moments, before its
+    ``python -m hpcopt`` takes it over, kills that rank (or the launcher): the launcher's own
+    code says so, and the task is stopped before it started, as 143 or 130, and requeued as a
+    stop (it once counted as failed with the launcher's code)."""
+    study = make_study(tmp_path)
+    bin_dir, record = stand_ins(tmp_path, code=code)
+    task = start_task(study, bin_dir, record)
+    wait_for(record, "started")
+    task.send_signal(sent)
+    out, _ = task.communicate(timeout=scaled(30))
+    assert task.returncode == stopped, out
+    assert f"task 0: exit {code}\ntask 0: {signal.Signals(sent).name} killed a process of the run before " \
+        f"hpcopt started; stopped, nothing lost (exit {stopped})" in out
+    assert "scontrol requeue 77_0" in record.read_text(), out
+    assert json.loads((study / "logs/task-0.json").read_text())["exit_code"] == stopped
 
 
 @pytest.mark.parametrize("args, added", [
