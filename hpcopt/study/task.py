@@ -37,18 +37,27 @@ first line names it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import socket
-import subprocess
-import sys
-from collections.abc import Sequence
-from pathlib import Path
 
-from ..errors import EXIT_CONTINUED, HpcoptError
-from ..run.signals import SIGNALS, exit_code, signal_name
-from .layout import Entry, TaskRecord, read_manifest
+#: The stop signals that came before ``run_task`` took them over: ``python -m hpcopt.study.task``
+#: notes them from its first line, before its imports (half a second on a loaded node, in which
+#: a batch shell's SIGUSR1 once killed it), and ``run_task`` acts on them.
+EARLY: list[int] = []
+if __name__ == "__main__":
+    for _signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):  # run.signals.SIGNALS, not yet imported
+        signal.signal(_signum, lambda signum, _: EARLY.append(signum))
+
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from ..errors import EXIT_CONTINUED, HpcoptError  # noqa: E402
+from ..run.signals import SIGNALS, exit_code, signal_name  # noqa: E402
+from .layout import Entry, TaskRecord, read_manifest  # noqa: E402
 
 #: A run stopped at a checkpoint by SIGTERM (or SIGUSR1): hpcopt's exit status, and srun's.
 EXIT_STOPPED = exit_code(signal.SIGTERM)
@@ -223,6 +232,8 @@ def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0)
         raise HpcoptError(f"task {index} is not in {study}/manifest.tsv (tasks 0 to {len(entries) - 1})")
     forward = _Forward(launcher)
     previous = {s: signal.signal(s, forward.receive) for s in SIGNALS}
+    for signum in tuple(EARLY):  # one that came while the handlers were being installed: noted twice
+        forward.receive(signum)
     try:
         record = TaskRecord(study, entries[index])
         record.start()

@@ -129,9 +129,11 @@ def stand_ins(tmp_path: Path, code: int) -> tuple[Path, Path]:
 
 
 def start_task(study: Path, bin_dir: Path, record: Path, restarts: int = 0,
-               requeue: int = 2, state: str = "RUNNING") -> subprocess.Popen:
+               requeue: int = 2, state: str = "RUNNING", hook: Path | None = None) -> subprocess.Popen:
+    """The task's runner under the stand-ins (``hook``: a folder put on its module path too)."""
+    path = os.pathsep.join(map(str, (ROOT, *([hook] if hook else []))))
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", RECORD=str(record),
-               JOB_STATE=state, PYTHONPATH=str(ROOT), SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="0",
+               JOB_STATE=state, PYTHONPATH=path, SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="0",
                SLURM_JOB_ID="78", SLURM_RESTART_COUNT=str(restarts))
     return subprocess.Popen([sys.executable, "-m", "hpcopt.study.task", "0", "--requeue", str(requeue),
                              str(bin_dir / "srun")], cwd=study, env=env, stdout=subprocess.PIPE,
@@ -207,6 +209,39 @@ def test_a_signal_before_the_launcher_starts_stops_the_task_before_it_starts(tmp
     entry = task_module.read_manifest(study)[0]
     assert task_module._carry_on(study, entry, [str(bin_dir / "srun")], forward) == 143
     assert not record.exists()  # the launcher never started
+
+
+#: A ``sitecustomize`` by which a process sends itself SIGUSR1 as it starts importing the module
+#: the task's runner reads the study with.
+SIGUSR1_AT_IMPORT = """
+import os, signal, sys
+
+class SignalAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hpcopt.study.layout":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return None
+
+sys.meta_path.insert(0, SignalAtImport())
+"""
+
+
+def test_a_signal_while_the_task_runner_imports_stops_the_task_before_it_starts(tmp_path):
+    """``python -m hpcopt.study.task`` notes the stop signals from its first line: a batch
+    shell's SIGUSR1 (``scancel --signal=USR1 --batch``) while it imports once killed it (no
+    requeue, no record of its end)."""
+    study = make_study(tmp_path)
+    bin_dir, record = stand_ins(tmp_path, code=143)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGUSR1_AT_IMPORT)
+    task = start_task(study, bin_dir, record, hook=hook)
+    out, _ = task.communicate(timeout=scaled(30))
+    assert task.returncode == 143, out
+    assert "task 0: SIGUSR1 before the run started; stopped, nothing lost" in out
+    assert record.read_text().splitlines() == ["scontrol requeue 77_0"], out  # srun never started
+    assert json.loads((study / "logs/task-0.json").read_text())["exit_code"] == 143
 
 
 @pytest.mark.parametrize("sent, code, stopped", [
