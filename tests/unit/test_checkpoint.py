@@ -409,30 +409,45 @@ def test_a_slowmo_checkpoint_from_before_the_outer_optimizers_resumes_bit_for_bi
     assert "slow_momentum = 0.6" in stored and "outer_optimizer" not in stored
 
 
-def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str):
-    """Resume tests/data/DIRECTORY/ALGORITHM-step-6.h5, a file of an older format, to step 10 and
-    hold it to two references. Bitwise, its whole state (``assert_same_state``): the resume to
+def test_a_celgc_checkpoint_from_before_celgc_was_pieces_resumes_bit_for_bit(tmp_path):
+    """CELGC, written when it was its own round (LocalClip with its own step, average, finish:
+    before the clipping rule, the round at a step's start and participation were pieces of
+    PR-SGD's round), resumes exactly (digits, MLP 64-12-10, I = 4, gamma 0.1 on the global
+    norm, momentum 0.9 averaged at the rounds, weight decay, Nesterov outer step, lr halved at
+    step 5; checkpoint at step 8: the end of a round whose average comes before step 9, after
+    one outer step): to step 12, where the run ends on a complete round (its outer step in the
+    final average), as ``_resume_old_checkpoint`` holds it."""
+    old, today = _resume_old_checkpoint(tmp_path, "checkpoint-v3", "celgc", at=8, to=12)
+    assert old.counters["steps_in_round"].tolist() == [4] and old.counters["rounds"].tolist() == [2]
+    assert sorted(old.shared) == ["anchor", "outer_buffer"] and "clip_count" in old.counters
+    assert 0 < old.counters["clip_count"][0] < 8
+
+
+def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str, at: int = 6, to: int = 10):
+    """Resume tests/data/DIRECTORY/ALGORITHM-step-AT.h5 (AT: 6 unless given), a file of an older
+    format or an older version's, to step TO (10) and hold it to two references. Bitwise, its whole state (``assert_same_state``): the resume to
     step 10, on this machine, of the same state in today's format (``with_state_of``: moved by
     hand, without hpcopt's reader of old formats, into the step-6 checkpoint of a new run, whose
     counters and sampler equal the old file's) -- and such a resume is the uninterrupted run
     (tests/mpi/test_resume.py). The model within a few ulp (``tests.stored``):
     ALGORITHM-step-10-x.npy, the old version's uninterrupted run, computed on the machine that
     wrote the files (another CPU's BLAS kernels round differently). Returns (the old
-    checkpoint, the new run's state at step 6)."""
+    checkpoint, the new run's state at step AT)."""
     from tests.checkpoints import with_state_of
     from tests.runs import assert_same_state, fresh_train
 
     data = ROOT / "tests" / "data" / directory
-    old = read_checkpoint(data / f"{algorithm}-step-6.h5")
-    old_path = tmp_path / "old" / "checkpoints" / "step-000000006.h5"
+    old = read_checkpoint(data / f"{algorithm}-step-{at}.h5")
+    name = f"step-{at:09d}.h5"
+    old_path = tmp_path / "old" / "checkpoints" / name
     old_path.parent.mkdir(parents=True)
-    shutil.copy(data / f"{algorithm}-step-6.h5", old_path)
-    _, today = fresh_train(_ending_at(old.config, 6, tmp_path / "today"))  # today's format
-    today_path = with_state_of(old_path, tmp_path / "today" / "checkpoints" / "step-000000006.h5")
-    _, from_old = fresh_train(_ending_at(old.config, 10, tmp_path / "old"), resume=old_path)
-    _, from_today = fresh_train(_ending_at(old.config, 10, tmp_path / "today"), resume=today_path)
+    shutil.copy(data / f"{algorithm}-step-{at}.h5", old_path)
+    _, today = fresh_train(_ending_at(old.config, at, tmp_path / "today"))  # today's format
+    today_path = with_state_of(old_path, tmp_path / "today" / "checkpoints" / name)
+    _, from_old = fresh_train(_ending_at(old.config, to, tmp_path / "old"), resume=old_path)
+    _, from_today = fresh_train(_ending_at(old.config, to, tmp_path / "today"), resume=today_path)
     assert_same_state(from_old, from_today)
-    assert_near_stored(from_old.x, np.load(data / f"{algorithm}-step-10-x.npy"), "x")
+    assert_near_stored(from_old.x, np.load(data / f"{algorithm}-step-{to}-x.npy"), "x")
     return old, today
 
 
