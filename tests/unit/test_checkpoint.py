@@ -425,12 +425,13 @@ def test_a_celgc_checkpoint_from_before_celgc_was_pieces_resumes_bit_for_bit(tmp
 
 def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str, at: int = 6, to: int = 10):
     """Resume tests/data/DIRECTORY/ALGORITHM-step-AT.h5 (AT: 6 unless given), a file of an older
-    format or an older version's, to step TO (10) and hold it to two references. Bitwise, its whole state (``assert_same_state``): the resume to
-    step 10, on this machine, of the same state in today's format (``with_state_of``: moved by
-    hand, without hpcopt's reader of old formats, into the step-6 checkpoint of a new run, whose
+    format or an older version's, to step TO (10) and hold it to two references. Bitwise, its
+    whole state (``assert_same_state``): the resume to step TO, on this machine, of the same
+    state in today's format (``with_state_of``: moved by hand, without hpcopt's reader of old
+    formats, into the step-AT checkpoint of a new run, whose
     counters and sampler equal the old file's) -- and such a resume is the uninterrupted run
     (tests/mpi/test_resume.py). The model within a few ulp (``tests.stored``):
-    ALGORITHM-step-10-x.npy, the old version's uninterrupted run, computed on the machine that
+    ALGORITHM-step-TO-x.npy, the old version's uninterrupted run, computed on the machine that
     wrote the files (another CPU's BLAS kernels round differently). Returns (the old
     checkpoint, the new run's state at step AT)."""
     from tests.checkpoints import with_state_of
