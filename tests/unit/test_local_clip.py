@@ -96,3 +96,27 @@ def test_participation_is_an_option_of_every_rounds_reducer(algorithm):
 def test_the_pairs_that_cannot_make_sense_stay_refused(options, message):
     with pytest.raises(HpcoptError, match=message):
         LocalClip(**LR, gamma=1.0, **options)
+
+
+def test_participation_is_refused_with_a_registered_reducer_of_ones_own():
+    """A reducer of one's own takes its mean over every rank: a subset is built for the plain
+    mean and the wires only."""
+    from hpcopt.algorithms import Piece, reducers
+
+    class Everyone:
+        declared = ()
+        in_flight = False
+
+        def new_state(self, x):
+            return {}
+
+        def mean_(self, x, state, part, comm, label):
+            comm.average_(x, label=label)
+
+    reducers.register("everyone", Piece(lambda options: Everyone()))
+    try:
+        assert isinstance(LocalClip(**LR, gamma=1.0, wire="everyone").reducer, Everyone)
+        with pytest.raises(HpcoptError, match="participation applies only to the plain mean and the wires"):
+            LocalClip(**LR, gamma=1.0, wire="everyone", participation=0.5)
+    finally:
+        reducers.unregister("everyone")
