@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from ..comm.wire import decode, encode
+from ..comm.codec import codec_for, message_bytes
 from ..errors import HpcoptError
 from ..rng import stream
 from .reducers import PlainMean, Reducer, WireMean
@@ -115,21 +115,19 @@ def _subset_wire_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: C
     """The members' mean of their messages through ``wire``, in float32: a member's ``message``
     becomes m + e and ``error`` its new e; the others' are left as they are."""
     member = comm.rank in members
+    codec = codec_for(wire, message.size)
     if member:
         message += error
-        payload, decoded = encode(message, wire)
-        np.subtract(message, decoded, out=error)
-    else:
-        payload, decoded = encode(np.zeros_like(message), wire)
+        payload = codec.encode_(message, error)
     if wire == "float32":
-        comm.allreduce_(decoded, MPI.SUM, label=label)
-        total = decoded
-    else:
-        counts = [payload.size if rank in members else 0 for rank in range(comm.size)]
-        everyone = comm.allgatherv(payload if member else payload[:0], counts, label=label)
-        total = np.zeros(message.size, dtype=np.float32)
-        for row in everyone.reshape(members.size, payload.size):
-            total += decode(row, wire, message.size)
+        values = payload.view(np.float32) if member else np.zeros(message.size, dtype=np.float32)
+        return comm.allreduce_(values, MPI.SUM, label=label) / np.float32(members.size)
+    size = message_bytes(wire, message.size)
+    counts = [size if rank in members else 0 for rank in range(comm.size)]
+    everyone = comm.allgatherv(payload if member else np.zeros(0, dtype=np.uint8), counts, label=label)
+    total = np.zeros(message.size, dtype=np.float32)
+    for row in everyone.reshape(members.size, size):
+        codec.add_decoded_(row, total)
     total /= np.float32(members.size)
     return total
 
