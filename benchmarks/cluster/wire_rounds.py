@@ -1,6 +1,7 @@
 """One compressed averaging round across nodes, flat against hierarchical (every rank runs it).
 
     mpiexec ... python -m benchmarks.cluster.wire_rounds --json OUT.json [--values N] [--rounds R]
+                                                        [--load 0 2]
 
 Run across the nodes of an ``EmulatedCluster`` (benchmarks/cluster/study.py does): per variant,
 ``R`` rounds of ``hpcopt.comm.wire.compressed_mean`` of a message of ``N`` float32 values (the
@@ -13,7 +14,11 @@ MLP 1024,1024's 1,863,690 by default), after one round not timed:
 
 Per variant: the slowest rank's seconds a round (a barrier before and after the rounds) and the
 bytes each node's link carried a round (its first rank reads the node's ``uplink`` counters:
-benchmarks/cluster/emulated.py). Written by rank 0 as JSON.
+benchmarks/cluster/emulated.py). Every variant runs once per ``--load`` level (default 0 and 2:
+idle, then with two busy processes that rank 0 starts on the machine's cores for the level,
+benchmarks/common/load.py). Written by rank 0 as JSON: ``levels``, per level its load (busy
+processes, load average at its start and end) and the variants' results; ``results``, the first
+level's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
+from benchmarks.common.load import add_load_option, busy
 from hpcopt.comm.core import Comm
 from hpcopt.comm.wire import compressed_mean
 
@@ -41,16 +47,8 @@ def _link_bytes(first_on_node: bool) -> int:
     return int(Path(COUNTER).read_text()) if first_on_node else 0
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", type=Path, required=True)
-    p.add_argument("--values", type=int, default=1_863_690)
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
-    comm = Comm()
-    node = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    first = node.Get_rank() == 0
-    spans_nodes = not comm.in_node
+def measure(comm: Comm, args: argparse.Namespace, first: bool, spans_nodes: bool) -> dict[str, dict]:
+    """Every variant's seconds and link bytes a round (on rank 0; empty elsewhere)."""
     results = {}
     rng = np.random.default_rng(comm.rank)
     for name, (wire, flat) in VARIANTS.items():
@@ -69,11 +67,31 @@ def main() -> int:
             per_node = [b / args.rounds for b in sent if b is not None]
             results[name] = {"seconds": seconds, "link_bytes": per_node}
     comm.in_node = not spans_nodes
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--values", type=int, default=1_863_690)
+    p.add_argument("--rounds", type=int, default=3)
+    add_load_option(p)
+    args = p.parse_args()
+    comm = Comm()
+    node = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    first = node.Get_rank() == 0
+    spans_nodes = not comm.in_node
+    levels = []
+    for level in args.load:  # rank 0 starts the busy processes; the cores are the machine's
+        with busy(level if comm.rank == 0 else 0) as load:
+            comm.mpi.Barrier()
+            results = measure(comm, args, first, spans_nodes)
+        levels.append({"load": load.as_dict(), "results": results})
     node.Free()
     comm.free()
     if comm.rank == 0:
-        args.json.write_text(json.dumps({"values": args.values, "rounds": args.rounds,
-                                         "ranks": comm.size, "results": results}, indent=1))
+        args.json.write_text(json.dumps({"values": args.values, "rounds": args.rounds, "ranks": comm.size,
+                                         "results": levels[0]["results"], "levels": levels}, indent=1))
     return 0
 
 
