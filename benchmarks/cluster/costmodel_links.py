@@ -1,24 +1,33 @@
 """The node-aware cost model against measured seconds on emulated links (root: network namespaces).
 
     python -m benchmarks.cluster.costmodel_links [--nodes 2] [--ppn 2] [--rate 100mbit] [--repeats 3]
+                                                 [--load 0 2]
 
 On an ``EmulatedCluster`` (benchmarks/cluster/emulated.py):
 
-1. Fit: ``hpcopt bench allreduce`` (Comm.average_ with averaging auto) in one node (a cluster
-   of one), fitted over its ranks: ``memory_alpha`` and ``memory_beta``, what in-node calls
-   cost here (the nominal ``shm`` profile, measured on an idle machine, is 20-40 times faster
-   than the in-node averages of 4 busy ranks on 2 shared cores); then across the nodes, alpha
-   and beta fitted in the model's form over the nodes to each time less its in-node level
-   (``fit_allreduce`` with ranks = nodes and the layout: the node-aware model prices a spanning
-   call as its in-node level plus the nodes' level on the network, so a fit to the whole time
-   counted the in-node level twice: 5% of a 7.45 MB average at 100 Mbit/s, 20% at 1 Gbit/s).
-2. Validate: training runs whose round is link-bound (an MLP of a few MB), one per algorithm
-   (synchronous, PR-SGD, two-level, an int8 round), each with ``--network alpha=..,beta=..``
-   from the fit: per run, the measured communication seconds of rank 0 (all labels but the
-   set-up ones) beside the modelled ones, from the run's trace; medians over ``--repeats``.
+Once per load level (``--load``, default 0 and 2: idle, then two busy processes on the same
+cores for the whole level: benchmarks/common/load.py), everything below runs under that load:
 
-Prints markdown tables (the fit, then algorithm, measured s, modelled s, modelled / measured),
-with the load average before and after.
+1. Fit: ``hpcopt bench allreduce --within node`` (Comm.average_ with averaging auto, every
+   node's allreduce at once), fitted over a node's ranks: ``memory_alpha`` and ``memory_beta``,
+   what in-node calls cost here (the nominal ``shm`` profile, measured on an idle machine, is
+   20-40 times faster than the in-node averages of 4 busy ranks on 2 shared cores); then across
+   the nodes, alpha and beta fitted in the model's form over the nodes to each time less its
+   in-node level (``fit_allreduce`` with ranks = nodes and the layout). Both on the slowest
+   rank's times: the wall clock waits for it.
+2. Compute: a run with no average within its steps (``COMPUTE``): its wall seconds less its
+   calls' per step, the step's compute seconds on these cores at this load
+   (``costmodel.fit_compute``).
+3. Validate: one training run per algorithm (``ALGORITHMS``: those of
+   benchmarks/cluster/study.py), each with ``--network`` from the fit. The check is the wall
+   clock: the measured seconds per step between the trace's first and last rows against the
+   cost model's, ``costmodel.StepModel``: the step's compute plus the modelled seconds of the
+   calls the trace counted in the same window (non-blocking ones less what overlap hid). Rank
+   0's seconds in its calls and their modelled seconds stay beside it as a diagnostic (where the
+   time went), not the check. Medians over ``--repeats``.
+
+Prints markdown tables per load level (its busy processes and the load average; the fits, the
+compute, the wall check), with the load average before and after.
 """
 
 from __future__ import annotations
@@ -35,17 +44,29 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.cluster.emulated import EmulatedCluster  # noqa: E402
+from benchmarks.common.load import add_load_option, busy  # noqa: E402
 from hpcopt.comm import costmodel  # noqa: E402
 from hpcopt.io.trace import read_trace  # noqa: E402
 
-#: The algorithms compared: name -> training flags.
+#: The algorithms compared (those of benchmarks/cluster/study.py): name -> training flags.
 ALGORITHMS = {
     "synchronous (I=1)": ["--interval", "1"],
     "PR-SGD (I=8)": ["--interval", "8"],
+    "PR-SGD (I=32)": ["--interval", "32"],
+    "naive clipping": ["--algorithm", "naive_clip", "--gamma", "1.0"],
+    "CELGC (I=16)": ["--algorithm", "celgc", "--interval", "16", "--gamma", "1.0"],
+    "SlowMo (I=8)": ["--algorithm", "slowmo", "--interval", "8"],
+    "DiLoCo (I=8)": ["--algorithm", "diloco", "--interval", "8"],
+    "Streaming DiLoCo (I=8)": ["--algorithm", "diloco", "--interval", "8", "--fragments", "4",
+                               "--overlap", "2"],
     "two-level (node every 2, all every 8)": ["--interval", "8", "--group-size", "node",
                                               "--group-interval", "2"],
     "int8 round (I=1)": ["--interval", "1", "--wire", "int8"],
+    "int8 round (I=8)": ["--interval", "8", "--wire", "int8"],
 }
+#: The run the step's compute seconds are fitted to: no average within its steps (the interval
+#: is longer than any run here), so its wall clock is computation and the trace's gathers.
+COMPUTE = ["--interval", "100000"]
 #: Streaming DiLoCo, each fragment's Iallreduce in flight for ``--overlap`` inner steps.
 STREAMING = ["--algorithm", "diloco", "--interval", "8", "--fragments", "4", "--overlap", "2"]
 #: Progress of a non-blocking collective: name -> the ranks' extra environment.
@@ -115,17 +136,82 @@ def streaming_rows(cluster: EmulatedCluster, tmp: Path, spec: str, args: argpars
     for progress, env in PROGRESS.items():
         runs = []
         for repeat in range(args.repeats):
-            run = tmp / f"streaming-{len(lines)}-{repeat}"
-            hpcopt_job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network",
-                       spec, "--trace-every", "4", "--progress", "false", "--out", str(run), *STREAMING,
-                       timeout=1800, env=env)
-            runs.append((*comm_seconds(run / "trace.h5"), *hidden_fraction(run / "trace.h5", spec, layout)))
+            trace = train(cluster, tmp / f"streaming-{len(lines)}-{repeat}", spec, args, STREAMING, env)
+            runs.append((*comm_seconds(trace), *hidden_fraction(trace, spec, layout)))
         measured, modelled, held, unhidden, hidden = (statistics.median(r[i] for r in runs) for i in range(5))
         each = ", ".join(f"{r[4]:.2f}" for r in runs)
         lines.append(f"| {progress} | {measured:.2f} | {modelled:.2f} | {modelled / measured:.2f} | "
                      f"{held:.2f} | {unhidden:.2f} | {hidden:.2f} ({each}) |")
         print(lines[-1], flush=True)
     return lines
+
+
+def wall_window(trace_path: Path) -> tuple[float, float, float, float]:
+    """(steps, measured wall s, modelled communication s, measured communication s of rank 0) of a
+    run between its first trace row and its last (``costmodel.trace_window``: start-up left out),
+    set-up labels left out."""
+    trace = read_trace(trace_path)
+    step, wall = trace.columns["step"], trace.columns["wall"]
+    steps, seconds, modelled = costmodel.trace_window(step, wall,
+                                                      costmodel.trace_comm_seconds(trace.comm, "modelled"))
+    measured = costmodel.trace_window(step, wall, costmodel.trace_comm_seconds(trace.comm))[2]
+    return steps, seconds, modelled, measured
+
+
+def train(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespace, flags: list[str],
+          env: dict[str, str] | None = None) -> Path:
+    """One training run of ``args``' MLP on ``cluster`` with ``--network spec`` (the ranks' extra
+    environment ``env``); its trace."""
+    hpcopt_job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network", spec,
+               "--trace-every", "4", "--progress", "false", "--out", str(run), *flags, timeout=1800, env=env)
+    return run / "trace.h5"
+
+
+def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, chosen: dict[str, list[str]],
+               level: int) -> list[str]:
+    """Fit, calibrate and validate with ``level`` busy processes on the cores (``busy``): the
+    section of the report for that load."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    with busy(level) as load:
+        memory, node_table = fit(cluster, tmp, args.max_bytes, args.bench_budget, args.ppn, within="node")
+        network, table = fit(cluster, tmp, args.max_bytes, args.bench_budget, args.nodes, memory)
+        spec = (f"alpha={network.alpha:.4g},beta={network.beta:.4g},"
+                f"memory_alpha={memory.alpha:.4g},memory_beta={memory.beta:.4g}")
+        calibration = [wall_window(train(cluster, tmp / f"compute-{r}", spec, args, COMPUTE))
+                       for r in range(args.repeats)]
+        step = costmodel.StepModel(statistics.median(
+            costmodel.fit_compute(wall, measured, steps).compute for steps, wall, _, measured in calibration))
+        rows = []
+        for label, flags in chosen.items():
+            runs = [wall_window(train(cluster, tmp / f"{len(rows)}-{r}", spec, args, flags))
+                    for r in range(args.repeats)]
+            measured, modelled = ([f(r) for r in runs] for f in (lambda r: r[1] / r[0],
+                                                                 lambda r: step.per_step(r[0], r[2])))
+            each = ", ".join(f"{b / a:.2f}" for a, b in zip(measured, modelled))
+            wall, model = statistics.median(measured), statistics.median(modelled)
+            comm, priced = (statistics.median(r[i] / r[0] for r in runs) for i in (3, 2))
+            rows.append(f"| {label} | {1e3 * wall:.1f} | {1e3 * model:.1f} | {model / wall:.2f} | {each} | "
+                        f"{1e3 * comm:.1f} | {1e3 * priced:.1f} | {1e3 * step.compute:.1f} |")
+            print(rows[-1], flush=True)
+        streaming = streaming_rows(cluster, tmp, spec, args) if args.streaming else []
+    ratios = [float(row.split(" | ")[3]) for row in rows]
+    inside = sum(0.75 <= r <= 1.25 for r in ratios)
+    out = [f"## Load: {load.describe()} (load average {load.load_before:.2f} at the start)", "",
+           f"### Fit: bench allreduce across {args.nodes} nodes x {args.ppn} ranks, {args.rate}", "",
+           *table, "", f"### Fit: bench allreduce in each node of {args.ppn} ranks", "", *node_table, "",
+           f"`--network {spec}`; a step's compute {1e3 * step.compute:.1f} ms (`{' '.join(COMPUTE)}`, "
+           f"median of {args.repeats})", "",
+           f"### Wall seconds per step, {args.steps} steps, MLP {args.hidden}, median of {args.repeats}", "",
+           f"Within 25%: {inside} of {len(ratios)} algorithms.", "",
+           "| algorithm | measured ms / step | modelled ms / step | modelled / measured | each run's ratio | "
+           "comm ms / step (rank 0, diagnostic) | modelled comm ms / step | compute ms / step |",
+           "|---|---:|---:|---:|---|---:|---:|---:|", *rows]
+    if streaming:
+        out += ["", f"### Streaming DiLoCo ({' '.join(STREAMING[2:])}), median of {args.repeats}", "",
+                "| progress | measured comm s | modelled s | modelled / measured | fragments held s | "
+                "fragments unhidden s | hidden (each run) |", "|---|---:|---:|---:|---:|---:|---|",
+                *streaming]
+    return out + [""]
 
 
 def main() -> int:
@@ -141,42 +227,15 @@ def main() -> int:
     p.add_argument("--only", nargs="*", help="the algorithms to run (prefixes of their names)")
     p.add_argument("--streaming", action="store_true",
                    help="also streaming DiLoCo: the fraction of each fragment's reduction hidden")
+    add_load_option(p)
     args = p.parse_args()
     out = [f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", ""]
     chosen = {name: flags for name, flags in ALGORITHMS.items()
               if not args.only or any(name.startswith(prefix) for prefix in args.only)}
     with tempfile.TemporaryDirectory() as name, EmulatedCluster(args.nodes, args.ppn, args.rate) as cluster:
-        tmp = Path(name)
-        with EmulatedCluster(1, args.ppn, args.rate) as node:
-            memory, node_table = fit(node, tmp, args.max_bytes, args.bench_budget, args.ppn)
-        network, table = fit(cluster, tmp, args.max_bytes, args.bench_budget, args.nodes, memory)
-        spec = (f"alpha={network.alpha:.4g},beta={network.beta:.4g},"
-                f"memory_alpha={memory.alpha:.4g},memory_beta={memory.beta:.4g}")
-        out += [f"## Fit: bench allreduce across {args.nodes} nodes x {args.ppn} ranks, {args.rate}", "",
-                *table, "", f"## Fit: bench allreduce in one node of {args.ppn} ranks", "", *node_table, "",
-                f"`--network {spec}`", "",
-                f"## {args.steps} steps, MLP {args.hidden}, median of {args.repeats}", "",
-                "| algorithm | measured comm s | modelled s | modelled / measured | each run's ratio |",
-                "|---|---:|---:|---:|---|"]
-        for label, flags in chosen.items():
-            runs = []
-            for repeat in range(args.repeats):
-                run = tmp / f"{len(out)}-{repeat}"
-                hpcopt_job(cluster, "train", "--hidden", args.hidden, "--steps", str(args.steps), "--network",
-                           spec, "--trace-every", "4", "--progress", "false", "--out", str(run), *flags,
-                           timeout=1800)
-                runs.append(comm_seconds(run / "trace.h5"))
-            measured = statistics.median(m for m, _ in runs)
-            modelled = statistics.median(m for _, m in runs)
-            each = ", ".join(f"{b / a:.2f}" for a, b in runs)
-            out.append(f"| {label} | {measured:.2f} | {modelled:.2f} | {modelled / measured:.2f} | {each} |")
-            print(out[-1], flush=True)
-        if args.streaming:
-            out += ["", f"## Streaming DiLoCo ({' '.join(STREAMING[2:])}), median of {args.repeats}", "",
-                    "| progress | measured comm s | modelled s | modelled / measured | fragments held s | "
-                    "fragments unhidden s | hidden (each run) |", "|---|---:|---:|---:|---:|---:|---|",
-                    *streaming_rows(cluster, tmp, spec, args)]
-    out += ["", f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+        for level in args.load:
+            out += level_rows(cluster, Path(name) / f"load-{level}", args, chosen, level)
+    out += [f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
     print("\n".join(out))
     return 0
 
