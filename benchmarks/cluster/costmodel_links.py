@@ -181,7 +181,7 @@ def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, ch
                        for r in range(args.repeats)]
         step = costmodel.StepModel(statistics.median(
             costmodel.fit_compute(wall, measured, steps).compute for steps, wall, _, measured in calibration))
-        rows = []
+        rows: list[str] = []
         for label, flags in chosen.items():
             runs = [wall_window(train(cluster, tmp / f"{len(rows)}-{r}", spec, args, flags))
                     for r in range(args.repeats)]
