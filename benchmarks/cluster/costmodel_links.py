@@ -17,14 +17,16 @@ cores for the whole level: benchmarks/common/load.py), everything below runs und
    rank's times: the wall clock waits for it.
 2. Compute: a run with no average within its steps (``COMPUTE``): its wall seconds less its
    calls' per step, the step's compute seconds on these cores at this load
-   (``costmodel.fit_compute``).
+   (``costmodel.fit_compute``); one before the first repeat and one after each, and a repeat's
+   runs are priced with the mean of the two around them (the machine's other load drifts).
 3. Validate: one training run per algorithm (``ALGORITHMS``: those of
    benchmarks/cluster/study.py), each with ``--network`` from the fit. The check is the wall
    clock: the measured seconds per step between the trace's first and last rows against the
    cost model's, ``costmodel.StepModel``: the step's compute plus the modelled seconds of the
    calls the trace counted in the same window (non-blocking ones less what overlap hid). Rank
    0's seconds in its calls and their modelled seconds stay beside it as a diagnostic (where the
-   time went), not the check. Medians over ``--repeats``.
+   time went), not the check. Medians over ``--repeats`` (the algorithms interleaved: every
+   repeat runs each once).
 
 Prints markdown tables per load level (its busy processes and the load average; the fits, the
 compute, the wall check), with the load average before and after.
@@ -167,6 +169,12 @@ def train(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespa
     return run / "trace.h5"
 
 
+def compute_seconds(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespace) -> float:
+    """A step's compute seconds, fitted to a run of ``COMPUTE`` (``costmodel.fit_compute``)."""
+    steps, wall, _, calls = wall_window(train(cluster, run, spec, args, COMPUTE))
+    return costmodel.fit_compute(wall, calls, steps).compute
+
+
 def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, chosen: dict[str, list[str]],
                level: int) -> list[str]:
     """Fit, calibrate and validate with ``level`` busy processes on the cores (``busy``): the
@@ -177,30 +185,36 @@ def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, ch
         network, table = fit(cluster, tmp, args.max_bytes, args.bench_budget, args.nodes, memory)
         spec = (f"alpha={network.alpha:.4g},beta={network.beta:.4g},"
                 f"memory_alpha={memory.alpha:.4g},memory_beta={memory.beta:.4g}")
-        calibration = [wall_window(train(cluster, tmp / f"compute-{r}", spec, args, COMPUTE))
-                       for r in range(args.repeats)]
-        step = costmodel.StepModel(statistics.median(
-            costmodel.fit_compute(wall, measured, steps).compute for steps, wall, _, measured in calibration))
+        # repeat r's runs are priced with the mean compute of the calibrations just before and
+        # just after them: the machine's other load drifts over minutes
+        computes = [compute_seconds(cluster, tmp / "compute-0", spec, args)]
+        runs: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label in chosen}
+        for r in range(args.repeats):
+            for i, (label, flags) in enumerate(chosen.items()):
+                run = wall_window(train(cluster, tmp / f"run-{i}-{r}", spec, args, flags))
+                runs[label].append(run)
+                print(f"  {label}, repeat {r + 1}: {1e3 * run[1] / run[0]:.1f} ms / step", flush=True)
+            computes.append(compute_seconds(cluster, tmp / f"compute-{r + 1}", spec, args))
+        steps = [costmodel.StepModel((a + b) / 2) for a, b in zip(computes, computes[1:])]
         rows: list[str] = []
-        for label, flags in chosen.items():
-            runs = [wall_window(train(cluster, tmp / f"{len(rows)}-{r}", spec, args, flags))
-                    for r in range(args.repeats)]
-            measured, modelled = ([f(r) for r in runs] for f in (lambda r: r[1] / r[0],
-                                                                 lambda r: step.per_step(r[0], r[2])))
+        typical = statistics.median(step.compute for step in steps)
+        for label in chosen:
+            measured = [seconds / n for n, seconds, _, _ in runs[label]]
+            modelled = [step.per_step(n, priced) for step, (n, _, priced, _) in zip(steps, runs[label])]
             each = ", ".join(f"{b / a:.2f}" for a, b in zip(measured, modelled))
             wall, model = statistics.median(measured), statistics.median(modelled)
-            comm, priced = (statistics.median(r[i] / r[0] for r in runs) for i in (3, 2))
+            comm, priced = (statistics.median(run[i] / run[0] for run in runs[label]) for i in (3, 2))
             rows.append(f"| {label} | {1e3 * wall:.1f} | {1e3 * model:.1f} | {model / wall:.2f} | {each} | "
-                        f"{1e3 * comm:.1f} | {1e3 * priced:.1f} | {1e3 * step.compute:.1f} |")
-            print(rows[-1], flush=True)
+                        f"{1e3 * comm:.1f} | {1e3 * priced:.1f} | {1e3 * typical:.1f} |")
         streaming = streaming_rows(cluster, tmp, spec, args) if args.streaming else []
     ratios = [float(row.split(" | ")[3]) for row in rows]
     inside = sum(0.75 <= r <= 1.25 for r in ratios)
     out = [f"## Load: {load.describe()} (load average {load.load_before:.2f} at the start)", "",
            f"### Fit: bench allreduce across {args.nodes} nodes x {args.ppn} ranks, {args.rate}", "",
            *table, "", f"### Fit: bench allreduce in each node of {args.ppn} ranks", "", *node_table, "",
-           f"`--network {spec}`; a step's compute {1e3 * step.compute:.1f} ms (`{' '.join(COMPUTE)}`, "
-           f"median of {args.repeats})", "",
+           f"`--network {spec}`; a step's compute "
+           f"{', '.join(f'{1e3 * c:.1f}' for c in computes)} ms (`{' '.join(COMPUTE)}`, before the "
+           "first repeat and after each)", "",
            f"### Wall seconds per step, {args.steps} steps, MLP {args.hidden}, median of {args.repeats}", "",
            f"Within 25%: {inside} of {len(ratios)} algorithms.", "",
            "| algorithm | measured ms / step | modelled ms / step | modelled / measured | each run's ratio | "
