@@ -23,7 +23,10 @@ cores for the whole level: benchmarks/common/load.py), everything below runs und
    benchmarks/cluster/study.py), each with ``--network`` from the fit. The check is the wall
    clock: the measured seconds per step between the trace's first and last rows against the
    cost model's, ``costmodel.StepModel``: the step's compute plus the modelled seconds of the
-   calls the trace counted in the same window (non-blocking ones less what overlap hid). Rank
+   calls the trace counted in the same window (non-blocking ones less what overlap hid), plus
+   for a compressed wire its rounds' seconds outside their calls (encoding and decoding),
+   measured on a round alone before the runs (benchmarks/cluster/wire_rounds.py with the fit's
+   ``--network``: a round's seconds less its calls' modelled ones). Rank
    0's seconds in its calls and their modelled seconds stay beside it as a diagnostic (where the
    time went), not the check. Medians over ``--repeats`` (the algorithms interleaved: every
    repeat runs each once).
@@ -41,6 +44,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -148,16 +152,26 @@ def streaming_rows(cluster: EmulatedCluster, tmp: Path, spec: str, args: argpars
     return lines
 
 
-def wall_window(trace_path: Path) -> tuple[float, float, float, float]:
-    """(steps, measured wall s, modelled communication s, measured communication s of rank 0) of a
-    run between its first trace row and its last (``costmodel.trace_window``: start-up left out),
-    set-up labels left out."""
+class Window(NamedTuple):
+    """A run between its first trace row and its last (``costmodel.trace_window``: start-up
+    left out), set-up labels left out."""
+
+    steps: float
+    wall: float       # measured wall seconds
+    modelled: float   # modelled seconds of the calls
+    measured: float   # rank 0's seconds in its calls
+    rounds: float     # averaging rounds
+
+
+def wall_window(trace_path: Path) -> Window:
+    """The window of a run's trace (``Window``)."""
     trace = read_trace(trace_path)
     step, wall = trace.columns["step"], trace.columns["wall"]
     steps, seconds, modelled = costmodel.trace_window(step, wall,
                                                       costmodel.trace_comm_seconds(trace.comm, "modelled"))
     measured = costmodel.trace_window(step, wall, costmodel.trace_comm_seconds(trace.comm))[2]
-    return steps, seconds, modelled, measured
+    rounds = costmodel.trace_window(step, wall, trace.columns["rounds"])[2]
+    return Window(steps, seconds, modelled, measured, rounds)
 
 
 def train(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespace, flags: list[str],
@@ -171,8 +185,24 @@ def train(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespa
 
 def compute_seconds(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespace) -> float:
     """A step's compute seconds, fitted to a run of ``COMPUTE`` (``costmodel.fit_compute``)."""
-    steps, wall, _, calls = wall_window(train(cluster, run, spec, args, COMPUTE))
-    return costmodel.fit_compute(wall, calls, steps).compute
+    window = wall_window(train(cluster, run, spec, args, COMPUTE))
+    return costmodel.fit_compute(window.wall, window.measured, window.steps).compute
+
+
+def round_computes(cluster: EmulatedCluster, tmp: Path, spec: str,
+                   args: argparse.Namespace) -> dict[str, float]:
+    """Compressing wire -> a round's seconds outside its calls on ``cluster``: the hierarchical
+    rounds of benchmarks/cluster/wire_rounds.py, the MLP's values, ``--network spec``
+    (``costmodel.fit_round_compute``). A float32 round is an average, priced by its calls."""
+    out = tmp / "wire-rounds.json"
+    job = cluster.mpiexec([sys.executable, "-m", "benchmarks.cluster.wire_rounds", "--json", str(out),
+                           "--values", str(args.values), "--rounds", "3", "--load", "0", "--network", spec],
+                          "ofi", 1800, dict(os.environ, PYTHONPATH=str(ROOT)), ROOT)
+    if job.returncode:
+        raise SystemExit(f"wire rounds failed: {job.describe()}")
+    results = json.loads(out.read_text())["results"]
+    return {name.split()[0]: r["outside"] for name, r in results.items()
+            if "outside" in r and not name.startswith("float32")}
 
 
 def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, chosen: dict[str, list[str]],
@@ -188,24 +218,30 @@ def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, ch
         # repeat r's runs are priced with the mean compute of the calibrations just before and
         # just after them: the machine's other load drifts over minutes
         computes = [compute_seconds(cluster, tmp / "compute-0", spec, args)]
-        runs: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label in chosen}
+        outside = round_computes(cluster, tmp, spec, args)
+        runs: dict[str, list[Window]] = {label: [] for label in chosen}
         for r in range(args.repeats):
             for i, (label, flags) in enumerate(chosen.items()):
                 run = wall_window(train(cluster, tmp / f"run-{i}-{r}", spec, args, flags))
                 runs[label].append(run)
-                print(f"  {label}, repeat {r + 1}: {1e3 * run[1] / run[0]:.1f} ms / step", flush=True)
+                print(f"  {label}, repeat {r + 1}: {1e3 * run.wall / run.steps:.1f} ms / step", flush=True)
             computes.append(compute_seconds(cluster, tmp / f"compute-{r + 1}", spec, args))
-        steps = [costmodel.StepModel((a + b) / 2) for a, b in zip(computes, computes[1:])]
         rows: list[str] = []
-        typical = statistics.median(step.compute for step in steps)
-        for label in chosen:
-            measured = [seconds / n for n, seconds, _, _ in runs[label]]
-            modelled = [step.per_step(n, priced) for step, (n, _, priced, _) in zip(steps, runs[label])]
+        typical = statistics.median((a + b) / 2 for a, b in zip(computes, computes[1:]))
+        for label, flags in chosen.items():
+            wire = flags[flags.index("--wire") + 1] if "--wire" in flags else "float32"
+            steps = [costmodel.StepModel((a + b) / 2, outside.get(wire, 0.0))
+                     for a, b in zip(computes, computes[1:])]
+            measured = [run.wall / run.steps for run in runs[label]]
+            modelled = [step.per_step(run.steps, run.modelled, run.rounds)
+                        for step, run in zip(steps, runs[label])]
             each = ", ".join(f"{b / a:.2f}" for a, b in zip(measured, modelled))
             wall, model = statistics.median(measured), statistics.median(modelled)
-            comm, priced = (statistics.median(run[i] / run[0] for run in runs[label]) for i in (3, 2))
+            comm, priced = (statistics.median(getattr(run, field) / run.steps for run in runs[label])
+                            for field in ("measured", "modelled"))
             rows.append(f"| {label} | {1e3 * wall:.1f} | {1e3 * model:.1f} | {model / wall:.2f} | {each} | "
-                        f"{1e3 * comm:.1f} | {1e3 * priced:.1f} | {1e3 * typical:.1f} |")
+                        f"{1e3 * comm:.1f} | {1e3 * priced:.1f} | {1e3 * typical:.1f} | "
+                        f"{1e3 * outside.get(wire, 0.0):.1f} |")
         streaming = streaming_rows(cluster, tmp, spec, args) if args.streaming else []
     ratios = [float(row.split(" | ")[3]) for row in rows]
     inside = sum(0.75 <= r <= 1.25 for r in ratios)
@@ -218,8 +254,9 @@ def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, ch
            f"### Wall seconds per step, {args.steps} steps, MLP {args.hidden}, median of {args.repeats}", "",
            f"Within 25%: {inside} of {len(ratios)} algorithms.", "",
            "| algorithm | measured ms / step | modelled ms / step | modelled / measured | each run's ratio | "
-           "comm ms / step (rank 0, diagnostic) | modelled comm ms / step | compute ms / step |",
-           "|---|---:|---:|---:|---|---:|---:|---:|", *rows]
+           "comm ms / step (rank 0, diagnostic) | modelled comm ms / step | compute ms / step | "
+           "compressed round's ms outside calls |",
+           "|---|---:|---:|---:|---|---:|---:|---:|---:|", *rows]
     if streaming:
         out += ["", f"### Streaming DiLoCo ({' '.join(STREAMING[2:])}), median of {args.repeats}", "",
                 "| progress | measured comm s | modelled s | modelled / measured | fragments held s | "
@@ -236,6 +273,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--hidden", default="1024,1024", help="the MLP's hidden layers (a round of a few MB)")
+    p.add_argument("--values", type=int, default=1_863_690,
+                   help="the MLP's parameters: the size of the compressed rounds timed alone")
     p.add_argument("--max-bytes", default="4M", help="largest size of the allreduce benchmark")
     p.add_argument("--bench-budget", type=float, default=1.0, help="seconds per size")
     p.add_argument("--only", nargs="*", help="the algorithms to run (prefixes of their names)")

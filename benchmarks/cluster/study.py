@@ -95,8 +95,9 @@ class Measured:
     trace: tuple[float, float]    # measured and modelled seconds of the trace's gathers
     hidden: float | None = None   # streaming: the fraction of its reductions hidden
     own: float | None = None      # the calls' own seconds (hpcopt/io/waits.py; set-up left out)
-    # between the first trace row and the last: steps, wall s, modelled and measured comm s
-    window: tuple[float, float, float, float] | None = None
+    # between the first trace row and the last: steps, wall s, modelled and measured comm s,
+    # rounds (costmodel_links.Window)
+    window: tuple[float, float, float, float, float] | None = None
     wall_modelled: float | None = None  # the cost model's wall seconds per step (StepModel)
 
     @property
@@ -159,14 +160,20 @@ def measure(name: str, run: Run, sent: float, target: float, spec: str,
                     hidden, own, wall_window(trace_path))
 
 
-def model_walls(measured: dict[str, Measured]) -> None:
+def model_walls(measured: dict[str, Measured], outside: dict[str, float]) -> None:
     """Every run's modelled wall seconds per step: the compute run's step (``COMPUTE``) plus its
-    own calls' modelled seconds over its trace window (``costmodel.StepModel``)."""
-    steps, wall, _, comm = measured[COMPUTE].window or (0, 0, 0, 0)
-    model = costmodel.fit_compute(wall, comm, steps)
-    for run in measured.values():
+    own calls' modelled seconds over its trace window, plus for a compressed wire its rounds'
+    seconds outside their calls (``outside``: wire -> seconds, the study's compressed rounds
+    alone) (``costmodel.StepModel``)."""
+    compute = measured[COMPUTE].window
+    if compute is None:
+        return
+    fitted = costmodel.fit_compute(compute[1], compute[3], compute[0]).compute
+    for name, run in measured.items():
         if run.window is not None:
-            run.wall_modelled = model.per_step(run.window[0], run.window[2])
+            wire = ALGORITHMS.get(name, {}).get("wire", "float32")
+            model = costmodel.StepModel(fitted, outside.get(wire, 0.0))
+            run.wall_modelled = model.per_step(run.window[0], run.window[2], run.window[4])
 
 
 def label_seconds(trace: Any, in_node: bool = False, labels: tuple[str, ...] = ()) -> tuple[float, float]:
@@ -211,8 +218,8 @@ def cluster_runs(nodes: int, ppn: int, rate: str, tmp: Path, args: argparse.Name
                                              tmp / f"{label}-thread", args.timeout, THREAD_ENV)
         wire_json = tmp / f"{label}-wire.json"
         job_done = cluster.mpiexec([sys.executable, "-m", "benchmarks.cluster.wire_rounds", "--json",
-                                    str(wire_json), "--rounds", str(args.wire_rounds), "--load", "0"], "ofi",
-                                   args.timeout, hpcopt_env(), ROOT)
+                                    str(wire_json), "--rounds", str(args.wire_rounds), "--load", "0",
+                                    "--network", spec], "ofi", args.timeout, hpcopt_env(), ROOT)
         if job_done.returncode:
             raise SystemExit(f"wire rounds failed: {job_done.describe()}")
     layout = costmodel.NodeLayout(nodes, ppn, memory)
@@ -223,13 +230,15 @@ def cluster_runs(nodes: int, ppn: int, rate: str, tmp: Path, args: argparse.Name
     [thread_run] = thread_runs
     measured[THREAD] = measure(THREAD, thread_run, thread_sent[str(thread_run.path)], args.target_loss, spec,
                                layout)
-    model_walls(measured)
+    wire = json.loads(wire_json.read_text())
+    model_walls(measured, {name.split()[0]: r["outside"] for name, r in wire["results"].items()
+                           if "outside" in r and not name.startswith("float32")})
     return {"label": label, "nodes": nodes, "ppn": ppn, "rate": rate, "load": load.as_dict(), "spec": spec,
             "fit": fit_table,
             "bandwidth_mbit": 8 * network.bandwidth / 1e6, "alpha_us": 1e6 * network.alpha,
             "memory_gb_s": memory.bandwidth / 1e9, "memory_alpha_us": 1e6 * memory.alpha,
             "runs": {name: asdict(m) for name, m in measured.items()},
-            "wire": json.loads(wire_json.read_text())}
+            "wire": wire}
 
 
 def loaded(clusters: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -438,7 +447,9 @@ def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[st
            "(busy processes, load average at its end), and a claim that holds only idle says so. The cost "
            "model's check is the wall clock: a run's measured seconds per step between its trace's first "
            "row and its last against `costmodel.StepModel`'s, the step's compute (fitted to the run "
-           f"\"{COMPUTE}\" of the same cluster and load) plus the modelled seconds of the run's own calls; "
+           f"\"{COMPUTE}\" of the same cluster and load) plus the modelled seconds of the run's own calls "
+           "and, for a compressed wire, its rounds' seconds outside their calls (the compressed round "
+           "timed alone, less its calls' modelled seconds); "
            "its communication seconds, measured and modelled, stay beside it as diagnostics.", "",
            f"Measured {meta['date']} in {meta['minutes']:.0f} minutes on a machine of {meta['cores']} cores "
            f"shared with other work: load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} "

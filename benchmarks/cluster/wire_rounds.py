@@ -16,7 +16,10 @@ Per variant: the slowest rank's seconds a round (a barrier before and after the 
 bytes each node's link carried a round (its first rank reads the node's ``uplink`` counters:
 benchmarks/cluster/emulated.py). Every variant runs once per ``--load`` level (default 0 and 2:
 idle, then with two busy processes that rank 0 starts on the machine's cores for the level,
-benchmarks/common/load.py). Written by rank 0 as JSON: ``levels``, per level its load (busy
+benchmarks/common/load.py). With ``--network SPEC`` (a cost-model profile) every round that is
+not flat also gets the modelled seconds of its calls and the rest of its seconds, ``outside``
+them (``costmodel.fit_round_compute``: a compressed round's encoding and decoding on the
+slowest path). Written by rank 0 as JSON: ``levels``, per level its load (busy
 processes, load average at its start and end) and the variants' results; ``results``, the first
 level's.
 """
@@ -26,13 +29,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
 from benchmarks.common.load import add_load_option, busy
-from hpcopt.comm.core import Comm
+from hpcopt.comm import costmodel
+from hpcopt.comm.core import Comm, OpCounter, node_indices
 from hpcopt.comm.wire import compressed_mean
 
 #: The variants: name -> (wire, flat).
@@ -47,8 +52,23 @@ def _link_bytes(first_on_node: bool) -> int:
     return int(Path(COUNTER).read_text()) if first_on_node else 0
 
 
+def modelled_since(comm: Comm, before: dict[tuple[str, str], OpCounter], network: costmodel.NetworkProfile,
+                   layout: costmodel.NodeLayout | None) -> float:
+    """The modelled seconds of the calls ``comm`` counted since its counters were ``before``."""
+    since = {}
+    for key, now in comm.stats.counters.items():
+        was = before.get(key, OpCounter())
+        since[key] = OpCounter(now.calls - was.calls, now.bytes - was.bytes, now.seconds - was.seconds,
+                               now.in_node_calls - was.in_node_calls, now.in_node_bytes - was.in_node_bytes)
+    return sum(costmodel.comm_modelled(since, comm.size, network, label_ranks=comm.stats.ranks,
+                                       layout=layout).values())
+
+
 def measure(comm: Comm, args: argparse.Namespace, first: bool, spans_nodes: bool) -> dict[str, dict]:
-    """Every variant's seconds and link bytes a round (on rank 0; empty elsewhere)."""
+    """Every variant's seconds and link bytes a round, and with ``--network`` the modelled
+    seconds of its calls and the rest, its seconds outside them (on rank 0; empty elsewhere)."""
+    network = costmodel.get_profile(args.network) if args.network else None
+    layout = costmodel.node_layout_of(list(node_indices(comm.mpi)), network and network.memory)
     results = {}
     rng = np.random.default_rng(comm.rank)
     for name, (wire, flat) in VARIANTS.items():
@@ -56,6 +76,7 @@ def measure(comm: Comm, args: argparse.Namespace, first: bool, spans_nodes: bool
         error = np.zeros(args.values, dtype=np.float32)
         compressed_mean(rng.standard_normal(args.values, dtype=np.float32), error, wire, comm, "warm-up")
         comm.mpi.Barrier()
+        before = {key: replace(counter) for key, counter in comm.stats.counters.items()}
         sent = _link_bytes(first)
         start = time.perf_counter()
         for _ in range(args.rounds):
@@ -66,6 +87,10 @@ def measure(comm: Comm, args: argparse.Namespace, first: bool, spans_nodes: bool
         if comm.rank == 0:
             per_node = [b / args.rounds for b in sent if b is not None]
             results[name] = {"seconds": seconds, "link_bytes": per_node}
+            if network is not None and not flat:  # a flat round's calls are counted in-node here
+                modelled = modelled_since(comm, before, network, layout) / args.rounds
+                results[name].update(modelled=modelled,
+                                     outside=costmodel.fit_round_compute(seconds, modelled))
     comm.in_node = not spans_nodes
     return results
 
@@ -75,6 +100,8 @@ def main() -> int:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--values", type=int, default=1_863_690)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--network", help="a cost-model profile (hpcopt train --network): also each round's "
+                                     "modelled seconds of its calls, and its seconds outside them")
     add_load_option(p)
     args = p.parse_args()
     comm = Comm()

@@ -442,24 +442,28 @@ class StepModel:
         wall = steps * compute + modelled
 
     every rank waiting in each call until the last has arrived, so a call's price is paid once
-    per call and not per rank. What the model leaves out, and the check against measured wall
-    time shows: the CPU a round spends outside MPI calls (encoding a compressed round, an outer
-    optimizer's step), and a slower rank's extra computation between calls.
+    per call and not per rank. ``round_compute`` adds what a round spends outside its calls on
+    the slowest rank's path (a compressed round's encoding and decoding: ``fit_round_compute``),
+    once per round of the window. What the model leaves out, and the check against measured wall
+    time shows: an outer optimizer's step, and a slower rank's extra computation between calls.
     """
 
     compute: float
+    round_compute: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (self.compute >= 0 and math.isfinite(self.compute)):
-            raise HpcoptError(f"a step's compute seconds must be finite and >= 0, got {self.compute}")
+        for name, value in (("a step's compute", self.compute), ("a round's compute", self.round_compute)):
+            if not (value >= 0 and math.isfinite(value)):
+                raise HpcoptError(f"{name} seconds must be finite and >= 0, got {value}")
 
-    def wall(self, steps: float, modelled: float) -> float:
-        """Modelled wall seconds of ``steps`` steps whose calls are modelled at ``modelled`` s."""
-        return steps * self.compute + modelled
+    def wall(self, steps: float, modelled: float, rounds: float = 0) -> float:
+        """Modelled wall seconds of ``steps`` steps and ``rounds`` rounds whose calls are
+        modelled at ``modelled`` s."""
+        return steps * self.compute + rounds * self.round_compute + modelled
 
-    def per_step(self, steps: float, modelled: float) -> float:
+    def per_step(self, steps: float, modelled: float, rounds: float = 0) -> float:
         """Modelled wall seconds per step of such a window."""
-        return self.wall(steps, modelled) / steps if steps else math.nan
+        return self.wall(steps, modelled, rounds) / steps if steps else math.nan
 
 
 def fit_compute(wall: float, measured_comm: float, steps: float) -> StepModel:
@@ -468,6 +472,13 @@ def fit_compute(wall: float, measured_comm: float, steps: float) -> StepModel:
     if steps <= 0 or wall < 0:
         raise HpcoptError("fitting a step's compute seconds needs > 0 steps and a wall time >= 0")
     return StepModel(max(0.0, wall - measured_comm) / steps)
+
+
+def fit_round_compute(seconds: float, modelled: float) -> float:
+    """A round's seconds outside its calls: its measured wall seconds (the slowest rank's, the
+    round alone, ``benchmarks/cluster/wire_rounds.py``) less the modelled seconds of its calls
+    (``comm_modelled`` of its counters), at least 0."""
+    return max(0.0, seconds - modelled)
 
 
 def trace_window(steps: np.ndarray, wall: np.ndarray, modelled: np.ndarray,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from hpcopt.comm.costmodel import StepModel, fit_compute, trace_window
+from hpcopt.comm.costmodel import StepModel, fit_compute, fit_round_compute, trace_window
 from hpcopt.errors import HpcoptError
 
 
@@ -47,3 +47,13 @@ def test_a_window_of_a_run_predicted_from_its_parts():
     modelled = 0.2 * (steps // 4)
     n, seconds, priced = trace_window(steps, wall, modelled)
     assert StepModel(0.05).per_step(n, priced) == pytest.approx(seconds / n)
+
+
+def test_a_compressed_rounds_seconds_outside_its_calls_count_once_a_round():
+    model = StepModel(compute=0.02, round_compute=0.1)
+    assert model.wall(16, 0.5, rounds=2) == pytest.approx(0.32 + 0.2 + 0.5)
+    assert model.per_step(16, 0.5) == pytest.approx((0.32 + 0.5) / 16)  # no rounds: no codec
+    assert fit_round_compute(0.3, 0.1) == pytest.approx(0.2)
+    assert fit_round_compute(0.1, 0.3) == 0.0  # calls modelled longer than the round: nothing outside
+    with pytest.raises(HpcoptError, match="a round's compute"):
+        StepModel(0.02, round_compute=-0.1)
