@@ -15,9 +15,10 @@ cores for the whole level: benchmarks/common/load.py), everything below runs und
    the nodes, alpha and beta fitted in the model's form over the nodes to each time less its
    in-node level (``fit_allreduce`` with ranks = nodes and the layout). Both on the slowest
    rank's times: the wall clock waits for it.
-2. Compute: a run with no average within its steps (``COMPUTE``): its wall seconds less its
-   calls' per step, the step's compute seconds on these cores at this load
-   (``costmodel.fit_compute``); one before the first repeat and one after each, and a repeat's
+2. Compute: a run with no average within its steps (``COMPUTE``, one per inner optimizer: SGD,
+   and DiLoCo's AdamW): its wall seconds less its calls' per step, the step's compute seconds
+   on these cores at this load (``costmodel.fit_compute``); one before the first repeat and one
+   after each, and a repeat's
    runs are priced with the mean of the two around them (the machine's other load drifts).
 3. Validate: one training run per algorithm (``ALGORITHMS``: those of
    benchmarks/cluster/study.py), each with ``--network`` from the fit. The check is the wall
@@ -70,9 +71,15 @@ ALGORITHMS = {
     "int8 round (I=1)": ["--interval", "1", "--wire", "int8"],
     "int8 round (I=8)": ["--interval", "8", "--wire", "int8"],
 }
-#: The run the step's compute seconds are fitted to: no average within its steps (the interval
-#: is longer than any run here), so its wall clock is computation and the trace's gathers.
-COMPUTE = ["--interval", "100000"]
+#: The runs a step's compute seconds are fitted to, per inner optimizer (DiLoCo's AdamW makes
+#: more passes over the model a step than SGD): no average within their steps (the interval is
+#: longer than any run here), so their wall clock is computation and the trace's gathers.
+COMPUTE = {"sgd": ["--interval", "100000"], "adamw": ["--algorithm", "diloco", "--interval", "100000"]}
+
+
+def inner_optimizer(flags: list[str]) -> str:
+    """The ``COMPUTE`` key of an algorithm's training flags."""
+    return "adamw" if "diloco" in flags else "sgd"
 #: Streaming DiLoCo, each fragment's Iallreduce in flight for ``--overlap`` inner steps.
 STREAMING = ["--algorithm", "diloco", "--interval", "8", "--fragments", "4", "--overlap", "2"]
 #: Progress of a non-blocking collective: name -> the ranks' extra environment.
@@ -183,10 +190,15 @@ def train(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespa
     return run / "trace.h5"
 
 
-def compute_seconds(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespace) -> float:
-    """A step's compute seconds, fitted to a run of ``COMPUTE`` (``costmodel.fit_compute``)."""
-    window = wall_window(train(cluster, run, spec, args, COMPUTE))
-    return costmodel.fit_compute(window.wall, window.measured, window.steps).compute
+def compute_seconds(cluster: EmulatedCluster, run: Path, spec: str, args: argparse.Namespace,
+                    kinds: set[str]) -> dict[str, float]:
+    """A step's compute seconds per inner optimizer of ``kinds``, each fitted to its run of
+    ``COMPUTE`` (``costmodel.fit_compute``)."""
+    out = {}
+    for kind in sorted(kinds):
+        window = wall_window(train(cluster, run.with_name(f"{run.name}-{kind}"), spec, args, COMPUTE[kind]))
+        out[kind] = costmodel.fit_compute(window.wall, window.measured, window.steps).compute
+    return out
 
 
 def round_computes(cluster: EmulatedCluster, tmp: Path, spec: str,
@@ -217,7 +229,8 @@ def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, ch
                 f"memory_alpha={memory.alpha:.4g},memory_beta={memory.beta:.4g}")
         # repeat r's runs are priced with the mean compute of the calibrations just before and
         # just after them: the machine's other load drifts over minutes
-        computes = [compute_seconds(cluster, tmp / "compute-0", spec, args)]
+        kinds = {inner_optimizer(flags) for flags in chosen.values()}
+        computes = [compute_seconds(cluster, tmp / "compute-0", spec, args, kinds)]
         outside = round_computes(cluster, tmp, spec, args)
         runs: dict[str, list[Window]] = {label: [] for label in chosen}
         for r in range(args.repeats):
@@ -225,13 +238,14 @@ def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, ch
                 run = wall_window(train(cluster, tmp / f"run-{i}-{r}", spec, args, flags))
                 runs[label].append(run)
                 print(f"  {label}, repeat {r + 1}: {1e3 * run.wall / run.steps:.1f} ms / step", flush=True)
-            computes.append(compute_seconds(cluster, tmp / f"compute-{r + 1}", spec, args))
+            computes.append(compute_seconds(cluster, tmp / f"compute-{r + 1}", spec, args, kinds))
         rows: list[str] = []
-        typical = statistics.median((a + b) / 2 for a, b in zip(computes, computes[1:]))
         for label, flags in chosen.items():
             wire = flags[flags.index("--wire") + 1] if "--wire" in flags else "float32"
-            steps = [costmodel.StepModel((a + b) / 2, outside.get(wire, 0.0))
+            kind = inner_optimizer(flags)
+            steps = [costmodel.StepModel((a[kind] + b[kind]) / 2, outside.get(wire, 0.0))
                      for a, b in zip(computes, computes[1:])]
+            typical = statistics.median(step.compute for step in steps)
             measured = [run.wall / run.steps for run in runs[label]]
             modelled = [step.per_step(run.steps, run.modelled, run.rounds)
                         for step, run in zip(steps, runs[label])]
@@ -243,14 +257,15 @@ def level_rows(cluster: EmulatedCluster, tmp: Path, args: argparse.Namespace, ch
                         f"{1e3 * comm:.1f} | {1e3 * priced:.1f} | {1e3 * typical:.1f} | "
                         f"{1e3 * outside.get(wire, 0.0):.1f} |")
         streaming = streaming_rows(cluster, tmp, spec, args) if args.streaming else []
+    calibrated = "; ".join(f"{kind} (`{' '.join(COMPUTE[kind])}`) "
+                           + ", ".join(f"{1e3 * c[kind]:.1f}" for c in computes) + " ms"
+                           for kind in sorted(kinds))
     ratios = [float(row.split(" | ")[3]) for row in rows]
     inside = sum(0.75 <= r <= 1.25 for r in ratios)
     out = [f"## Load: {load.describe()} (load average {load.load_before:.2f} at the start)", "",
            f"### Fit: bench allreduce across {args.nodes} nodes x {args.ppn} ranks, {args.rate}", "",
            *table, "", f"### Fit: bench allreduce in each node of {args.ppn} ranks", "", *node_table, "",
-           f"`--network {spec}`; a step's compute "
-           f"{', '.join(f'{1e3 * c:.1f}' for c in computes)} ms (`{' '.join(COMPUTE)}`, before the "
-           "first repeat and after each)", "",
+           f"`--network {spec}`; a step's compute, before the first repeat and after each: {calibrated}", "",
            f"### Wall seconds per step, {args.steps} steps, MLP {args.hidden}, median of {args.repeats}", "",
            f"Within 25%: {inside} of {len(ratios)} algorithms.", "",
            "| algorithm | measured ms / step | modelled ms / step | modelled / measured | each run's ratio | "

@@ -48,9 +48,11 @@ from hpcopt.io.timeline import read_timeline  # noqa: E402
 from hpcopt.io.trace import read_trace  # noqa: E402
 from hpcopt.io.waits import own_seconds  # noqa: E402
 
-#: The run a step's compute seconds are fitted to (``costmodel.fit_compute``): no average within
-#: its steps, so its wall clock is computation and the trace's gathers.
+#: The runs a step's compute seconds are fitted to (``costmodel.fit_compute``), SGD's and
+#: DiLoCo's AdamW's (more passes over the model a step): no average within their steps, so their
+#: wall clock is computation and the trace's gathers.
 COMPUTE = "compute only (no average)"
+COMPUTE_ADAMW = "compute only, AdamW (no average)"
 #: The algorithms: name -> the sweep grid's options (ranks added per cluster).
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "synchronous SGD": {"interval": 1},
@@ -66,6 +68,7 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "flat I=2": {"interval": 2},
     "int8 I=8": {"interval": 8, "wire": "int8"},
     COMPUTE: {"interval": 100_000},
+    COMPUTE_ADAMW: {"algorithm": "diloco", "interval": 100_000},
 }
 #: Every option some algorithm sets (a run is found by all of them: None where not given).
 OPTIONS = sorted({key for options in ALGORITHMS.values() for key in options})
@@ -165,14 +168,17 @@ def model_walls(measured: dict[str, Measured], outside: dict[str, float]) -> Non
     own calls' modelled seconds over its trace window, plus for a compressed wire its rounds'
     seconds outside their calls (``outside``: wire -> seconds, the study's compressed rounds
     alone) (``costmodel.StepModel``)."""
-    compute = measured[COMPUTE].window
-    if compute is None:
-        return
-    fitted = costmodel.fit_compute(compute[1], compute[3], compute[0]).compute
+    fitted = {}
+    for name in (COMPUTE, COMPUTE_ADAMW):
+        window = measured[name].window
+        if window is None:
+            return
+        fitted[name] = costmodel.fit_compute(window[1], window[3], window[0]).compute
     for name, run in measured.items():
         if run.window is not None:
-            wire = ALGORITHMS.get(name, {}).get("wire", "float32")
-            model = costmodel.StepModel(fitted, outside.get(wire, 0.0))
+            options = ALGORITHMS.get(name, ALGORITHMS[STREAMING])  # the thread's run: streaming's
+            compute = fitted[COMPUTE_ADAMW if options.get("algorithm") == "diloco" else COMPUTE]
+            model = costmodel.StepModel(compute, outside.get(options.get("wire", "float32"), 0.0))
             run.wall_modelled = model.per_step(run.window[0], run.window[2], run.window[4])
 
 
@@ -447,10 +453,10 @@ def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[st
            "(busy processes, load average at its end), and a claim that holds only idle says so. The cost "
            "model's check is the wall clock: a run's measured seconds per step between its trace's first "
            "row and its last against `costmodel.StepModel`'s, the step's compute (fitted to the run "
-           f"\"{COMPUTE}\" of the same cluster and load) plus the modelled seconds of the run's own calls "
-           "and, for a compressed wire, its rounds' seconds outside their calls (the compressed round "
-           "timed alone, less its calls' modelled seconds); "
-           "its communication seconds, measured and modelled, stay beside it as diagnostics.", "",
+           f"\"{COMPUTE}\", for DiLoCo's AdamW to \"{COMPUTE_ADAMW}\", of the same cluster and load) "
+           "plus the modelled seconds of the run's own calls and, for a compressed wire, its rounds' "
+           "seconds outside their calls (the compressed round timed alone, less its calls' modelled "
+           "seconds); its communication seconds, measured and modelled, stay beside it as diagnostics.", "",
            f"Measured {meta['date']} in {meta['minutes']:.0f} minutes on a machine of {meta['cores']} cores "
            f"shared with other work: load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} "
            "after (the study's own 4 to 8 ranks, which poll while they wait, count in it). The 4-node "
@@ -566,7 +572,8 @@ def wall_summary(clusters: list[dict[str, Any]]) -> list[str]:
     """The cost model's check: modelled against measured wall seconds per step, per cluster and load."""
     out = []
     for c in clusters:
-        ratios = {name: wall_ratio(r) for name, r in c["runs"].items() if name != COMPUTE}
+        ratios = {name: wall_ratio(r) for name, r in c["runs"].items()
+                  if name not in (COMPUTE, COMPUTE_ADAMW)}
         timed = {name: ratio for name, ratio in ratios.items() if ratio is not None}
         if not timed:
             continue
@@ -577,7 +584,8 @@ def wall_summary(clusters: list[dict[str, Any]]) -> list[str]:
     if not out:
         return []
     return ["The check: the cost model's wall seconds per step (`costmodel.StepModel`: the step's "
-            f"compute, fitted to the run \"{COMPUTE}\" on the same cluster and load, plus the modelled "
+            f"compute, fitted to the runs \"{COMPUTE}\" and, for DiLoCo's, \"{COMPUTE_ADAMW}\" on the same "
+            "cluster and load, plus the modelled "
             "seconds of each run's own calls, non-blocking ones less what overlap hid), against the "
             "measured ones, both between the trace's first row and its last:", "", *out, "",
             "The comparisons of communication seconds below are diagnostics: where the time went.", ""]
