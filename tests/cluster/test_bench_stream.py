@@ -12,8 +12,8 @@ from tests.cluster.conftest import JOB_TIMEOUT, ROOT, job_env
 def test_the_raw_stream_carries_the_link_rate_and_the_cases_a_fraction_of_it(nodes, tmp_path):
     out = tmp_path / "allreduce.json"
     job = nodes.mpiexec([sys.executable, "-m", "hpcopt", "bench", "allreduce", "--min-bytes", "1M",
-                         "--max-bytes", "2M", "--factor", "2", "--budget", "0.05", "--min-reps", "2", "--stream",
-                         "--json", str(out)], "ofi", JOB_TIMEOUT, job_env(), ROOT)
+                         "--max-bytes", "2M", "--factor", "2", "--budget", "0.05", "--min-reps", "2",
+                         "--stream", "--json", str(out)], "ofi", JOB_TIMEOUT, job_env(), ROOT)
     assert job.returncode == 0, job.describe()
     data = json.loads(out.read_text())
     rate = data["stream"]["bytes_per_second"]
