@@ -12,7 +12,8 @@ MLP 1024,1024's 1,863,690 by default), after one round not timed:
   (the communicator's ``in_node`` set, so ``compressed_mean`` takes that path across nodes too);
 - ``<wire> hierarchical``: the round a run on several nodes takes (hpcopt/comm/wire_nodes.py).
 
-Per variant: the slowest rank's seconds a round (a barrier before and after the rounds) and the
+Per variant: the slowest rank's seconds a round (a barrier before and after the rounds; the
+messages are made before, not timed) and the
 bytes each node's link carried a round (its first rank reads the node's ``uplink`` counters:
 benchmarks/cluster/emulated.py). Every variant runs once per ``--load`` level (default 0 and 2:
 idle, then with two busy processes that rank 0 starts on the machine's cores for the level,
@@ -71,16 +72,18 @@ def measure(comm: Comm, args: argparse.Namespace, first: bool, spans_nodes: bool
     layout = costmodel.node_layout_of(list(node_indices(comm.mpi)), network and network.memory)
     results = {}
     rng = np.random.default_rng(comm.rank)
+    messages = [rng.standard_normal(args.values, dtype=np.float32) for _ in range(args.rounds + 1)]
     for name, (wire, flat) in VARIANTS.items():
         comm.in_node = flat or not spans_nodes
         error = np.zeros(args.values, dtype=np.float32)
-        compressed_mean(rng.standard_normal(args.values, dtype=np.float32), error, wire, comm, "warm-up")
+        compressed_mean(messages[0].copy(), error, wire, comm, "warm-up")
+        inputs = [message.copy() for message in messages[1:]]  # the round overwrites its message
         comm.mpi.Barrier()
         before = {key: replace(counter) for key, counter in comm.stats.counters.items()}
         sent = _link_bytes(first)
         start = time.perf_counter()
-        for _ in range(args.rounds):
-            compressed_mean(rng.standard_normal(args.values, dtype=np.float32), error, wire, comm, "average")
+        for message in inputs:
+            compressed_mean(message, error, wire, comm, "average")
         comm.mpi.Barrier()
         seconds = comm.mpi.allreduce(time.perf_counter() - start, op=MPI.MAX) / args.rounds
         sent = comm.mpi.gather(_link_bytes(first) - sent if first else None)
