@@ -184,7 +184,7 @@ def run_config(args: argparse.Namespace) -> Config | None:
     its values where they are safe to change (``check_resume``). A torch model is imported only
     when the user names it again (``require_named_model``), and the stored ``out`` is never
     used: the run directory is ``--out`` or the one holding the checkpoint's ``checkpoints/``
-    (hpcopt.run.files). Both are refused here, before anything is imported or opened for
+    (hpcopt.run.directory). Both are refused here, before anything is imported or opened for
     writing. ``args.resume`` is then the checkpoint file.
     """
     if args.command not in ("train", "resume"):
@@ -255,7 +255,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         _refuse_singletons(comm.size)
     if getattr(args, "resume", None):  # before any rank opens it: a child reads it whole first,
         # unless another job holds the run directory
-        from .run.files import vet_resumed
+        from .run.directory import vet_resumed
 
         agreed(lambda: vet_resumed(args.resume, _given_out(args)) if comm.rank == 0 else None, comm)
     config = agreed(lambda: run_config(args), comm)
@@ -276,7 +276,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         comm.free()  # no MPI: these commands start their own processes (sweep --local)
         return importlib.import_module(STUDY_COMMANDS[args.command][0]).run(args) if rank == 0 else 0
     if args.command == "report":
-        from .io.report import write_report
+        from .report import write_report
 
         written = agreed(lambda: write_report(args.runs, args.out) if comm.rank == 0 else [], comm)
         for path in written:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast
 
 from .algorithms.base import PIPELINE, MergedOption, merge_options, option, option_fields
+from .algorithms.registration import NotRegistered, not_registered, registry, written_by_unknown
 from .algorithms.registration import names as algorithm_names
-from .algorithms.registration import not_registered, registry
 from .algorithms.schedules import BY_RUN_LENGTH
 from .algorithms.streaming import streamed
 from .backend import DEVICES
@@ -641,6 +641,25 @@ def config_from_stored(values: dict[str, Any]) -> Config:
         own = {f.name for f in option_fields(registry()[table["algorithm"]])}
         values = {**values, "algorithm": {k: v for k, v in table.items() if k == "algorithm" or k in own}}
     return build_config(values)
+
+
+def clips(config: Config) -> bool:
+    """Whether ``config``'s algorithm clips (its trace window and checkpoints count clipped steps)."""
+    return registry()[config.algorithm.algorithm].clips
+
+
+def config_from_toml(text: str, path: Path) -> Config:
+    """The config stored as TOML text in the file ``path`` (a checkpoint or trace), parsed and
+    validated (``config_from_stored``); HpcoptError naming the file, and for an algorithm this
+    installation lacks what to do (``written_by_unknown``)."""
+    try:
+        return config_from_stored(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as exc:
+        raise HpcoptError(f"{path}: the stored config is not valid TOML ({exc})") from None
+    except NotRegistered as exc:  # a plugin's algorithm, not installed here: not an invalid file
+        raise written_by_unknown(exc, path) from None
+    except HpcoptError as exc:
+        raise HpcoptError(f"{path}: the stored config is invalid: {exc}") from None
 
 
 #: Options a resumed run may change: where files go and how often, what is printed, evaluation,

@@ -351,16 +351,20 @@ def prsgd_reference(config, workers: int, nodes: Sequence[int] = ()) -> np.ndarr
                     local_step(i)
             if group_interval and s % group_interval == 0 and s < algo.interval:
                 group_means()
-        mean = sum(x) / workers
-        through = (wire_mean if wire == "float32" or len(set(nodes)) < 2 or node_round == "flat"
-                   else lambda m, e, w: hierarchical_wire_mean(m, e, w, nodes, node_round))
-        if wire and outer.kind == "average":  # the models are sent
-            mean = through(x, errors, wire)
-        elif wire:  # the pseudo-gradients are sent
-            mean = outer.anchor - through([outer.anchor - xi for xi in x], errors, wire)
+        members = participants_of(algo, config.run.seed, r, workers)
+        if len(members) < workers:  # a subset's round: the flat wire over its members
+            mean = subset_round_mean(x, members, errors, wire, outer)
+        else:
+            mean = sum(x) / workers
+            through = (wire_mean if wire == "float32" or len(set(nodes)) < 2 or node_round == "flat"
+                       else lambda m, e, w: hierarchical_wire_mean(m, e, w, nodes, node_round))
+            if wire and outer.kind == "average":  # the models are sent
+                mean = through(x, errors, wire)
+            elif wire:  # the pseudo-gradients are sent
+                mean = outer.anchor - through([outer.anchor - xi for xi in x], errors, wire)
         mean = outer.step(mean, schedule((r + 1) * algo.interval - 1))
         x = [mean.copy() for _ in range(workers)]
-        round_policies(inner)
+        round_policies(inner, members)
     for s in range(1, max(n - d for n, d in zip(steps, done)) + 1):
         for i in range(workers):
             if done[i] < steps[i]:
@@ -480,6 +484,94 @@ __all__ = ["prsgd_reference", "minibatch_sgd_reference", "worker_parts", "celgc_
            "naive_clip_reference", "InnerOptions", "Worker", "Outer", "round_policies"]
 
 
+def participants_of(algo, seed: int, round_index: int, workers: int) -> list[int]:
+    """Round ``round_index``'s participants: every worker, or with ``participation`` p < 1 the
+    ceil(p N) that ``stream(seed, "participation", r).choice(N, k, replace=False)`` draws."""
+    p = getattr(algo, "participation", 1.0)
+    if p == 1:
+        return list(range(workers))
+    k = math.ceil(round(p * workers, 9))
+    drawn = stream(seed, "participation", round_index).choice(workers, k, replace=False)
+    return sorted(int(j) for j in drawn)
+
+
+def subset_round_mean(x, members, errors, wire, outer):
+    """A round's mean over ``members`` only: plain, or through ``wire`` (the members' messages,
+    the pseudo-gradients when the outer optimizer keeps an anchor, with their errors; the
+    others' errors untouched)."""
+    if not wire:
+        return sum(x[j] for j in members) / len(members)
+    sent = [errors[j] for j in members]
+    if outer.kind == "average":
+        mean = wire_mean([x[j] for j in members], sent, wire)
+    else:
+        mean = outer.anchor - wire_mean([outer.anchor - x[j] for j in members], sent, wire)
+    for j, error in zip(members, sent):
+        errors[j] = error
+    return mean
+
+
+def celgc_pieces_reference(config, workers: int):
+    """CELGC as a config composes it, serially, from ALGORITHMS.md's rule: worker i averages
+    before its step t when t % I_i == 0 (t = 0 included: the mean of the common x_0, which
+    becomes the outer optimizer's anchor), over round r's participants (``participants_of``),
+    through the ``wire`` when one is set (``subset_round_mean``); after the first, the outer step
+    from the round's start with eta at the previous round's last nominal step, r I - 1; the
+    moments by their policies over the participants. Each step is clipped by
+    min(eta_t, gamma_t / (||g_i|| + 1e-10)) (the global norm: sqrt(mean_j ||g_j||^2)). The run
+    ends with the plain mean over every worker, and the outer step when its last round is
+    complete. Returns (the final model, each worker's count of clipped steps)."""
+    parts = worker_parts(config, workers)
+    algo = config.algorithm
+    schedule = parts[0].algorithm.lr_at
+    intervals = list(algo.local_steps) or [algo.interval] * workers
+    steps = [p.local_steps for p in parts]
+    x = [p.workload.x0.astype(np.float64).copy() for p in parts]
+    inner = [Worker(x[0], InnerOptions.of(algo)) for _ in parts]
+    outer = Outer.of(x[0], algo)
+    errors = [np.zeros_like(x[0]) for _ in range(workers)]
+    counts, done, rounds = [0] * workers, [0] * workers, 0
+    g = np.zeros_like(x[0])
+
+    def round_(first: bool):
+        nonlocal x, rounds
+        members = participants_of(algo, config.run.seed, rounds, workers)
+        mean = subset_round_mean(x, members, errors, algo.wire, outer)
+        if first:
+            if outer.kind != "average":
+                outer.anchor = mean.copy()
+        else:
+            mean = outer.step(mean, schedule(rounds * algo.interval - 1))
+        x = [mean.copy() for _ in range(workers)]
+        round_policies(inner, members)
+        rounds += 1
+
+    round_(first=True)
+    while True:
+        chunk = [min(k, n - d) for k, n, d in zip(intervals, steps, done)]
+        for s in range(1, max(chunk) + 1):
+            active = [i for i in range(workers) if s <= chunk[i]]
+            grads = []
+            for i in active:
+                parts[i].workload.problem.oracle(x[i], g)
+                grads.append(g.copy())
+            norms = [float(np.sqrt(np.sum(gi * gi))) for gi in grads]
+            if algo.clip_norm == "global":
+                norms = [math.sqrt(sum(n * n for n in norms) / workers)] * len(active)
+            for i, gi, ni in zip(active, grads, norms):
+                (x[i],), (clipped,) = _clipped_steps([x[i]], [gi], [ni], [inner[i]], done[i],
+                                                     schedule, algo.gamma, algo.lr)
+                counts[i] += clipped
+                done[i] += 1
+        if done == steps:
+            break
+        round_(first=False)
+    mean = sum(x) / workers
+    if chunk == intervals:  # the last round is complete: the final average takes its outer step
+        mean = outer.step(mean, schedule(rounds * algo.interval - 1))
+    return mean, counts
+
+
 def fragment_cuts(sizes, fragments):
     """Streaming's fragments, plainly: cut the parameters (``sizes``, in order) at the boundary
     nearest to each share p d / P, leaving at least one parameter to every fragment."""
@@ -502,7 +594,9 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     errors; tau = 0). With two-level periods, each
     model becomes its group's mean after steps s % group_interval == 0, s % H != 0, before the
     fragments' turn. ``outer_of(x0_p)``: each fragment's outer optimizer (default: ``Outer.of``
-    the config's)."""
+    the config's). With celgc's options, each step clipped (``_clipped_steps``: gamma, the
+    local or global norm), and each fragment's mean over the participants of the round it is
+    sent in (``participants_of``, round (s - 1) // H)."""
     parts = worker_parts(config, workers)
     algo = config.algorithm
     interval, fragments, overlap, alpha = algo.interval, algo.fragments, algo.overlap, algo.fragment_mix
@@ -517,16 +611,14 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
     wire = algo.wire  # a fragment's round through it: of anchor_p - x_i,p (average: x_i,p)
     errors = [[np.zeros(b - a) for _ in range(workers)] for a, b in bounds]
 
-    def fragment_mean(p):
+    def fragment_mean(p, step):
         (a, b), outer = bounds[p], outers[p]
-        if not wire:
-            return sum(xi[a:b] for xi in x) / workers
-        if outer.kind == "average":
-            return wire_mean([xi[a:b] for xi in x], errors[p], wire)
-        return outer.anchor - wire_mean([outer.anchor - xi[a:b] for xi in x], errors[p], wire)
+        members = participants_of(algo, config.run.seed, (step - 1) // interval, workers)
+        return subset_round_mean([xi[a:b] for xi in x], members, errors[p], wire, outer)
 
     g = np.zeros_like(x[0])
     due = {}  # fragment -> (the step its mean was taken, the mean)
+    clipped = [0] * workers if hasattr(algo, "gamma") and algo.algorithm == "celgc" else None
 
     def apply(p):
         sent, mean, sends = due.pop(p)
@@ -536,15 +628,24 @@ def streaming_reference(config, workers: int, outer_of=None) -> np.ndarray:
 
     groups, group_interval = group_members(workers, algo.group_size), algo.group_interval
     for step in range(1, parts[0].total_steps + 1):
+        grads = []
         for i, part in enumerate(parts):
             part.workload.problem.oracle(x[i], g)
-            x[i] = inner[i].step(x[i], g.copy(), schedule(step - 1))
+            grads.append(g.copy())
+        if clipped is None:
+            x = [inner[i].step(x[i], grads[i], schedule(step - 1)) for i in range(workers)]
+        else:
+            norms = [float(np.sqrt(np.sum(gi * gi))) for gi in grads]
+            if algo.clip_norm == "global":
+                norms = [math.sqrt(sum(n * n for n in norms) / workers)] * workers
+            x, fired = _clipped_steps(x, grads, norms, inner, step - 1, schedule, algo.gamma, algo.lr)
+            clipped = [c + k for c, k in zip(clipped, fired)]
         if group_interval and step % group_interval == 0 and step % interval != 0:
             x = group_averaged(x, groups)
         for p in range(fragments):
             if (step - p * interval // fragments) % interval == 0:
                 a, b = bounds[p]
-                due[p] = (step, fragment_mean(p), [xi[a:b].copy() for xi in x])
+                due[p] = (step, fragment_mean(p, step), [xi[a:b].copy() for xi in x])
         for p in [p for p, (sent, *_) in due.items() if sent + overlap == step]:
             apply(p)
     for p in sorted(due, key=lambda p: due[p][0]):

@@ -27,7 +27,7 @@ deleted. Only a SIGKILL of the creator leaves one behind: ``down --stale`` remov
 Command line (as root)::
 
     python -m benchmarks.cluster.emulated run --nodes 2 --ppn 2 --rate 100mbit [--netmod ofi] \\
-        -- python -m hpcopt train --dataset digits --steps 64
+        [--load N] -- python -m hpcopt train --dataset digits --steps 64
     python -m benchmarks.cluster.emulated list
     python -m benchmarks.cluster.emulated down --stale | --all
 
@@ -53,6 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common.load import busy
 
 PREFIX = "hpcopt"
 SUBNET = "10.77.0"
@@ -408,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--rate", default="100mbit", help="each link's rate: 100mbit, 1gbit, none")
     run.add_argument("--netmod", choices=sorted(NETMODS), default="ofi")
     run.add_argument("--timeout", type=float, default=600, help="seconds the job may run")
+    run.add_argument("--load", type=int, default=0, metavar="N",
+                     help="N busy processes on the same cores while the job runs (benchmarks/common/load.py)")
     run.add_argument("job", nargs=argparse.REMAINDER, help="-- COMMAND ...: what every rank runs")
     add_bookkeeping(commands, "emulated")
     args = parser.parse_args(argv)
@@ -422,12 +426,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for signum in DEFERRED_SIGNALS:
         signal.signal(signum, _raise_exit)  # the with block's exit removes the cluster
-    with EmulatedCluster(args.nodes, args.ppn, args.rate) as cluster:
+    with EmulatedCluster(args.nodes, args.ppn, args.rate) as cluster, busy(args.load) as load:
         done = cluster.mpiexec(job, args.netmod, args.timeout)
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)
-    print(f"# emulated cluster: {args.nodes} node(s) x {args.ppn} rank(s), {args.rate}, {args.netmod}: "
-          f"exit {done.returncode} after {done.seconds:.1f} s; MB sent per node "
+    print(f"# emulated cluster: {args.nodes} node(s) x {args.ppn} rank(s), {args.rate}, {args.netmod}, "
+          f"{load.describe()}: exit {done.returncode} after {done.seconds:.1f} s; MB sent per node "
           + " ".join(f"{b / 1e6:.2f}" for b in done.sent), file=sys.stderr)
     return done.returncode
 

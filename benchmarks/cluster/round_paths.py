@@ -42,7 +42,8 @@ def one_run(cluster: EmulatedCluster, order: list[str], rounds: int, timeout: fl
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "rounds.json"
         job = cluster.mpiexec([sys.executable, "-m", "benchmarks.cluster.wire_rounds", "--json", str(out),
-                               "--rounds", str(rounds), "--only", ",".join(order)], "ofi", timeout,
+                               "--rounds", str(rounds), "--only", ",".join(order), "--load", "0"], "ofi",
+                              timeout,
                               dict(os.environ, PYTHONPATH=str(ROOT)), ROOT)
         if job.returncode != 0:
             raise RuntimeError(f"wire_rounds failed: {job.describe()}")

@@ -39,14 +39,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cluster.costmodel_links import comm_seconds, fit, hidden_fraction  # noqa: E402
+from benchmarks.cluster.costmodel_links import comm_seconds, fit, hidden_fraction, wall_window  # noqa: E402
 from benchmarks.cluster.emulated import EmulatedCluster, namespaces_unavailable, rate_bits  # noqa: E402
+from benchmarks.common.load import Load, add_load_option, busy  # noqa: E402
 from benchmarks.common.study import Run, find_run, read_study, sweep_file  # noqa: E402
 from hpcopt.comm import costmodel  # noqa: E402
 from hpcopt.io.timeline import read_timeline  # noqa: E402
 from hpcopt.io.trace import read_trace  # noqa: E402
 from hpcopt.io.waits import own_seconds  # noqa: E402
 
+#: The runs a step's compute seconds are fitted to (``costmodel.fit_compute``), SGD's and
+#: DiLoCo's AdamW's (more passes over the model a step): no average within their steps, so their
+#: wall clock is computation and the trace's gathers.
+COMPUTE = "compute only (no average)"
+COMPUTE_ADAMW = "compute only, AdamW (no average)"
 #: The algorithms: name -> the sweep grid's options (ranks added per cluster).
 ALGORITHMS: dict[str, dict[str, Any]] = {
     "synchronous SGD": {"interval": 1},
@@ -61,6 +67,8 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     "two-level (node 2, all 8)": {"interval": 8, "group_size": "node", "group_interval": 2},
     "flat I=2": {"interval": 2},
     "int8 I=8": {"interval": 8, "wire": "int8"},
+    COMPUTE: {"interval": 100_000},
+    COMPUTE_ADAMW: {"algorithm": "diloco", "interval": 100_000},
 }
 #: Every option some algorithm sets (a run is found by all of them: None where not given).
 OPTIONS = sorted({key for options in ALGORITHMS.values() for key in options})
@@ -90,6 +98,10 @@ class Measured:
     trace: tuple[float, float]    # measured and modelled seconds of the trace's gathers
     hidden: float | None = None   # streaming: the fraction of its reductions hidden
     own: float | None = None      # the calls' own seconds (hpcopt/io/waits.py; set-up left out)
+    # between the first trace row and the last: steps, wall s, modelled and measured comm s,
+    # rounds (costmodel_links.Window)
+    window: tuple[float, float, float, float, float] | None = None
+    wall_modelled: float | None = None  # the cost model's wall seconds per step (StepModel)
 
     @property
     def ms_per_step(self) -> float:
@@ -148,7 +160,26 @@ def measure(name: str, run: Run, sent: float, target: float, spec: str,
     own = None if timeline is None else sum(own_seconds(timeline, counted, until=wall[-1]).values())
     return Measured(name, steps, wall[-1], sent / steps / 1e6, comm, modelled, reached, loss[-1],
                     (wall, loss), label_seconds(trace, in_node=True), label_seconds(trace, labels=("trace",)),
-                    hidden, own)
+                    hidden, own, wall_window(trace_path))
+
+
+def model_walls(measured: dict[str, Measured], outside: dict[str, float]) -> None:
+    """Every run's modelled wall seconds per step: the compute run's step (``COMPUTE``) plus its
+    own calls' modelled seconds over its trace window, plus for a compressed wire its rounds'
+    seconds outside their calls (``outside``: wire -> seconds, the study's compressed rounds
+    alone) (``costmodel.StepModel``)."""
+    fitted = {}
+    for name in (COMPUTE, COMPUTE_ADAMW):
+        window = measured[name].window
+        if window is None:
+            return
+        fitted[name] = costmodel.fit_compute(window[1], window[3], window[0]).compute
+    for name, run in measured.items():
+        if run.window is not None:
+            options = ALGORITHMS.get(name, ALGORITHMS[STREAMING])  # the thread's run: streaming's
+            compute = fitted[COMPUTE_ADAMW if options.get("algorithm") == "diloco" else COMPUTE]
+            model = costmodel.StepModel(compute, outside.get(options.get("wire", "float32"), 0.0))
+            run.wall_modelled = model.per_step(run.window[0], run.window[2], run.window[4])
 
 
 def label_seconds(trace: Any, in_node: bool = False, labels: tuple[str, ...] = ()) -> tuple[float, float]:
@@ -166,12 +197,14 @@ def grid(ranks: int, options: dict[str, Any]) -> dict[str, list[Any]]:
     return {"ranks": [ranks], **{key: [value] for key, value in options.items()}}
 
 
-def cluster_runs(nodes: int, ppn: int, rate: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Everything measured on one cluster."""
-    label = f"{nodes}x{ppn}-{rate}"
+def cluster_runs(nodes: int, ppn: int, rate: str, tmp: Path, args: argparse.Namespace,
+                 level: int = 0) -> dict[str, Any]:
+    """Everything measured on one cluster, with ``level`` busy processes on the cores throughout
+    (benchmarks/common/load.py)."""
+    label = f"{nodes}x{ppn}-{rate}" + (f"-busy{level}" if level else "")
     print(f"{label}: {time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f}", flush=True)
     ranks = nodes * ppn
-    with EmulatedCluster(nodes, ppn, rate) as cluster:
+    with EmulatedCluster(nodes, ppn, rate) as cluster, busy(level) as load:
         fitted = tmp / f"{label}-fit"
         fitted.mkdir(exist_ok=True)
         memory, memory_table = fit(cluster, fitted, args.max_bytes, args.bench_budget, ppn,
@@ -191,8 +224,8 @@ def cluster_runs(nodes: int, ppn: int, rate: str, tmp: Path, args: argparse.Name
                                              tmp / f"{label}-thread", args.timeout, THREAD_ENV)
         wire_json = tmp / f"{label}-wire.json"
         job_done = cluster.mpiexec([sys.executable, "-m", "benchmarks.cluster.wire_rounds", "--json",
-                                    str(wire_json), "--rounds", str(args.wire_rounds)], "ofi", args.timeout,
-                                   hpcopt_env(), ROOT)
+                                    str(wire_json), "--rounds", str(args.wire_rounds), "--load", "0",
+                                    "--network", spec], "ofi", args.timeout, hpcopt_env(), ROOT)
         if job_done.returncode:
             raise SystemExit(f"wire rounds failed: {job_done.describe()}")
     layout = costmodel.NodeLayout(nodes, ppn, memory)
@@ -203,17 +236,22 @@ def cluster_runs(nodes: int, ppn: int, rate: str, tmp: Path, args: argparse.Name
     [thread_run] = thread_runs
     measured[THREAD] = measure(THREAD, thread_run, thread_sent[str(thread_run.path)], args.target_loss, spec,
                                layout)
-    return {"label": label, "nodes": nodes, "ppn": ppn, "rate": rate, "spec": spec, "fit": fit_table,
+    wire = json.loads(wire_json.read_text())
+    model_walls(measured, {name.split()[0]: r["outside"] for name, r in wire["results"].items()
+                           if "outside" in r and not name.startswith("float32")})
+    return {"label": label, "nodes": nodes, "ppn": ppn, "rate": rate, "load": load.as_dict(), "spec": spec,
+            "fit": fit_table,
             "bandwidth_mbit": 8 * network.bandwidth / 1e6, "alpha_us": 1e6 * network.alpha,
             "memory_gb_s": memory.bandwidth / 1e9, "memory_alpha_us": 1e6 * memory.alpha,
             "runs": {name: asdict(m) for name, m in measured.items()},
-            "wire": json.loads(wire_json.read_text())}
+            "wire": wire}
 
 
 def loaded(clusters: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The clusters as saved (JSON), their runs as ``Measured``."""
     def measured(m: dict[str, Any]) -> Measured:
-        return Measured(**{**m, **{key: tuple(m[key]) for key in ("curve", "in_node", "trace")}})
+        return Measured(**{**m, **{key: tuple(m[key]) for key in ("curve", "in_node", "trace", "window")
+                                   if m.get(key) is not None}})
 
     return [{**c, "runs": {n: measured(m) for n, m in c["runs"].items()}} for c in clusters]
 
@@ -230,15 +268,33 @@ def _to_target(run: Measured) -> str:
 
 def runs_table(c: dict[str, Any]) -> list[str]:
     sync = c["runs"]["synchronous SGD"]
-    lines = ["| algorithm | ms / step | steps/s vs sync | s to target loss | final loss | MB / link / step | "
-             "measured comm s | calls' own s | modelled s | modelled / measured | modelled / own |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| algorithm | ms / step | modelled ms / step | wall modelled / measured | steps/s vs sync | "
+             "s to target loss | final loss | MB / link / step | measured comm s | calls' own s | "
+             "modelled s | modelled / measured | modelled / own |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in c["runs"].items():
         own, per_own = ("-", "-") if not r.own else (f"{r.own:.2f}", f"{r.modelled / r.own:.2f}")
-        lines.append(f"| {name} | {r.ms_per_step:.0f} | {_speedup(sync, r)} | {_to_target(r)} | "
-                     f"{r.final_loss:.3f} | {r.link_mb:.2f} | {r.comm:.2f} | {own} | {r.modelled:.2f} | "
-                     f"{r.modelled / r.comm:.2f} | {per_own} |")
+        wall = wall_ratio(r)
+        model_ms, ratio = (("-", "-") if wall is None
+                           else (f"{1e3 * (r.wall_modelled or 0):.0f}", f"{wall:.2f}"))
+        lines.append(f"| {name} | {r.ms_per_step:.0f} | {model_ms} | {ratio} | {_speedup(sync, r)} | "
+                     f"{_to_target(r)} | {r.final_loss:.3f} | {r.link_mb:.2f} | {r.comm:.2f} | {own} | "
+                     f"{r.modelled:.2f} | {r.modelled / r.comm:.2f} | {per_own} |")
     return lines
+
+
+def wall_ratio(run: Measured) -> float | None:
+    """The modelled wall seconds per step over the measured ones, in the run's trace window."""
+    if run.window is None or run.wall_modelled is None or not run.window[1]:
+        return None
+    return run.wall_modelled / (run.window[1] / run.window[0])
+
+
+def load_text(c: dict[str, Any]) -> str:
+    """A cluster's load as its headings and lines state it."""
+    load = c.get("load")
+    return "load not recorded" if load is None else Load(load["busy"], load["load_before"],
+                                                             load["load_after"]).describe()
 
 
 def link_mb(result: dict[str, Any]) -> float:
@@ -374,10 +430,11 @@ def findings(clusters: list[dict[str, Any]]) -> list[str]:
 def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[str, Any]) -> str:
     labels = ", ".join(c["label"] for c in clusters)
     out = ["# Emulated clusters: the papers' wall-clock claims, measured", "",
-           "<!-- docs-check", "skip: benchmarks.cluster.study -- needs root (ip netns add) and 25 minutes",
-           "-->", "```bash", "python -m benchmarks.cluster.study      # as root: this page and clusters/",
-           "python -m benchmarks.cluster.study --quick --runs /tmp/smoke   # 2x2 nodes, 16 steps: ~4 minutes",
-           "```", "",
+           "<!-- docs-check", "skip: benchmarks.cluster.study -- needs root (ip netns add) and 50 minutes",
+           "-->", "```bash",
+           "python -m benchmarks.cluster.study --load 0 2     # as root: this page and clusters/",
+           "python -m benchmarks.cluster.study --quick --load 0 --runs /tmp/smoke   # 2x2 nodes, 16 steps: "
+           "~4 minutes", "```", "",
            "Written by `benchmarks/cluster/study.py`. Clusters of network namespaces with `tbf`-shaped links "
            f"([docs/clusters.md](../clusters.md)): {labels} (nodes x ranks per node, link rate). Per "
            "cluster: the in-node profile fitted to `hpcopt bench allreduce --within node` (every node's "
@@ -390,6 +447,16 @@ def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[st
            "MPICH's OFI netmod "
            "over TCP. The runs differ only in the options of `ALGORITHMS` in the script (CELGC and naive "
            "clipping with gamma 1, SlowMo, DiLoCo and streaming with their defaults).", "",
+           f"Every cluster is measured once per load level ({', '.join(map(str, args.load))} busy processes: "
+           "`--load`): the fits, the runs and the compressed rounds all with that many processes spinning on "
+           "the same cores throughout (benchmarks/common/load.py); each cluster's heading states its load "
+           "(busy processes, load average at its end), and a claim that holds only idle says so. The cost "
+           "model's check is the wall clock: a run's measured seconds per step between its trace's first "
+           "row and its last against `costmodel.StepModel`'s, the step's compute (fitted to the run "
+           f"\"{COMPUTE}\", for DiLoCo's AdamW to \"{COMPUTE_ADAMW}\", of the same cluster and load) "
+           "plus the modelled seconds of the run's own calls and, for a compressed wire, its rounds' "
+           "seconds outside their calls (the compressed round timed alone, less its calls' modelled "
+           "seconds); its communication seconds, measured and modelled, stay beside it as diagnostics.", "",
            f"Measured {meta['date']} in {meta['minutes']:.0f} minutes on a machine of {meta['cores']} cores "
            f"shared with other work: load average {meta['load_before']:.1f} before, {meta['load_after']:.1f} "
            "after (the study's own 4 to 8 ranks, which poll while they wait, count in it). The 4-node "
@@ -405,7 +472,7 @@ def page(clusters: list[dict[str, Any]], args: argparse.Namespace, meta: dict[st
            "![ms per step](clusters/ms-per-step.png)", "",
            "![loss against wall time](clusters/loss-wall.png)", ""]
     for c in clusters:
-        out += [f"### {c['label']}: {c['nodes']} nodes x {c['ppn']} ranks, {c['rate']}", "",
+        out += [f"### {c['label']}: {c['nodes']} nodes x {c['ppn']} ranks, {c['rate']}, {load_text(c)}", "",
                 f"Fitted network: {c['bandwidth_mbit']:.0f} Mbit/s, alpha {c['alpha_us']:.0f} us; in-node "
                 f"{c['memory_gb_s']:.2f} GB/s, alpha {c['memory_alpha_us']:.0f} us "
                 f"(`--network {c['spec']}`).", "", *runs_table(c), ""]
@@ -470,7 +537,7 @@ def summaries(clusters: list[dict[str, Any]]) -> dict[str, list[str]]:
                        f"{t.ms_per_step:.0f} with it ({_ratio(t.ms_per_step, s.ms_per_step)}x); modelled / "
                        f"measured {_ratio(s.modelled, s.comm)} and {_ratio(t.modelled, t.comm)}.")
     ratios = [(c["label"], n, r) for c in clusters for n, r in c["runs"].items()]
-    model = []
+    model = wall_summary(clusters)
     for against, seconds in (("rank 0's seconds in its calls", lambda r: r.comm),
                              ("the calls' own seconds", lambda r: r.own or 0.0)):
         timed = [(label, name, r, r.modelled / seconds(r)) for label, name, r in ratios if seconds(r)]
@@ -481,7 +548,8 @@ def summaries(clusters: list[dict[str, Any]]) -> dict[str, list[str]]:
                   f"{min(t[3] for t in timed):.2f} to {max(t[3] for t in timed):.2f}, median "
                   f"{statistics.median(t[3] for t in timed):.2f}).", ""]
         for rate in sorted({c["rate"] for c in clusters}, key=rate_bits):
-            at = [t for t in timed if t[0].endswith(rate)]
+            labels = {c["label"] for c in clusters if c["rate"] == rate}
+            at = [t for t in timed if t[0] in labels]
             model.append(f"- at {rate}: {sum(t in inside for t in at)} of {len(at)} runs within 25%")
         model += [f"- outside: {label}, {name}: {ratio:.2f} ({seconds(r):.2f} s measured, {r.modelled:.2f} "
                   f"modelled; in-node {r.in_node[0]:.2f} against {r.in_node[1]:.2f}, trace {r.trace[0]:.2f} "
@@ -498,6 +566,29 @@ def summaries(clusters: list[dict[str, Any]]) -> dict[str, list[str]]:
     model += ["", *MODEL_NOTES]
     overlap += ["", *OVERLAP_NOTES]
     return {"flat": flat, "model": model, "overlap": overlap, "holds": holds, "short": short(clusters)}
+
+
+def wall_summary(clusters: list[dict[str, Any]]) -> list[str]:
+    """The cost model's check: modelled against measured wall seconds per step, per cluster and load."""
+    out = []
+    for c in clusters:
+        ratios = {name: wall_ratio(r) for name, r in c["runs"].items()
+                  if name not in (COMPUTE, COMPUTE_ADAMW)}
+        timed = {name: ratio for name, ratio in ratios.items() if ratio is not None}
+        if not timed:
+            continue
+        outside = [f"{name} {ratio:.2f}" for name, ratio in timed.items() if not 0.75 <= ratio <= 1.25]
+        out.append(f"- {c['label']} ({load_text(c)}): {len(timed) - len(outside)} of {len(timed)} runs' wall "
+                   f"seconds per step within 25% (modelled / measured {min(timed.values()):.2f} to "
+                   f"{max(timed.values()):.2f})" + (f"; outside: {', '.join(outside)}" if outside else ""))
+    if not out:
+        return []
+    return ["The check: the cost model's wall seconds per step (`costmodel.StepModel`: the step's "
+            f"compute, fitted to the runs \"{COMPUTE}\" and, for DiLoCo's, \"{COMPUTE_ADAMW}\" on the same "
+            "cluster and load, plus the modelled "
+            "seconds of each run's own calls, non-blocking ones less what overlap hid), against the "
+            "measured ones, both between the trace's first row and its last:", "", *out, "",
+            "The comparisons of communication seconds below are diagnostics: where the time went.", ""]
 
 
 def short(clusters: list[dict[str, Any]]) -> list[str]:
@@ -600,6 +691,7 @@ def main() -> int:
     p.add_argument("--page", type=Path, help="the page (default: docs/results/clusters.md; --quick: in "
                    "--runs or the working directory)")
     p.add_argument("--from-json", type=Path, help="only write the page from a saved results.json")
+    add_load_option(p)
     args = p.parse_args()
     configs = [(2, 2, "100mbit")] if args.quick else CONFIGS
     if args.quick:
@@ -619,9 +711,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as name:
             tmp = args.runs or Path(name)
             tmp.mkdir(parents=True, exist_ok=True)
-            for nodes, ppn, rate in configs:
-                saved["clusters"].append(cluster_runs(nodes, ppn, rate, tmp, args))
-                (tmp / "results.json").write_text(json.dumps(saved))
+            for level in args.load:
+                for nodes, ppn, rate in configs:
+                    saved["clusters"].append(cluster_runs(nodes, ppn, rate, tmp, args, level))
+                    (tmp / "results.json").write_text(json.dumps(saved))
             saved["meta"].update(minutes=(time.monotonic() - start) / 60, load_after=os.getloadavg()[0])
             (tmp / "results.json").write_text(json.dumps(saved))
     clusters = loaded(saved["clusters"])

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hpcopt.errors import HpcoptError  # noqa: E402
 from hpcopt.io.data_parallel_checkpoint import Checkpoint, read_checkpoint  # noqa: E402
-from hpcopt.io.vet import vet_checkpoint  # noqa: E402
+from hpcopt.run.vetting import vet_checkpoint  # noqa: E402
 from tests.checkpoints import differences, small_checkpoint  # noqa: E402
 
 OUTCOMES = ("refused", "unchanged", "silent", "other", "crash")

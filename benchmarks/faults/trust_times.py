@@ -147,7 +147,7 @@ def start_cases(ranks: int, work: Path) -> list[tuple[str, ...]]:
             hook = work / f"hook-{ranks}-{module}-{name}"
             hook.mkdir()
             (hook / "sitecustomize.py").write_text(SIGNAL_AT_IMPORT.format(
-                module=module, rank=rank, signum=int(signum), marker=INJECTED))
+                module=module, rank=rank, signum=int(signum), marker=INJECTED, pause=0))
             job = run_job(small(work / f"start-{ranks}-{module}-{name}", steps=100_000), ranks=ranks,
                           path=(hook,))
             rows.append((f"{name} to rank {rank} as it starts importing {module}", str(ranks),

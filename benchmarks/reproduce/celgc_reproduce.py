@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common.launch import train_run  # noqa: E402
 from hpcopt.data.bptt import corpus_shard, streams_of  # noqa: E402
 from hpcopt.data.text import load_corpus  # noqa: E402
-from hpcopt.io.report import write_report  # noqa: E402
+from hpcopt.report import write_report  # noqa: E402
 from hpcopt.io.trace import Trace, read_trace  # noqa: E402
 
 #: Shared by every row: the paper's step size and threshold, a small one-layer LSTM.

@@ -37,7 +37,7 @@ from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
 from benchmarks.common.study import Run, find_run, run_study, sweep_file  # noqa: E402
 from benchmarks.reproduce.celgc_reproduce import clip_fraction  # noqa: E402
 from benchmarks.reproduce.resnet_mnist import BATCH, MNIST_TRAIN, RANKS, figures_of_run  # noqa: E402
-from hpcopt.io.report import write_report
+from hpcopt.report import write_report
 from hpcopt.io.trace import read_trace
 
 #: Shared by every run: the model of the PR-SGD ResNet reproduction, the paper's step size.

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 from benchmarks.common.launch import add_mpiexec_option  # noqa: E402
 from benchmarks.common.sections import mean_sd, replace_section  # noqa: E402
 from benchmarks.common.study import Run, add_study_options, find_run, study_runs, sweep_file  # noqa: E402
-from hpcopt.io.report import write_report
+from hpcopt.report import write_report
 from hpcopt.io.trace import read_trace
 
 CIFAR_FILES = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]

@@ -40,6 +40,7 @@ from hpcopt.config import build_config  # noqa: E402
 from hpcopt.io import data_parallel_checkpoint as ckpt_io  # noqa: E402
 from hpcopt.io.timeline import read_timeline  # noqa: E402
 from hpcopt.io.trace import read_trace  # noqa: E402
+from hpcopt.run.directory import checkpoints  # noqa: E402
 
 PERIOD_SECONDS = 600.0  # the cost is shown for a checkpoint every 10 minutes
 KINDS = ("round end", "mid-round")
@@ -81,7 +82,7 @@ def run(options: dict[str, str], out: Path, every: int, measured: Measured) -> N
                            & (timeline.spans["kind"] == timeline.kinds.index(("checkpoint", "checkpoint")))]
     for span in spans:
         measured.checkpoint[kind(int(span["step"]))].append(float(span["duration"]))
-    for path in ckpt_io.checkpoints(out):
+    for path in checkpoints(out):
         measured.stored[kind(int(ckpt_io.NAME_PATTERN.match(path.name).group(1)))] = path.stat().st_size
     measured.parameters = summary.parameters
 

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hpcopt import train  # noqa: E402
 from hpcopt.comm import Comm  # noqa: E402
 from hpcopt.config import build_config  # noqa: E402
-from hpcopt.io.timeline import Recorder, read_timeline  # noqa: E402
+from hpcopt.io.timeline import read_timeline  # noqa: E402
+from hpcopt.run.recorder import Recorder  # noqa: E402
 
 MODES = ("off", "on")
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hpcopt import train  # noqa: E402
 from hpcopt.comm import Comm  # noqa: E402
 from hpcopt.config import build_config  # noqa: E402
-from hpcopt.io.trace import Window  # noqa: E402
+from hpcopt.run.window import Window  # noqa: E402
 from hpcopt.run.data_parallel import DataParallelSession  # noqa: E402
 
 MODES = ("off", "on")

@@ -37,27 +37,41 @@ first round) is followed by the outer optimizer's step (``outer_optimizer``,
 ``hpcopt.algorithms.outer``; eta there is eta_{t-1}, the round's last step's), and so is the
 training loop's final average when the run ends on a complete round (I steps since the last
 average, as when I divides T); evaluations and checkpoints between rounds see the plain mean.
+
+CELGC is not a round of its own: it is PR-SGD's one round (``LocalSGD``) with three pieces
+chosen, as DiLoCo is a preset of it. The clipping rule of the inner step
+(``hpcopt.algorithms.clipping``: gamma, the local or global norm, its own state), the round at
+a step's start (``round_phase``, ``hpcopt.algorithms.when.AtRoundStart``) and the reducer over
+each round's participants (``participation``, ``hpcopt.algorithms.participation``, which every
+round has). So it takes the round's other pieces as PR-SGD does. ``wire``: each round's mean
+through the compressed wire, over the participants; the first round (of x_0) too. ``local_steps``:
+rank i's rounds before its steps t % I_i == 0, outer eta at the round's nominal last step.
+``fragments``: Streaming DiLoCo's fragments, which take their turns after the steps, with the
+clipped inner step. Refused: ``clip_norm global`` with ``local_steps`` (ranks with their own
+round lengths do not step together, so there is no common step whose norms to share).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
-from ..backend import array_module
+from ..comm.wire_nodes import NODE_LABEL
 from ..errors import HpcoptError
-from .base import context, option
+from .base import option
 from .buffers import sync_buffers
-from .data_parallel import DataParallelState, OuterOptions, ScheduledSGD
-from .groups import GroupRounds
-from .local_sgd import AVERAGE_LABEL
-from .reducers import WHOLE, SubsetMean
-from .state import AVERAGE, RESET, counter, flag, scalar
+from .clipping import (
+    CLIP_NORM_LABEL,
+    CLIP_NORMS,
+    NORM_EPSILON,
+    Clipped,
+    ClippingState,
+    check_clip_norm,
+    gradient_norm,
+)
+from .local_sgd import AT_START, AVERAGE_LABEL, LocalSGD
+from .streaming import FRAGMENT_LABEL
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -65,187 +79,71 @@ if TYPE_CHECKING:
 Array = Any
 Oracle = Callable[[Array, Array], Any]
 
-CLIP_NORMS = ("local", "global")
-CLIP_NORM_LABEL = "clip_norm"
-NORM_EPSILON = 1e-10  # added to ||g|| as in the authors' code
-
-
-@dataclass
-class LocalClipState(DataParallelState):
-    """A clipping rank's state: the data-parallel one and its clipping counters. On the GPU
-    they are 0-d device arrays, read (int(), bool(), float()) only when a trace row,
-    checkpoint or summary needs them: the clipping rule costs no transfer a step."""
-
-    clipped: Any = flag(RESET)             # whether the last step was clipped on this rank
-    clip_count: Any = counter(AVERAGE)       # steps clipped on this rank so far
-    grad_norm: Any = scalar(RESET, math.nan)  # the norm the last step's rule used
+#: The clipping rule's state, under the name CELGC's state had.
+LocalClipState = ClippingState
+__all__ = ["CLIP_NORMS", "CLIP_NORM_LABEL", "NORM_EPSILON", "LocalClip", "LocalClipState",
+           "NaiveParallelClip"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class _ClippedSGD(ScheduledSGD):
-    """Hyper-parameters and the update shared by CELGC and the baseline."""
-
-    clips: ClassVar[bool] = True
-
-    gamma: float = option(math.inf, "step-length bound: the step is "
-                          "min(lr, gamma / ||g||) g, so a gradient is clipped when ||g|| > gamma / lr; "
-                          "inf = no clipping")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.gamma > 0:  # inf is allowed (no clipping), nan is not
-            raise HpcoptError(f"clipping gamma must be > 0 (inf disables clipping), got {self.gamma}")
-
-    def trace_columns(self) -> tuple[str, ...]:
-        """clip_fraction: the window's clipped steps / steps over all ranks."""
-        return ("clip_fraction",)
-
-    def step_clipped(self, state: LocalClipState) -> Any:
-        return state.clipped
-
-    def summary_tallies(self, state: LocalClipState) -> tuple[float, ...]:
-        """The steps this rank clipped, and the steps it took."""
-        return int(state.clip_count), state.step
-
-    def summary_report(self, sums: Sequence[float]) -> tuple[dict[str, Any], list[str]]:
-        """``clip_fraction``: clipped steps / steps over all ranks, and its line."""
-        clipped, steps = sums
-        fraction = float(clipped / steps) if steps else 0.0
-        return ({"clip_fraction": fraction},
-                [f"clipped           {100 * fraction:.1f}% of the steps (all ranks)"])
-
-    def step_size(self, t: int, norm: Any) -> Any:
-        """min(eta_t, gamma_t / (norm + 1e-10)) with gamma_t = gamma * eta_t / eta_0.
-
-        ``norm`` on the host gives a float; a 0-d device array gives a 0-d float64 device array
-        with the same value, without a transfer to the host."""
-        lr = self.lr_at(t)
-        gamma_t = self.gamma * (lr / self.lr)
-        xp = array_module(norm)
-        if xp is np:
-            return min(lr, gamma_t / (float(norm) + NORM_EPSILON))
-        return xp.minimum(lr, gamma_t / (norm.astype(xp.float64) + NORM_EPSILON))
-
-    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> LocalClipState:
-        """State from x0; x0 is broadcast from rank 0 so every rank starts from the same model.
-
-        ``buffers`` (the model's bound batch-norm statistics) is kept as ``state.buffers``.
-        They never change a training step (batch norm normalizes a training batch by its own
-        statistics), only evaluation: they follow ``buffer_policy`` right after each average of
-        x (over all ranks, also with partial participation), so every step in the baseline (as
-        PyTorch's DDP broadcasts buffers every step; they are small)."""
-        return self.new_state(x0, comm, buffers, LocalClipState)
-
-    def _update(self, state: LocalClipState, norm: Any) -> None:
-        """The inner step with step size min(eta_t, gamma_t / (norm + eps)), from state.grad
-        (overwritten)."""
-        lr = self.lr_at(state.step)
-        step_size = self.step_size(state.step, norm)
-        on_host = isinstance(step_size, float)
-        # a device step size enters in x's dtype, as a float does (NumPy's weak scalars)
-        self.inner_step(state, step_size if on_host else step_size.astype(state.x.dtype))
-        state.clipped = step_size < lr
-        state.clip_count += state.clipped
-        state.grad_norm = float(norm) if on_host else norm
-        state.step += 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class LocalClip(_ClippedSGD, OuterOptions, GroupRounds):
-    """CELGC hyper-parameters (see the module docstring), validated at construction."""
+class LocalClip(Clipped, LocalSGD):
+    """CELGC: PR-SGD's round with the clipping rule, the round at a step's start and partial
+    participation (module docstring); validated at construction."""
 
     name: ClassVar[str] = "celgc"
+    round_phase: ClassVar[str] = AT_START
+    averaged_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, FRAGMENT_LABEL, NODE_LABEL)
+    round_labels: ClassVar[tuple[str, ...]] = (AVERAGE_LABEL, NODE_LABEL)
 
     clip_norm: str = option("local", "the norm clipped: local ||g_i|| or global sqrt(mean_j ||g_j||^2)")
-    participation: float = option(1.0, "fraction of ranks in each round's average")
-    seed: int = context(0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.clip_norm not in CLIP_NORMS:
-            raise HpcoptError(f"unknown clipping norm {self.clip_norm!r} "
-                              f"(choose from {', '.join(CLIP_NORMS)})")
-        if not 0 < self.participation <= 1:
-            raise HpcoptError(f"participation fraction must be in (0, 1], got {self.participation}")
-        if self.seed < 0:
-            raise HpcoptError(f"seed must be >= 0, got {self.seed}")
-        self.check_groups(self.interval, ())
+        check_clip_norm(self.clip_norm)
+        if self.clip_norm == "global" and self.local_steps:
+            raise HpcoptError("clip_norm global applies only when every rank takes its steps with "
+                              "the others (not with local_steps: the ranks' steps do not line up, "
+                              "so there is no common step whose norms to share)")
 
-    @cached_property
-    def reducer(self) -> SubsetMean:
-        """How a round takes the mean: over its participants (all of them at participation 1)."""
-        return SubsetMean(self.participation, self.seed)
+    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> ClippingState:
+        """The round's state with the clipping rule's; x0 is broadcast from rank 0, ``buffers``
+        (the batch-norm statistics) follow ``buffer_policy`` after each average of x (over all
+        ranks, also with partial participation); with groups every rank makes its group's
+        communicator now (collective)."""
+        return self.new_state(x0, comm, buffers, ClippingState)
 
-    def step(self, state: LocalClipState, oracle: Oracle, comm: Comm) -> Any:
-        """Average if t % I == 0 (else a group round when one is due), then one locally clipped
-        step; returns the minibatch loss."""
-        if state.step % self.interval == 0:
-            self.average(state, comm)
-        else:
-            self.group_round(state.x, state.steps_in_round, comm)
-        loss = oracle(state.x, state.grad)
-        norm = comm.backend.xp.linalg.norm(state.grad)  # on the GPU: stays there
-        if self.clip_norm == "global":
-            local = float(norm)
-            norm = math.sqrt(comm.allreduce_scalar(local * local, label=CLIP_NORM_LABEL) / comm.size)
-        self._update(state, norm)
-        state.steps_in_round += 1
-        return loss
+    def local_step(self, state: Any, comm: Comm) -> None:
+        """The clipped inner step on this rank's norm (``clip_norm``)."""
+        self.clipped_step(state, gradient_norm(state, self.clip_norm, comm))
 
-    def average(self, state: LocalClipState, comm: Comm) -> None:
-        """x_i <- mean of x_j over this round's participants, the momentum policies, and (after
-        the first) the outer step from the round's start."""
-        def mean_(buffer: Array, label: str) -> None:
-            self.reducer.mean_(buffer, state, WHOLE, comm, label)
-
-        mean_(state.x, AVERAGE_LABEL)
-        self.round_policies(state, mean_)
-        if state.buffers is not None:
-            sync_buffers(state.buffers, self.buffer_policy, comm)
-        state.rounds += 1
-        state.steps_in_round = 0
-        if state.step > 0:
-            self.outer_step(state, eta=self.lr_at(state.step - 1))
-        elif (anchor := getattr(state, "anchor", None)) is not None:  # the first round's start
-            anchor[...] = state.x
-
-    def finish(self, state: DataParallelState, comm: Comm, label: str) -> None:
-        """The training loop's final average; after a complete round also its outer step."""
-        complete = state.steps_in_round == self.interval
-        super().finish(state, comm, label)
-        if complete:
-            self.outer_step(state, eta=self.lr_at(state.step - 1))
-
-    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> LocalClipState:
-        """_ClippedSGD's state; with groups, every rank makes its group's communicator now
-        (collective)."""
-        state = super().init(x0, comm, buffers)
-        self.open_groups(comm)
-        return state
-
-    def steps_for(self, total_steps: int, rank: int, size: int) -> int:
-        """Every rank runs all T steps; the groups must divide the ranks."""
-        self.check_world(size)
-        return total_steps
+    def trace_columns(self) -> tuple[str, ...]:
+        """clip_fraction, and the timing's (a streaming run's peak_bytes_in_flight)."""
+        return Clipped.trace_columns(self) + self.timing.trace_columns()
 
     def describe(self) -> str:
         return (f"I={self.interval}{self.describe_groups()}, gamma={self.gamma:g} ({self.clip_norm} norm)"
-                f"{self.describe_optimizers()}")
+                f"{self.describe_optimizers()}{self.describe_fragments()}")
 
 
 @dataclass(frozen=True, kw_only=True)
-class NaiveParallelClip(_ClippedSGD):
+class NaiveParallelClip(Clipped):
     """The baseline: g = (1/N) sum_i g_i every step (label "average"), one clipped step on g."""
 
     name: ClassVar[str] = "naive_clip"
     #: Options it has no use for but accepts at the value it embodies: it averages every step.
     implied: ClassVar[dict[str, Any]] = {"interval": 1}
 
-    def step(self, state: LocalClipState, oracle: Oracle, comm: Comm) -> Any:
+    def init(self, x0: Array, comm: Comm, buffers: Array | None = None) -> ClippingState:
+        """State from x0, broadcast from rank 0; ``buffers`` follow ``buffer_policy`` every step
+        (as PyTorch's DDP broadcasts buffers every step; they are small)."""
+        return self.new_state(x0, comm, buffers, ClippingState)
+
+    def step(self, state: ClippingState, oracle: Oracle, comm: Comm) -> Any:
         """Gradient, its average over ranks, one clipped step; returns this rank's loss."""
         loss = oracle(state.x, state.grad)
         comm.average_(state.grad, label=AVERAGE_LABEL)
-        self._update(state, comm.backend.xp.linalg.norm(state.grad))
+        self.clipped_step(state, comm.backend.xp.linalg.norm(state.grad))
+        state.step += 1
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
         state.rounds += 1

@@ -44,15 +44,20 @@ from ..comm.codec import WIRES
 from ..comm.core import GROUP_LABEL
 from ..comm.wire_nodes import NODE_LABEL, NODE_ROUNDS
 from ..errors import HpcoptError
-from .base import option
+from .base import context, option
 from .buffers import sync_buffers
 from .data_parallel import AVERAGE_LABEL, DataParallelState, OuterOptions, Rounds
 from .groups import GroupRounds
 from .kinds import reducers
+from .participation import check_participation, members_mean_, participating
 from .reducers import PLAIN, WHOLE, Reducer, WireMean
 from .state import VECTOR, Declared
 from .streaming import FRAGMENT_LABEL, FragmentOptions
-from .when import EveryInterval, Timing
+from .when import AtRoundStart, EveryInterval, Timing
+
+#: The phases of a whole-model round (``hpcopt.algorithms.when``): after a round's last step
+#: (PR-SGD's), or at the start of the next step (CELGC's, t = 0 included).
+AFTER_STEP, AT_START = "after_step", "at_start"
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -79,18 +84,27 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
                                  "1/K: compressed rounds, and fragments without a wire) | flat (one "
                                  "collective of every rank); '' = leader for a compressing wire, "
                                  "flat for fragments without one (hpcopt.comm.wire_nodes)")
+    participation: float = option(1.0, "fraction of ranks in each round's average")
+    seed: int = context(0)
+
+    #: When a whole-model round is taken (``AFTER_STEP``, ``AT_START``: CELGC's).
+    round_phase: ClassVar[str] = AFTER_STEP
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if any(k < 1 for k in self.local_steps):
             raise HpcoptError(f"local_steps must all be >= 1, got {self.local_steps}")
         self.check_groups(self.interval, self.local_steps)
+        check_participation(self.participation)
+        if self.seed < 0:
+            raise HpcoptError(f"seed must be >= 0, got {self.seed}")
         self.reducer  # noqa: B018 - its checks
         self.check_node_round()
         self.check_fragments(self.interval, {
             "local_steps": bool(self.local_steps), "momentum_policy": self.momentum_policy != "keep",
             "second_moment_policy": self.second_moment_policy != "keep",
-            "wire": bool(self.wire) and self.overlap > 0})
+            "wire": bool(self.wire) and self.overlap > 0,
+            "participation": self.participation < 1 and self.overlap > 0})
 
     def check_node_round(self) -> None:
         """HpcoptError for a ``node_round`` that is not built for this run's rounds."""
@@ -109,9 +123,12 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
 
     @cached_property
     def timing(self) -> Timing:
-        """When a round synchronises: every I_i steps, or the fragments in turn (streaming)."""
+        """When a round synchronises: every I_i steps (after the last, or at the next step's
+        start: ``round_phase``), or the fragments in turn (streaming)."""
         if self.streaming:
             return self.fragment_schedule(self.interval, self.reducer, self.node_round == "rails")
+        if self.round_phase == AT_START:
+            return AtRoundStart(self.interval, self.local_steps)
         return EveryInterval(self.interval, self.local_steps)
 
     def in_flight(self, state: Any) -> bool:
@@ -122,9 +139,12 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
     def reducer(self) -> Reducer:
         """How a round takes the ranks' mean: plain, or the reducer ``wire`` names (a wire
         with error feedback, or a registered one: ``hpcopt.algorithms.reducers``); a wire's
-        crosses nodes as ``node_round`` says."""
+        crosses nodes as ``node_round`` says; over each round's participants with
+        ``participation`` < 1 (``hpcopt.algorithms.participation``)."""
         reducer = reducers.make(self.wire, {}, self.run_context()) if self.wire else PLAIN
-        return replace(reducer, node_round=self.node_round) if isinstance(reducer, WireMean) else reducer
+        if isinstance(reducer, WireMean):
+            reducer = replace(reducer, node_round=self.node_round)
+        return participating(reducer, self.participation, self.seed)
 
     def steps_for(self, total_steps: int, rank: int, size: int) -> int:
         """Local steps rank ``rank`` runs so that every rank completes floor(T/I) rounds.
@@ -138,14 +158,17 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
             return total_steps
         return total_steps // self.interval * self.local_steps[rank]
 
-    def clock(self, state: DataParallelState) -> int | None:
+    def clock(self, state: Any) -> int | None:
         """A counter every rank passes through in the same order, or None between its ticks.
 
         Collectives outside the algorithm (logging, evaluation) may only run at its ticks: the
-        local step when all ranks step together, the round with per-rank ``local_steps``.
+        local step when all ranks step together, the round with per-rank ``local_steps`` (at
+        its end, or with the round at a step's start, where this rank's I_i steps end it).
         """
         if not self.local_steps:
             return state.step
+        if self.round_phase == AT_START:
+            return state.step // state.round_steps if state.step % state.round_steps == 0 else None
         return state.rounds if state.steps_in_round == 0 else None
 
     def clock_ticks(self, total_steps: int) -> int:
@@ -171,20 +194,28 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         self.open_groups(comm)
         for name, value in {**self.reducer.new_state(state.x), **self.timing.new_state(state.x)}.items():
             setattr(state, name, value)
+        if isinstance(self.timing, AtRoundStart):
+            state.round_steps = self.timing.interval_of(comm.rank)
         return state
 
     def step(self, state: DataParallelState, oracle: Oracle, comm: Comm) -> Any:
-        """One local step, then what the timing says is due (a round, a group round, a
-        fragment's turn).
+        """What the timing says precedes the step (CELGC's round), one local step, then what it
+        says follows (a round, a group round, a fragment's turn).
 
         Returns the minibatch loss at the point where the gradient was taken.
         """
+        self.timing.before_step(state, comm, self)
         loss = oracle(state.x, state.grad)
-        self.inner_step(state, self.lr_at(state.step))
+        self.local_step(state, comm)
         state.step += 1
         state.steps_in_round += 1
         self.timing.after_step(state, comm, self)
         return loss
+
+    def local_step(self, state: DataParallelState, comm: Comm) -> None:
+        """The inner optimizer's step from ``state.grad`` with step size lr_t (a clipping
+        algorithm's: its rule's, ``hpcopt.algorithms.clipping``)."""
+        self.inner_step(state, self.lr_at(state.step))
 
     def end_round(self, state: DataParallelState, comm: Comm) -> None:
         """The end of a streamed round, whose fragments took their turns: the batch-norm
@@ -215,21 +246,34 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         return self.timing.synchronized(state)
 
     def finish(self, state: DataParallelState, comm: Comm, label: str) -> None:
-        """The timing first completes what is in flight (a streaming run's reductions)."""
+        """The timing first completes what is in flight (a streaming run's reductions); a
+        complete round still pending (CELGC's phase) takes its outer step after the average."""
+        pending = self.timing.pending(state, comm)
         self.timing.drain(state, comm, self)
         super().finish(state, comm, label)
+        if pending:
+            self.outer_step(state, eta=self.lr_at(state.rounds * self.interval - 1))
 
-    def average(self, state: Any, comm: Comm) -> None:
+    def average(self, state: Any, comm: Comm, last_step: int | None = None) -> None:
         """The round: x_i <- mean_j x_j, the buffer policy, the momentum policies, then the
         outer step from the round's start. With ``wire`` the mean is taken through it (its
-        error feedback: the declared field ``wire_error``)."""
+        error feedback: the declared field ``wire_error``); with ``participation`` over the
+        round's participants, the policies' means too. ``last_step``: the round's last nominal
+        step, whose lr is the outer step's eta (default: the round's I steps end here); -1 at
+        the start, where the round's mean becomes the outer optimizer's anchor instead."""
+        if last_step is None:
+            last_step = (state.rounds + 1) * self.interval - 1
         self.reducer.mean_(state.x, state, WHOLE, comm, AVERAGE_LABEL)
         if state.buffers is not None:
             sync_buffers(state.buffers, self.buffer_policy, comm)
-        self.round_policies(state, lambda buffer, label: comm.average_(buffer, label=label))
+        self.round_policies(state, lambda buffer, label: members_mean_(self.reducer, buffer, state,
+                                                                       comm, label))
         state.rounds += 1
         state.steps_in_round = 0
-        self.outer_step(state, eta=self.lr_at(state.rounds * self.interval - 1))
+        if last_step >= 0:
+            self.outer_step(state, eta=self.lr_at(last_step))
+        elif (anchor := getattr(state, "anchor", None)) is not None:
+            anchor[...] = state.x
 
     def describe(self) -> str:
         return (f"I={self.interval}{self.describe_groups()}{self.describe_optimizers()}"

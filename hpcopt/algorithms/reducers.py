@@ -11,9 +11,10 @@ whole of it) to the ranks' mean, on every rank:
             pseudo-gradients anchor - x_j, or without an anchor of the models x_j; on several
             nodes hierarchically, ``hpcopt.comm.wire_nodes``); its state: e_i, ``wire_error``
             (per rank; reset on another number of ranks)
-    subset  x <- (1/|S_r|) sum_{j in S_r} x_j over round r's participants (CELGC's partial
-            participation: ceil(p N) ranks drawn from ``stream(seed, "participation", r)``,
-            r = ``state.rounds``); the others send zeros in the one allreduce; no state
+
+Either over a subset of the ranks, round r's participants (``participation`` < 1, CELGC's partial
+participation: ``hpcopt.algorithms.participation.Participating``): the others send zeros in the
+plain allreduce, nothing through a wire, and keep their error feedback.
 
 A plain reducer's fragments are reduced in flight (``Iallreduce``, overlapped with the inner
 steps that follow); a wire's are blocking (``in_flight`` False).
@@ -25,15 +26,11 @@ steps that follow); a wire's are blocking (``in_flight`` False).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import numpy as np
-
 from ..backend import array_module
 from ..comm.wire import wire_average_
-from ..rng import stream
 from .pieces import Piece
 from .state import RESET, VECTOR, Declared
 
@@ -93,41 +90,6 @@ class WireMean:
         """``x`` holds this rank's model (of ``part``); the anchor and e_i are the state's."""
         anchor = None if state.anchor is None else state.anchor[part]
         wire_average_(x, anchor, state.wire_error[part], self.wire, comm, label, self.node_round)
-
-
-@dataclass(frozen=True)
-class SubsetMean:
-    """x <- the mean over this round's participants (module docstring); no state."""
-
-    participation: float
-    seed: int
-    declared: ClassVar[tuple[Declared, ...]] = ()
-    in_flight: ClassVar[bool] = False
-
-    def participants(self, round_index: int, size: int) -> np.ndarray:
-        """The sorted ranks whose models form round ``round_index``'s mean: all of them, or
-        ceil(p N) drawn without replacement from ``stream(seed, "participation", round)``."""
-        if self.participation == 1:
-            return np.arange(size)
-        count = max(1, math.ceil(self.participation * size - 1e-9))  # 0.7 * 10 is 7.000000000000001
-        chosen = stream(self.seed, "participation", round_index).choice(size, count, replace=False)
-        return np.sort(chosen)
-
-    def new_state(self, x: Array) -> dict[str, Array]:
-        return {}
-
-    def mean_(self, x: Array, state: Any, part: slice, comm: Comm, label: str) -> None:
-        """One allreduce of ``x`` (a model or a buffer like it) at round ``state.rounds``."""
-        from mpi4py import MPI
-
-        members = self.participants(state.rounds, comm.size)
-        if members.size == comm.size:
-            comm.average_(x, label=label)
-            return
-        if comm.rank not in members:
-            x[...] = 0
-        comm.allreduce_(x, MPI.SUM, label=label)
-        x /= members.size
 
 
 PLAIN = PlainMean()

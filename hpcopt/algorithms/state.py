@@ -18,7 +18,7 @@ Counters, scalars and flags may be 0-d device arrays on the GPU (read with ``int
 
 Every per-rank field (``vector``, ``counter``, ``scalar``, ``flag``) declares its rescale policy:
 what it becomes when a run resumes on another number of ranks (``resume --ranks-changed``,
-``hpcopt.io.rescale``): ``SAME`` (equal on every rank at a checkpoint: every new rank takes it),
+``hpcopt.run.rescale``): ``SAME`` (equal on every rank at a checkpoint: every new rank takes it),
 ``AVERAGE`` (the mean over the old ranks), ``RESET`` (the value a new run starts with) or ``REFUSE``
 (meaningless on another count: such a resume is refused). The model and ``shared`` fields are
 the same on every rank once averaged, so they carry over as they are.

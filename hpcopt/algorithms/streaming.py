@@ -73,7 +73,7 @@ Array = Any
 FRAGMENT_LABEL = "fragments"
 #: The state a streaming run keeps: what this rank sent of each fragment (read only to post again
 #: a reduction in flight at a checkpoint: reset on another number of ranks, where a checkpoint
-#: with one in flight is refused, hpcopt.io.rescale), and the reductions in flight (run-time
+#: with one in flight is refused, hpcopt.run.rescale), and the reductions in flight (run-time
 #: objects, ``InFlight``).
 FRAGMENT_FIELDS = (("in_flight", VECTOR, RESET), ("reductions", SCRATCH, None))
 #: The trace column of a streaming run: the most bytes a rank had in flight at once over the
@@ -96,6 +96,8 @@ NOT_STREAMED = {
                             "the fragments' steps",
     "wire": "only with overlap 0: a compressed fragment's reduction is blocking, so there is no "
             "reduction in flight to overlap (nor one a resumed run could post again)",
+    "participation": "only with overlap 0: a subset's reduction is blocking, so there is no "
+                     "reduction in flight to overlap (nor one a resumed run could post again)",
 }
 
 
@@ -255,6 +257,14 @@ class FragmentSchedule:
         """The state's ``in_flight`` vector and the run-time buffers, for a model like ``x`` (on
         the host: ``Config`` refuses streaming on a GPU)."""
         return {"in_flight": np.zeros_like(x), "reductions": InFlight(np.zeros_like(x))}
+
+    def before_step(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
+        """Nothing: the fragments take their turns after the steps (whatever the phase of the
+        algorithm's whole-model rounds)."""
+
+    def pending(self, state: Any, comm: Comm) -> bool:
+        """None: what is in flight at the end is completed by ``drain``."""
+        return False
 
     def after_step(self, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """A group round when one is due (not at a round's end), the fragments' turn, and every

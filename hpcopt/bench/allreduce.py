@@ -1,7 +1,7 @@
 """OSU-style allreduce benchmark with the nccl-tests bandwidths, and the cost model fitted to it.
 
     mpiexec -n 2 python -m hpcopt bench allreduce [--min-bytes 4K] [--max-bytes 16M] [--json F]
-                                                  [--within node]
+                                                  [--within node] [--stream]
 
 For each message size it times, interleaved over repetitions (a barrier before each call, the
 slowest rank's time kept, the median over repetitions reported; the JSON also holds the median
@@ -20,6 +20,11 @@ rate each rank's link runs at in a ring allreduce, comparable across rank counts
 lines fit the alpha-beta model (hpcopt.comm.costmodel.fit_allreduce, in the form the model prices
 with) to the first ``--averaging`` mode and print the ``--network`` value that replays it, with
 the model's error at each size.
+
+Across nodes, ``--stream`` also measures one raw TCP stream of the largest size from the first
+node to the second in the same run (hpcopt/bench/stream.py), and prints each case's fraction of
+it: the bytes a node's link must carry in an allreduce of n bytes over m nodes, 2 (m-1)/m n (n
+at 2 nodes, whatever the algorithm), per second, over the stream's bytes per second.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from .common import (
     sizes_between,
     write_json,
 )
+from .stream import stream_rate
 
 #: ``--help``'s account of the table's cases and columns (the module docstring has the detail).
 COLUMNS = ("Cases: raw = MPI_Allreduce(IN_PLACE) of the whole buffer, then buf /= n; auto, mpi, "
@@ -122,6 +128,15 @@ def _timed_cases(mpi: MPI.Comm, buf: np.ndarray, comms: dict[str, Comm], sharing
     return reps, medians
 
 
+def _node_count(world: MPI.Comm) -> int:
+    """How many shared-memory nodes ``world``'s ranks are on (collective)."""
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    try:
+        return sum(world.allgather(node.Get_rank() == 0))
+    finally:
+        node.Free()
+
+
 def _raw(mpi: MPI.Comm, buf: np.ndarray, n: float) -> Callable[[], None]:
     def raw() -> None:
         mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
@@ -152,6 +167,24 @@ def table(results: list[dict[str, Any]], ranks: int) -> list[str]:
     return lines
 
 
+def link_bytes(nbytes: int, nodes: int) -> float:
+    """The bytes a node's link carries, at least, in an allreduce of ``nbytes`` over ``nodes``
+    nodes: its share out in the reduce-scatter and the others' shares in the allgather."""
+    return 2 * (nodes - 1) / nodes * nbytes
+
+
+def link_fractions(results: list[dict[str, Any]], nodes: int, stream: float) -> list[str]:
+    """The lines that give each case's link rate as a fraction of the raw stream's."""
+    cases = list(results[0]["seconds"])
+    lines = [f"# raw TCP stream, first node to second: {8 * stream / 1e6:.1f} Mbit/s; fraction of it each "
+             f"case's link carried (2(m-1)/m x bytes / time, m = {nodes} nodes):",
+             "| size | " + " | ".join(cases) + " |", "|---:|" + "---:|" * len(cases)]
+    for r in results:
+        cells = [f"{link_bytes(r['bytes'], nodes) / r['seconds'][c] / stream:.2f}" for c in cases]
+        lines.append(f"| {fmt_bytes(r['bytes'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="hpcopt bench allreduce", description=__doc__.splitlines()[0], epilog=COLUMNS)
     p.add_argument("--min-bytes", type=parse_bytes, default="4K", help="smallest message (4096, 64K, 16M)")
@@ -168,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="node: every node averages over its own ranks at once (what in-node calls cost "
                         "while the other nodes make theirs); rank 0 reports its node and fits --network's "
                         "memory_alpha and memory_beta")
+    p.add_argument("--stream", action="store_true",
+                   help="across nodes: also time one raw TCP stream of --max-bytes from the first node "
+                        "to the second, and print each case's fraction of it")
     args = p.parse_args(argv)
     modes = [m for m in args.averaging.split(",") if m]
     if not modes or any(m not in AVERAGING_MODES for m in modes):
@@ -179,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         n, rank = mpi.Get_size(), world.Get_rank()
         results = measure(mpi, sizes_between(args.min_bytes, args.max_bytes, args.factor), modes,
                           args.dtype, args.budget, args.min_reps, args.max_reps)
+        stream = stream_rate(world, args.max_bytes) if args.stream and not node else None
+        nodes = _node_count(world)
         if rank != 0:
             return 0
         scope = f"rank 0's node of {world.Get_size()} ranks: " if node else ""
@@ -198,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
             print("# model / measured: " + ", ".join(f"{fmt_bytes(r['bytes'])} {e:.2f}"
                                                       for r, e in zip(results, errors)))
             data["fit"] = {"case": modes[0], "alpha": net.alpha, "beta": net.beta}
+        if args.stream:
+            if stream is None:
+                print("# raw TCP stream: not measured (one node, or no address of the second node answered)")
+            else:
+                print("\n".join(link_fractions(results, nodes, stream)))
+            data["stream"] = {"bytes_per_second": stream, "nodes": nodes}
         write_json(args.json, data)
         return 0
     finally:

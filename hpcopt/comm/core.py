@@ -99,7 +99,7 @@ class CommStats:
     #: label has one. The cost model reads it; ``reset`` keeps it.
     rails: dict[str, int] = field(default_factory=dict)
     #: With ``--timeline``: told (op, label, seconds) of each call once it is counted, the call
-    #: having ended just now (``hpcopt.io.timeline.Recorder.communicated``); not of the seconds
+    #: having ended just now (``hpcopt.run.recorder.Recorder.communicated``); not of the seconds
     #: in flight (IN_FLIGHT), which overlap the computation.
     spans: Callable[[str, str, float], None] | None = None
 
@@ -719,3 +719,25 @@ def agreed(build: Callable[[], T], comm: Comm, label: str = "preflight") -> T:
         everyone_agrees = len(errors) == comm.size and all(m == text for _, m in errors)
         raise HpcoptError(text if everyone_agrees else f"rank {rank}: {text}", everywhere=True)
     return result  # type: ignore[return-value]
+
+
+def prepare_progress(mode: str, comm: Comm) -> None:
+    """Make ``mode`` real on ``comm`` (collective): MPICH's progress thread must be on already
+    (HpcoptError on every rank otherwise, naming why); the communication thread is started."""
+    if mode == "calls":
+        return
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise HpcoptError(f"--comm-progress {mode} needs an MPI library with MPI_THREAD_MULTIPLE",
+                          everywhere=True)
+    if mode == "mpich-thread":
+        if not MPI.Get_library_version().startswith("MPICH"):
+            raise HpcoptError("--comm-progress mpich-thread needs MPICH (this MPI is "
+                              f"{MPI.Get_library_version().split(chr(10))[0].strip()}); "
+                              "use --comm-progress comm-thread", everywhere=True)
+        if progress_mode() != "thread":
+            raise HpcoptError(f"--comm-progress mpich-thread: MPI started without its progress thread "
+                              f"({MPICH_ASYNC}=1 is read only as MPI starts): give the option on the "
+                              f"hpcopt command line, or set {MPICH_ASYNC}=1 in the job's environment",
+                              everywhere=True)
+        return
+    comm.start_comm_thread()

@@ -432,3 +432,69 @@ def project_wall(wall: np.ndarray, measured_comm: np.ndarray, modelled_comm: np.
     modelled communication there (computation taken as unchanged; waiting for a slower rank,
     which the measured communication includes, is then counted as communication and removed)."""
     return np.asarray(wall) - np.asarray(measured_comm) + np.asarray(modelled_comm)
+
+
+# -- the wall clock per step -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepModel:
+    """The wall seconds a training run is modelled to take per step: its computation plus its
+    communication, less what overlap hid.
+
+    ``compute`` is the seconds of one local step (forward, backward, update) on the run's own
+    cores and their load, measured where nothing is communicated (``fit_compute``: the ranks
+    of a run on the same cores share them, so a step's seconds there hold that sharing, and
+    whatever else runs on the cores). A window of ``steps`` steps whose calls the model prices
+    at ``modelled`` seconds (``comm_modelled`` or the trace's ``modelled`` counters: a
+    non-blocking reduction already less the computation that hid it, ``HIDDEN``) takes::
+
+        wall = steps * compute + modelled
+
+    every rank waiting in each call until the last has arrived, so a call's price is paid once
+    per call and not per rank. ``round_compute`` adds what a round spends outside its calls on
+    the slowest rank's path (a compressed round's encoding and decoding: ``fit_round_compute``),
+    once per round of the window. What the model leaves out, and the check against measured wall
+    time shows: an outer optimizer's step, and a slower rank's extra computation between calls.
+    """
+
+    compute: float
+    round_compute: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in (("a step's compute", self.compute), ("a round's compute", self.round_compute)):
+            if not (value >= 0 and math.isfinite(value)):
+                raise HpcoptError(f"{name} seconds must be finite and >= 0, got {value}")
+
+    def wall(self, steps: float, modelled: float, rounds: float = 0) -> float:
+        """Modelled wall seconds of ``steps`` steps and ``rounds`` rounds whose calls are
+        modelled at ``modelled`` s."""
+        return steps * self.compute + rounds * self.round_compute + modelled
+
+    def per_step(self, steps: float, modelled: float, rounds: float = 0) -> float:
+        """Modelled wall seconds per step of such a window."""
+        return self.wall(steps, modelled, rounds) / steps if steps else math.nan
+
+
+def fit_compute(wall: float, measured_comm: float, steps: float) -> StepModel:
+    """The step model of a run that communicates (almost) nothing: its wall seconds over
+    ``steps`` steps less the seconds its calls took (``measured_comm``), per step."""
+    if steps <= 0 or wall < 0:
+        raise HpcoptError("fitting a step's compute seconds needs > 0 steps and a wall time >= 0")
+    return StepModel(max(0.0, wall - measured_comm) / steps)
+
+
+def fit_round_compute(seconds: float, modelled: float) -> float:
+    """A round's seconds outside its calls: its measured wall seconds (the slowest rank's, the
+    round alone, ``benchmarks/cluster/wire_rounds.py``) less the modelled seconds of its calls
+    (``comm_modelled`` of its counters), at least 0."""
+    return max(0.0, seconds - modelled)
+
+
+def trace_window(steps: np.ndarray, wall: np.ndarray, modelled: np.ndarray,
+                 first: int = 0) -> tuple[float, float, float]:
+    """(steps, measured wall seconds, modelled seconds of the calls) between trace row ``first``
+    and the last row: the window that leaves a run's start-up (the first row's steps) out."""
+    if steps.size <= first + 1:
+        raise HpcoptError(f"a trace window needs more than {first + 1} rows, the trace has {steps.size}")
+    return (float(steps[-1] - steps[first]), float(wall[-1] - wall[first]),
+            float(modelled[-1] - modelled[first]))

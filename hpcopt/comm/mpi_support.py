@@ -31,6 +31,13 @@ def mpi_library() -> str:
     return " ".join("".join(ch for ch in first if ch.isprintable()).split())
 
 
+def library_versions() -> dict[str, str]:
+    """mpi4py's version and the MPI library's (``mpi_library``), as a run's files store them."""
+    import mpi4py
+
+    return {"mpi4py_version": mpi4py.__version__, "mpi_library": mpi_library()}
+
+
 def open_mpi() -> bool:
     """Whether the MPI library mpi4py loaded is Open MPI (whose ``mpirun`` kills the ranks it
     forwards SIGTERM or SIGINT to: docs/failures.md, "Launchers")."""

@@ -24,15 +24,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
-
-from ..errors import HpcoptError
-
-if TYPE_CHECKING:
-    from .core import Comm
 
 PROGRESS_MODES = ("calls", "mpich-thread", "comm-thread")
 #: The environment variable that turns MPICH's progress thread on, read by ``MPI_Init``.
@@ -126,30 +120,6 @@ class CommThread:
         job.finished = time.perf_counter()
         job.done.set()
         return True
-
-
-def prepare(mode: str, comm: Comm) -> None:
-    """Make ``mode`` real on ``comm`` (collective): MPICH's progress thread must be on already
-    (HpcoptError on every rank otherwise, naming why); the communication thread is started."""
-    if mode == "calls":
-        return
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        raise HpcoptError(f"--comm-progress {mode} needs an MPI library with MPI_THREAD_MULTIPLE",
-                          everywhere=True)
-    if mode == "mpich-thread":
-        if not MPI.Get_library_version().startswith("MPICH"):
-            raise HpcoptError("--comm-progress mpich-thread needs MPICH (this MPI is "
-                              f"{MPI.Get_library_version().split(chr(10))[0].strip()}); "
-                              "use --comm-progress comm-thread", everywhere=True)
-        from .core import progress_mode
-
-        if progress_mode() != "thread":
-            raise HpcoptError(f"--comm-progress mpich-thread: MPI started without its progress thread "
-                              f"({MPICH_ASYNC}=1 is read only as MPI starts): give the option on the "
-                              f"hpcopt command line, or set {MPICH_ASYNC}=1 in the job's environment",
-                              everywhere=True)
-        return
-    comm.start_comm_thread()
 
 
 def hidden_fraction(held: float, own: float) -> float:

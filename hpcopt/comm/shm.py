@@ -85,6 +85,14 @@ SHM_AVERAGE_MIN_BYTES = 128 << 10
 #: 256 KB 1.10-1.26, 512 KB 1.00-1.12, 1 MB 1.00-1.07, 2 MB 1.05-1.17, 4 MB 1.09-1.67; 4 ranks:
 #: 512 KB 1.01-1.09, 1 MB 1.00-1.02, 2 MB 1.10-1.13.
 SHM_CHUNK_BYTES = 1 << 20
+#: The chunk where the averager spans nodes: each chunk's inter-node step is one blocking allreduce
+#: per owner, and the link idles between them (the pipeline's barrier, the in-node sums of the
+#: next chunk). 16 MB allreduces, 2 nodes x 2 ranks on 2 shared cores, 1 Gbit/s emulated links,
+#: load 13-18 (docs/results/clusters.md, "Across the nodes"): the link carried 0.26-0.33 of a
+#: raw TCP stream's rate with 1 MB chunks, 0.73-0.82 with 4 MB, 0.77-0.79 with 16 MB, 0.08-0.31
+#: with 256 KB. Per element the sums are those of any chunk size (the rows in a fixed order, then
+#: the nodes' allreduce), so the bits are the same.
+SHM_CHUNK_BYTES_ACROSS_NODES = 4 << 20
 
 INTER_MODES = ("owners", "leaders")
 
@@ -151,10 +159,10 @@ class ShmAverager:
     """
 
     def __init__(self, mpi: MPI.Comm, *, ranks_per_node: int | None = None, inter: str = "owners",
-                 chunk_bytes: int = SHM_CHUNK_BYTES) -> None:
+                 chunk_bytes: int | None = None) -> None:
         if inter not in INTER_MODES:
             raise ValueError(f"inter must be one of {INTER_MODES}, got {inter!r}")
-        if chunk_bytes < _LINE:
+        if chunk_bytes is not None and chunk_bytes < _LINE:
             raise ValueError(f"chunk_bytes must be at least {_LINE}, got {chunk_bytes}")
         if ranks_per_node is not None and ranks_per_node < 1:
             raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
@@ -174,6 +182,8 @@ class ShmAverager:
         mpi.Allreduce(MPI.IN_PLACE, counts[2:], op=MPI.SUM)
         self.min_node_size, self.max_node_size, self.nodes = int(counts[0]), int(-counts[1]), int(counts[2])
         self.inter_mode = inter
+        if chunk_bytes is None:
+            chunk_bytes = SHM_CHUNK_BYTES if self.nodes == 1 else SHM_CHUNK_BYTES_ACROSS_NODES
         self.chunk_bytes = chunk_bytes
         self._row_bytes = chunk_bytes // _LINE * _LINE  # every window slot starts on a cache line
 

@@ -34,9 +34,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..backend import Backend, get_backend
-from ..child import run_module
+from ..child import child_environment, run_module
 from ..errors import HpcoptError
-from .mpi_support import cuda_aware_mpi
+from .mpi_support import cuda_aware_mpi, singleton_environment
 
 if TYPE_CHECKING:  # core.py imports this module
     from .core import Comm
@@ -84,9 +84,10 @@ def choose_path(query: bool | None, query_why: str, override: bool | None) -> Pa
 
 def run_selftest(device: int, memory: str = "cuda", timeout: float = SELFTEST_TIMEOUT) -> str | None:
     """Run ``hpcopt.comm.gpu_selftest`` on ``device`` in a child process that initializes MPI on its
-    own; None when it passed, else what went wrong (one line)."""
+    own (it reads no config: no algorithm registered here is named to it); None when it passed,
+    else what went wrong (one line)."""
     result = run_module("hpcopt.comm.gpu_selftest", ["--device", str(device), "--memory", memory],
-                        timeout)
+                        timeout, child_environment(singleton_environment()))
     if result.ok:
         return None
     if result.signal:

@@ -4,73 +4,24 @@ SHA-256 content digest (``digest.py``).
 
 Both are plain HDF5 that h5py opens without hpcopt; their layouts are in docs/formats.md. Files
 are data only: numbers, strings, TOML and JSON text, read with tomllib and json, never pickle.
-h5py is imported inside functions, so ``import hpcopt`` does not load it. Readers turn every
-problem with a file into one ``HpcoptError`` line that names the file.
+h5py is imported inside functions, so ``import hpcopt`` does not load it. Readers open a file
+with ``structure.open_for_reading`` and turn every problem with it into one ``HpcoptError``
+line that names the file. This package holds the formats alone: host arrays in and out, no MPI
+(the collective parts of saving, restoring and tracing are ``hpcopt.run``'s).
 """
 
 from __future__ import annotations
 
 import json
 import platform
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import HpcoptError
 
-if TYPE_CHECKING:
-    import h5py
-
-    from ..config import Config
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Exceptions h5py and numpy raise on a damaged file or an unexpected object; readers map them
 #: to HpcoptError.
 READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
-
-
-def open_for_reading(path: str | Path, what: str, ratio: float = 1.0, slack: int = 0) -> h5py.File:
-    """Open an HDF5 file read-only, or raise a HpcoptError saying why it cannot be a ``what``.
-
-    It must be a regular file (``safe_files.open_regular``), checked without blocking. Before
-    anything in it is opened by name, its links and datasets are checked
-    (``structure.check_structure``, with ``ratio`` and ``slack`` bounding the data it may
-    declare): no link is ever followed out of the file, whoever opens it, vetted or not. File
-    locking is off so that a trace can be read while its run is still writing it.
-    """
-    import h5py
-
-    from .safe_files import open_regular
-    from .structure import check_structure
-
-    path = Path(path)
-    try:
-        with open_regular(path, what) as handle:  # a FIFO or a device: refused, never waited on
-            head = handle.read(len(HDF5_SIGNATURE))
-    except FileNotFoundError:
-        raise HpcoptError(f"{what} not found: {path}") from None
-    except OSError as exc:
-        raise HpcoptError(f"cannot read {what} {path}: {exc.strerror}") from None
-    if head != HDF5_SIGNATURE:
-        raise HpcoptError(f"{path} is not an HDF5 file (expected a {what})")
-    try:
-        f = h5py.File(path, "r", locking=False)
-    except READ_ERRORS:
-        raise HpcoptError(f"{path} is a damaged or truncated HDF5 file (expected a {what})") from None
-    try:
-        check_structure(f, path, what, ratio, slack)
-    except READ_ERRORS as exc:
-        f.close()
-        raise HpcoptError(f"{path} is a damaged {what} ({described(exc)})") from None
-    except HpcoptError:
-        f.close()
-        raise
-    return f
 
 
 def check_format(attrs: Any, path: Path, name: str, version: int | tuple[int, ...], what: str) -> None:
@@ -131,29 +82,13 @@ def json_attr(attrs: Any, key: str, path: Path) -> Any:
         raise HpcoptError(f"{path}: attribute {key!r} is not valid JSON") from None
 
 
-def config_from_toml(text: str, path: Path) -> Config:
-    """The run configuration stored as TOML text, parsed and validated (``config_from_stored``)."""
-    from ..algorithms.registration import NotRegistered, written_by_unknown
-    from ..config import config_from_stored
-
-    try:
-        return config_from_stored(tomllib.loads(text))
-    except tomllib.TOMLDecodeError as exc:
-        raise HpcoptError(f"{path}: the stored config is not valid TOML ({exc})") from None
-    except NotRegistered as exc:  # a plugin's algorithm, not installed here: not an invalid file
-        raise written_by_unknown(exc, path) from None
-    except HpcoptError as exc:
-        raise HpcoptError(f"{path}: the stored config is invalid: {exc}") from None
-
-
 def versions() -> dict[str, str]:
-    """Versions of hpcopt and the libraries that wrote a file (stored as attributes)."""
+    """Versions of hpcopt and the libraries that write a file (stored as attributes); a run's
+    files also name its MPI (``hpcopt.comm.mpi_support.library_versions``)."""
     import h5py
-    import mpi4py
     import numpy as np
 
     from .. import __version__
-    from ..comm.mpi_support import mpi_library
 
     return {
         "hpcopt_version": __version__,
@@ -161,6 +96,4 @@ def versions() -> dict[str, str]:
         "numpy_version": np.__version__,
         "h5py_version": h5py.version.version,
         "hdf5_version": h5py.version.hdf5_version,
-        "mpi4py_version": mpi4py.__version__,
-        "mpi_library": mpi_library(),
     }

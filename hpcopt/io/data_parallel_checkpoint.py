@@ -8,16 +8,16 @@ its column names), each rank's sampler position (with the seed in the config, th
 whole random state: every draw comes from a stream keyed by (seed, purpose, rank, epoch, ...)),
 an LSTM's hidden state, the trace window in progress, rank 0's communication counters, the
 resolved config as TOML, the world size, versions and a format version. Nothing here knows an
-algorithm: a new one's state is saved and restored by its declarations.
+algorithm, nor a run: host arrays go in and out, and a run's state is saved and restored by its
+declarations (``hpcopt.run.checkpointing``, where the ranks' parts meet on rank 0).
 
 Writing is atomic: the file is written as ``NAME.tmp``, flushed, fsynced, renamed to ``NAME``
 and the directory fsynced, so a crash or kill at any moment leaves the previous checkpoint
-intact; readers never take a ``.tmp`` file. Rank 0 is the only writer: the small per-rank
-tables are gathered, and per-rank vectors arrive one rank at a time (a writer holds one model
-in memory, not N), all on the label "checkpoint". Committing seals the file with a SHA-256
-content digest (hpcopt.io.digest) that reading verifies before anything else, once per reader;
-reading then validates everything it returns and raises one HpcoptError line for any problem, so a
-bad file is never partly loaded.
+intact; readers never take a ``.tmp`` file. Rank 0 is the only writer, a per-rank vector's rows
+added one rank at a time (``CheckpointWriter.row``: a writer holds one model in memory, not N).
+Committing seals the file with a SHA-256 content digest (hpcopt.io.digest) that reading
+verifies before anything else, once per reader; reading then validates everything it returns
+and raises one HpcoptError line for any problem, so a bad file is never partly loaded.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,32 +33,25 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms import state as fields
-from ..algorithms.registration import registry
-from ..backend import Backend
-from ..comm import Comm, OpCounter, agreed
-from ..config import Config, to_toml
+from ..config import Config, clips, config_from_toml, to_toml
 from ..errors import HpcoptError
 from ..flat import ParamLayout
 from . import (
     READ_ERRORS,
     check_format,
-    config_from_toml,
     int_attr,
     json_attr,
-    open_for_reading,
     text_attr,
     versions,
 )
-from .digest import check_sealed, refuse_damaged, seal
-from .safe_files import check_regular
+from .digest import check_sealed, damaged, refuse_damaged, seal
+from .safe_files import HDF5Writing, check_regular, publish
+from .structure import open_for_reading
 from .trace import FILE_NAME as TRACE_FILE
-from .writing import HDF5Writing, publish
 
 FORMAT = "hpcopt-checkpoint"
 VERSION = 3  # 2: the content digest (root attribute content_sha256); 3: the state as declared
 READABLE = (2, 3)
-LABEL = "checkpoint"
 TMP_SUFFIX = ".tmp"
 NAME_PATTERN = re.compile(r"^step-(\d+)\.h5$")
 SUBDIR = "checkpoints"
@@ -75,7 +68,6 @@ HIDDEN = "hidden"
 V2_CLIPPING = "clipping"
 RNG_NOTE = ("every random draw comes from hpcopt.rng.stream(seed, purpose, *key), a pure function "
             "of its key; a rank's random state is the seed (config) and its sampler row")
-_TAG = 7301
 #: Every dataset carries HDF5's Fletcher-32 checksum per chunk: a flipped bit in the numbers is
 #: a read error (a HpcoptError), never a silently different model; any HDF5 reader checks it.
 CHECKSUMMED = {"fletcher32": True}
@@ -109,37 +101,6 @@ class Checkpoint:
     shared: dict[str, np.ndarray] = field(default_factory=dict)   # vectors the same on every rank
 
 
-def checkpoint_path(out: Path, tick: int) -> Path:
-    return out / SUBDIR / f"step-{tick:09d}.h5"
-
-
-def run_directory(path: Path) -> Path | None:
-    """The run directory of a checkpoint: the folder above the ``checkpoints/`` it lies in (so
-    a moved run directory still works); None for a checkpoint outside one. Never the ``out``
-    its config names: a file does not choose where a run writes. Written as ``path`` is (a
-    relative path stays relative) unless links make the folder another one."""
-    given, resolved = Path(path), Path(path).resolve()
-    if resolved.parent.name != SUBDIR:
-        return None
-    home = resolved.parent.parent
-    as_given = given.parent.name == SUBDIR and given.parent.parent.resolve() == home
-    return given.parent.parent if as_given else home
-
-
-def has_checkpoints(out: Path) -> bool:
-    return bool(_complete(out / SUBDIR))
-
-
-def checkpoints(out: Path) -> list[Path]:
-    """The complete checkpoints of run directory ``out``, oldest first."""
-    return [path for _, path in _complete(out / SUBDIR)]
-
-
-def checkpoints_after(out: Path, tick: int) -> list[Path]:
-    """The complete checkpoints of run directory ``out`` past clock tick ``tick``, oldest first."""
-    return [path for at, path in _complete(out / SUBDIR) if at > tick]
-
-
 def run_id_of(path: Path) -> str | None:
     """The ``run_id`` attribute of a checkpoint or trace, read alone; None where it cannot be
     read (a damaged file, or no regular file: a FIFO is never opened; its owner is unknown)."""
@@ -163,7 +124,7 @@ def find_checkpoint(path: str | Path) -> Path:
     if not path.is_dir():
         return path
     for directory in (path / SUBDIR, path):
-        found = _complete(directory)
+        found = complete(directory)
         if found:
             return found[-1][1]
     if (path / TRACE_FILE).is_file():
@@ -172,42 +133,34 @@ def find_checkpoint(path: str | Path) -> Path:
     raise HpcoptError(f"no checkpoint in {path}")
 
 
-def _complete(directory: Path) -> list[tuple[int, Path]]:
-    """(tick, path) of the complete checkpoints in ``directory``, oldest first."""
+def complete(directory: Path) -> list[tuple[int, Path]]:
+    """(tick, path) of the complete checkpoints in ``directory`` (named ``NAME_PATTERN``; never a
+    ``*.tmp`` file), oldest first."""
     if not directory.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := NAME_PATTERN.match(p.name))]
     return sorted(found)
 
 
-def prune(directory: Path, keep: int, run_id: str) -> None:
-    """Delete all but the newest ``keep`` checkpoints of run ``run_id``, and leftovers of
-    interrupted writes. A file of another run, or one whose run cannot be read, is never
-    deleted (nor counted)."""
-    ours = [path for _, path in _complete(directory) if run_id_of(path) == run_id]
-    for path in ours[:-keep]:
-        path.unlink(missing_ok=True)
-    for path in directory.glob(f"*{TMP_SUFFIX}"):
-        path.unlink(missing_ok=True)
-
-
 class CheckpointWriter:
     """Writes one checkpoint file atomically; rows of per-rank vectors are added one at a time.
 
     ``with CheckpointWriter(path, ckpt, names) as w: w.row(name, rank, values); ...; w.commit(comm)``
-    writes everything in ``ckpt`` except ``rows`` and ``comm`` on entry; ``commit`` adds the
-    communication counters, then closes, fsyncs and renames. Leaving the block without
+    writes everything in ``ckpt`` except ``rows`` and ``comm`` on entry (its root attributes
+    name the ``software`` that wrote it: ``hpcopt.io.versions`` when not given); ``commit`` adds
+    the communication counters, then closes, fsyncs and renames. Leaving the block without
     ``commit`` (an exception) deletes the temporary file; a killed process leaves it behind,
-    where readers ignore it and the next ``prune`` deletes it. A write that fails (a full disk:
-    ``hpcopt.io.writing``) stops the writing but not the block, so rank 0 goes on receiving
-    every rank's rows; ``commit`` raises it (one HpcoptError line naming the file and the free
-    space) and the temporary file is deleted.
+    where readers ignore it and the next prune deletes it (``hpcopt.run.directory.prune``). A
+    write that fails (a full disk: ``hpcopt.io.safe_files``) stops the writing but not the
+    block, so rank 0 goes on receiving every rank's rows; ``commit`` raises it (one HpcoptError
+    line naming the file and the free space) and the temporary file is deleted.
     """
 
     def __init__(self, path: Path, ckpt: Checkpoint, names: Sequence[str],
-                 widths: dict[str, int] | None = None) -> None:
+                 widths: dict[str, int] | None = None, software: Mapping[str, str] | None = None) -> None:
         self.path, self.ckpt, self.names = path, ckpt, tuple(names)
         self.widths = widths or {}  # per-rank vectors not of the model's size (hidden, buffers)
+        self.software = versions() if software is None else software  # who writes it (``header_attrs``)
         self.tmp = path.with_name(path.name + TMP_SUFFIX)
         self.committed = False
 
@@ -218,7 +171,7 @@ class CheckpointWriter:
 
     def _create(self, f: Any) -> None:
         ckpt, d = self.ckpt, self.ckpt.model.size
-        f.attrs.update(header_attrs(FORMAT, VERSION, ckpt))
+        f.attrs.update(header_attrs(FORMAT, VERSION, ckpt, self.software))
         write_model(f, ckpt.layout, ckpt.model, **CHECKSUMMED)
         ranks = f.create_group("ranks")
         ranks.attrs["rng"] = RNG_NOTE
@@ -265,10 +218,12 @@ def _table(columns: dict[str, np.ndarray], size: int, dtype: Any) -> np.ndarray:
         if columns else np.zeros((size, 0), dtype=dtype)
 
 
-def header_attrs(format_name: str, version: int, ckpt: Any) -> dict[str, Any]:
+def header_attrs(format_name: str, version: int, ckpt: Any, software: Mapping[str, str]) -> dict[str, Any]:
     """The root attributes of either kind of checkpoint (``ckpt``: a Checkpoint or a
-    pipeline checkpoint): format, versions, the config as TOML, where the run stands."""
-    return {"format": format_name, "format_version": version, **versions(),
+    pipeline checkpoint): format, the ``software`` that wrote it (``hpcopt.io.versions``, with
+    the MPI library's for a run's: ``hpcopt.run.checkpointing.written_by``), the config as TOML,
+    where the run stands."""
+    return {"format": format_name, "format_version": version, **software,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "algorithm": ckpt.config.algorithm.algorithm, "config": to_toml(ckpt.config),
             "run_id": ckpt.run_id, "world_size": ckpt.world_size, "tick": ckpt.tick,
@@ -296,23 +251,20 @@ def opened(path: str | Path) -> Iterator[tuple[Path, Any]]:
             raise damaged(path, exc) from None
 
 
-def damaged(path: Path, exc: BaseException) -> HpcoptError:
-    return HpcoptError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})")
-
-
 def sampler_columns(config: Config) -> tuple[str, ...]:
     """The columns of ``/ranks/sampler``: a minibatch sampler's, or a BPTT sampler's (corpora)."""
     return BPTT_SAMPLER_COLUMNS if config.model.model == "lstm" else SAMPLER_COLUMNS
 
 
 def _window_columns(config: Config) -> tuple[str, ...]:
-    return CLIP_WINDOW_COLUMNS if registry()[config.algorithm.algorithm].clips else WINDOW_COLUMNS
+    return CLIP_WINDOW_COLUMNS if clips(config) else WINDOW_COLUMNS
 
 
-def write_checkpoint(path: Path, ckpt: Checkpoint) -> None:
-    """Write a checkpoint held entirely in memory (``rows`` of every rank)."""
+def write_checkpoint(path: Path, ckpt: Checkpoint, software: Mapping[str, str] | None = None) -> None:
+    """Write a checkpoint held entirely in memory (``rows`` of every rank); ``software`` as
+    ``CheckpointWriter`` takes it."""
     widths = {name: rows.shape[1] for name, rows in ckpt.rows.items()}
-    with CheckpointWriter(path, ckpt, list(ckpt.rows), widths) as writer:
+    with CheckpointWriter(path, ckpt, list(ckpt.rows), widths, software) as writer:
         for name, rows in ckpt.rows.items():
             for rank in range(ckpt.world_size):
                 writer.row(name, rank, rows[rank])
@@ -325,7 +277,7 @@ def read_checkpoint(path: str | Path, rank: int | None = None,
                     world_size: int | None = None, verify: bool = True) -> Checkpoint:
     """Read and validate a checkpoint: every rank's vectors, or only those of ``rank`` (of a
     run on ``world_size`` ranks, which must be the size that wrote it). ``verify=False`` skips
-    the content digest, for a job whose rank 0 has checked it (``hpcopt.io.vet``): hashing
+    the content digest, for a job whose rank 0 has checked it (``hpcopt.run.vetting``): hashing
     reads the whole file, and N ranks each hashing it would read it N times.
 
     Raises HpcoptError (one line, naming the file) for anything wrong; nothing in the file is
@@ -349,13 +301,9 @@ def stored_config(path: str | Path) -> tuple[Path, Config]:
             raise refuse_damaged(f, path, FORMAT, READABLE, "checkpoint", exc) from None
 
 
-def checkpoint_world_size(run: str | Path) -> int:
-    """The number of ranks that wrote the newest checkpoint of ``run`` (a run directory or a
-    checkpoint), once a child process has read the file whole (hpcopt.io.vet); HpcoptError (one
-    line) where it cannot be read."""
-    from .vet import vet_checkpoint
-
-    path = vet_checkpoint(run)
+def checkpoint_world_size(path: str | Path) -> int:
+    """The number of ranks that wrote the checkpoint ``path`` (vetted by the caller:
+    hpcopt.run.vetting); HpcoptError (one line) where it cannot be read."""
     with opened(path) as (path, f):
         return int_attr(f.attrs, "world_size", path, minimum=1)
 
@@ -474,174 +422,6 @@ def comm_rows(f: Any, path: Path) -> list[CommRow]:
     return [(r[0], r[1], r[2], r[3], float(r[4]), *(r[5:] or (0, 0))) for r in rows]
 
 
-# -- a distributed run <-> a checkpoint ---------------------------------------------------------
-
-@dataclass
-class Position:
-    """Where a run stands when a checkpoint is taken (the file's root attributes)."""
-
-    config: Config
-    layout: ParamLayout
-    tick: int                 # the algorithm's clock
-    run_id: str
-    trace_rows: int           # rows of the run's trace on disk
-    wall_seconds: float
-
-
-@dataclass(frozen=True)
-class RankNumbers:
-    """A rank's numbers as a checkpoint stores them: its counters and sampler row (``ints``,
-    int64) and its scalars and flags (``reals``, float64), in the order of their names."""
-
-    counters: tuple[str, ...]
-    scalars: tuple[str, ...]  # scalars and flags
-    ints: np.ndarray
-    reals: np.ndarray
-
-    def unpacked(self, ints: np.ndarray, reals: np.ndarray | None
-                 ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
-        """Every rank's ``ints`` and ``reals``, gathered (a row per rank), as a checkpoint holds
-        them: the counters, the sampler rows, the scalars and flags (none when ``reals`` is None)."""
-        scalars = {n: reals[:, i] for i, n in enumerate(self.scalars)} if reals is not None else {}
-        return {n: ints[:, i] for i, n in enumerate(self.counters)}, ints[:, len(self.counters):], scalars
-
-
-def rank_numbers(state: Any, sampler_state: dict[str, int], config: Config) -> RankNumbers:
-    """This rank's counters, sampler position, scalars and flags (``RankNumbers``)."""
-    counters = fields.numbers(state, fields.COUNTER)
-    reals = {**fields.numbers(state, fields.SCALAR), **fields.numbers(state, fields.FLAG)}
-    ints = np.array([*counters.values(), *(sampler_state[k] for k in sampler_columns(config))], np.int64)
-    return RankNumbers(tuple(counters), tuple(reals), ints, np.array(list(reals.values()), np.float64))
-
-
-def save(path: Path, comm: Comm, at: Position, state: Any, *, synchronized: bool, model: Any,
-         sampler: Any, window: np.ndarray, hidden: Any = None,
-         before_commit: Callable[[], None] | None = None) -> None:
-    """Collective (every rank, at the same clock tick): rank 0 writes ``path`` atomically.
-
-    ``state`` is saved as its class declares (``hpcopt.algorithms.state``); ``model`` is the
-    averaged model (every rank holds it), and each rank's model field is stored only when the
-    ranks' models differ (not ``synchronized``). ``hidden`` (an LSTM's state) is this rank's
-    flat vector, stored for every rank when given. Rank 0's communication counters are stored
-    after all of this checkpoint's traffic. ``before_commit`` runs on rank 0 just before the
-    file is published (a debug fault, hpcopt.run.faults).
-    """
-    to_host = comm.backend.to_host
-    numbers = rank_numbers(state, sampler.state(), at.config)
-    all_ints = comm.gather(numbers.ints, LABEL)
-    all_reals = comm.gather(numbers.reals, LABEL) if numbers.scalars else None
-    all_window = comm.gather(window, LABEL)
-    vectors = {name: getattr(state, name) for name in fields.present(state, fields.VECTOR)}
-    if not synchronized:
-        vectors = {name: getattr(state, name) for name in fields.fields_of(state, fields.MODEL)} | vectors
-    if hidden is not None:
-        vectors[HIDDEN] = hidden
-    names = list(vectors)
-    if comm.rank != 0:
-        copies = [to_host(vectors[n]) for n in names]
-        comm.waitall([comm.isend(c, 0, _TAG + i, LABEL) for i, c in enumerate(copies)], LABEL)
-        agreed(lambda: None, comm, LABEL)
-        return
-    if all_ints is None or all_window is None:  # gathered to rank 0, where this runs
-        raise RuntimeError("Comm.gather returned no rows on its root, rank 0")
-    counters, sampler_rows, scalars = numbers.unpacked(all_ints, all_reals)
-    ckpt = Checkpoint(config=at.config, world_size=comm.size, tick=at.tick, run_id=at.run_id,
-                      trace_rows=at.trace_rows, wall_seconds=at.wall_seconds, layout=at.layout,
-                      model=to_host(model), counters=counters, sampler=sampler_rows, window=all_window,
-                      scalars=scalars,
-                      shared={n: to_host(getattr(state, n)) for n in fields.present(state, fields.SHARED)})
-    widths = {n: int(vectors[n].size) for n in names}
-    failure: HpcoptError | None = None
-    with CheckpointWriter(path, ckpt, names, widths) as writer:
-        for i, name in enumerate(names):  # received whole even after a failed write
-            writer.row(name, 0, to_host(vectors[name]))
-            buffer = np.empty(widths[name], dtype=ckpt.model.dtype)
-            for source in range(1, comm.size):
-                comm.waitall([comm.irecv_(buffer, source, _TAG + i, LABEL)], LABEL)
-                writer.row(name, source, buffer)
-        if before_commit is not None:
-            before_commit()
-        try:
-            writer.commit(with_agreement(comm.stats.stored_rows(), comm.in_node))
-        except HpcoptError as exc:
-            failure = exc
-    agreed(lambda: _raise(failure), comm, LABEL)
-
-
-def with_agreement(rows: list[CommRow], in_node: bool) -> list[CommRow]:
-    """Rank 0's communication counters as they stand once the checkpoint's last collective is
-    done: the allgather (label "checkpoint", no payload; on a communicator within one node when
-    ``in_node``) in which every rank learns whether the file was written, so that a failed
-    write ends every rank with one line. A resumed run continues from these, as the
-    uninterrupted run continues after that allgather."""
-    counted = {(row[0], row[1]): row for row in rows}
-    _, _, calls, nbytes, seconds, node_calls, node_bytes = counted.get(
-        ("allgather", LABEL), ("allgather", LABEL, 0, 0, 0.0, 0, 0))
-    counted[("allgather", LABEL)] = ("allgather", LABEL, calls + 1, nbytes, seconds,
-                                     node_calls + int(in_node), node_bytes)
-    return [counted[key] for key in sorted(counted)]
-
-
-def _raise(failure: HpcoptError | None) -> None:
-    if failure is not None:
-        raise failure
-
-
-def restore(ckpt: Checkpoint, rank: int, state: Any, sampler: Any, backend: Backend,
-            load_hidden: Any = None) -> np.ndarray:
-    """Put this rank's part of ``ckpt`` (read for ``rank``) into a fresh run's ``state`` (every
-    field its class declares); returns the trace window to continue. Everything is checked
-    before anything changes, so a refusal (HpcoptError) leaves the run as it was built."""
-    path, row = ckpt.path, ckpt.ranks.index(rank)
-    model_fields = fields.fields_of(state, fields.MODEL)
-    wanted = {name: getattr(state, name) for name in fields.present(state, fields.VECTOR)}
-    stored = {name: values for name, values in ckpt.rows.items() if name not in (HIDDEN, *model_fields)}
-    for name in sorted(set(wanted) ^ set(stored)):
-        raise HpcoptError(f"{path}: ranks/{name} is {'missing' if name in wanted else 'unexpected'}")
-    shared = {name: getattr(state, name) for name in fields.present(state, fields.SHARED)}
-    for name in sorted(set(shared) ^ set(ckpt.shared)):
-        raise HpcoptError(f"{path}: shared/{name} is {'missing' if name in shared else 'unexpected'}")
-    for name, values in [*stored.items(), *((n, v[None]) for n, v in ckpt.shared.items())]:
-        target = wanted[name] if name in wanted else shared[name]  # one holds it: checked above
-        if values.shape[1] != target.size:
-            raise HpcoptError(f"{path}: its {name} has {values.shape[1]} values, "
-                              f"this run needs {target.size}")
-    for table, kinds in (("counters", (fields.COUNTER,)), ("scalars", (fields.SCALAR, fields.FLAG))):
-        missing = set(fields.fields_of(state, *kinds)) - set(getattr(ckpt, table))
-        if missing:
-            raise HpcoptError(f"{path}: /ranks/{table} lacks {', '.join(sorted(missing))}")
-    try:
-        sampler.restore(dict(zip(sampler_columns(ckpt.config), (int(v) for v in ckpt.sampler[rank]))))
-    except HpcoptError as exc:  # the sampler knows the numbers, not the file they came from
-        raise HpcoptError(f"{path}: /ranks/sampler row {rank}: {exc}") from None
-    if HIDDEN in ckpt.rows:  # checked before anything else changes: it can refuse too
-        if load_hidden is None:
-            raise HpcoptError(f"{path}: it holds per-rank problem state (ranks/hidden: an LSTM's "
-                              "hidden state, a torch module's integer buffers) this run has no use for")
-        load_hidden(ckpt.rows[HIDDEN][row])
-    for name in model_fields:
-        getattr(state, name)[...] = backend.asarray(ckpt.rows[name][row] if name in ckpt.rows else ckpt.model)
-    for name, target in wanted.items():
-        target[...] = backend.asarray(ckpt.rows[name][row])
-    for name, target in shared.items():
-        target[...] = backend.asarray(ckpt.shared[name])
-    fields.load_numbers(state, fields.COUNTER, {n: v[rank] for n, v in ckpt.counters.items()})
-    for kind in (fields.SCALAR, fields.FLAG):
-        fields.load_numbers(state, kind, {n: v[rank] for n, v in ckpt.scalars.items()})
-    return ckpt.window[rank].copy()
-
-
-def restore_counters(rows: list[CommRow], comm: Comm) -> None:
-    """Continue the communication counters from a checkpoint's ``rows`` (rank 0's, on every rank), so
-    the trace's cumulative columns go on as in the uninterrupted run. Called just before the
-    first step: the resumed process's own start-up traffic is not part of them."""
-    comm.stats.reset()
-    for op, label, calls, nbytes, seconds, node_calls, node_bytes in rows:
-        comm.stats.counters[(op, label)] = OpCounter(calls, nbytes, seconds, node_calls, node_bytes)
-
-
 __all__ = ["Checkpoint", "CheckpointWriter", "write_checkpoint", "read_checkpoint",
            "stored_config", "opened", "damaged", "header_attrs", "write_model", "publish", "comm_rows",
-           "find_checkpoint", "checkpoint_path", "run_directory", "has_checkpoints", "checkpoints",
-           "run_id_of", "prune", "save", "rank_numbers", "RankNumbers",
-           "restore", "restore_counters", "Position", "FORMAT", "VERSION"]
+           "find_checkpoint", "complete", "run_id_of", "FORMAT", "VERSION"]

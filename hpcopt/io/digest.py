@@ -126,12 +126,16 @@ def check_sealed(f: Any, path: Path, name: str, version: int | tuple[int, ...], 
     check_format(f.attrs, path, name, version, kind)
 
 
+def damaged(path: Path, exc: BaseException) -> HpcoptError:
+    """The error for a checkpoint that h5py or numpy could not read as it claims to be."""
+    return HpcoptError(f"{path} is a damaged checkpoint ({type(exc).__name__}: {exc})")
+
+
 def refuse_damaged(f: Any, path: Path, name: str, version: int | tuple[int, ...], kind: str,
                    error: HpcoptError) -> HpcoptError:
     """``error``, found by a reader that looked at part of ``f`` before verifying its digest,
     unless the file is damaged: then the digest's (or the format's) error instead."""
     from . import READ_ERRORS
-    from .data_parallel_checkpoint import damaged
 
     try:
         check_sealed(f, path, name, version, kind)

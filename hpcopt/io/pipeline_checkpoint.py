@@ -7,7 +7,8 @@ fsynced, renamed), format ``hpcopt-pipeline-checkpoint``. Layout (docs/formats.m
 - ``/model/flat`` and ``/model/params/<layer>.<tensor>``: the whole model (every stage's block
   put together, frozen layers included), readable with h5py alone;
 - ``/stages/<s>``: stage s's optimizer state as ``PipelineState`` declares it
-  (``hpcopt.algorithms.state``): one dataset per vector it holds (``x``, and ``prev`` for
+  (``hpcopt.algorithms.state``; ``VECTORS`` and ``NUMBER_TYPES`` name what the format holds):
+  one dataset per vector it holds (``x``, and ``prev`` for
   momentum, ``z``, ``anchor``, ``grad_sum`` for the accelerated loop), one attribute per
   number (``step``, ``alpha``), and ``block`` (its [start, stop) in the flat vector). With the
   seed in the config, ``step`` is the whole random state: PPRS noise is keyed by (seed, step,
@@ -17,44 +18,39 @@ fsynced, renamed), format ``hpcopt-pipeline-checkpoint``. Layout (docs/formats.m
   modelled pipeline time so far;
 - ``/comm``: rank 0's communication counters.
 
-Each stage sends its block and state to rank 0 (label "checkpoint"), which writes the file and
-seals it with the same SHA-256 content digest (hpcopt.io.digest), verified before reading.
+Each stage sends its block and state to rank 0 (``hpcopt.run.checkpointing``), which writes the
+file and seals it with the same SHA-256 content digest (hpcopt.io.digest), verified before reading.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..algorithms import state as fields
-from ..algorithms.pprs import PipelineState
-from ..comm import Comm, agreed
-from ..config import Config
+from ..config import Config, config_from_toml
 from ..errors import HpcoptError
 from ..flat import ParamLayout
-from . import config_from_toml, int_attr, json_attr, open_for_reading, text_attr
 from . import data_parallel_checkpoint as ckpt_io
+from . import int_attr, json_attr, text_attr
 from .digest import check_sealed, refuse_damaged, seal
-from .writing import HDF5Writing
+from .safe_files import HDF5Writing
+from .structure import open_for_reading
 
 FORMAT = "hpcopt-pipeline-checkpoint"
 VERSION = 2  # 2: the content digest (root attribute content_sha256)
 READABLE = (VERSION,)
-LABEL = ckpt_io.LABEL
-#: Optimizer vectors a stage may carry (``PipelineState`` attributes), in file order, and its numbers.
-VECTORS = fields.fields_of(PipelineState, fields.VECTOR)
-NUMBER_KINDS = (fields.COUNTER, fields.SCALAR, fields.FLAG)
-#: Each number's Python type (stored as an attribute of that type).
-NUMBER_TYPES = {name: fields.NUMBER_TYPES[kind] for kind in NUMBER_KINDS
-                for name in fields.fields_of(PipelineState, kind)}
+#: Optimizer vectors a stage may carry (``PipelineState``'s vectors), in file order, and its
+#: numbers (its counters, scalars and flags), each with its Python type (stored as an attribute
+#: of that type); tests/unit/test_layers.py holds them against ``PipelineState``'s declarations.
+VECTORS = ("x", "prev", "z", "anchor", "grad_sum")
+NUMBER_TYPES: dict[str, type] = {"step": int, "alpha": float}
 WINDOW_COLUMNS = ("loss_sum", "loss_max", "iterations", "messages", "pending_sends",
                   "modelled_time")
-_TAG = 7401
 
 
 @dataclass
@@ -81,57 +77,13 @@ class PipelineCheckpoint:
     path: Path = Path()
 
 
-def _numbers(state: PipelineState) -> dict[str, float]:
-    return {name: value for kind in NUMBER_KINDS for name, value in fields.numbers(state, kind).items()}
-
-
-def save(path: Path, comm: Comm, config: Config, layout: ParamLayout, block: Any, block_slice: slice,
-         state: PipelineState, window: np.ndarray, tick: int, run_id: str, trace_rows: int,
-         wall_seconds: float, before_commit: Callable[[], None] | None = None) -> None:
-    """Collective: every stage sends its parameter block and state to rank 0, which writes
-    ``path`` atomically. ``window`` is this rank's WINDOW_COLUMNS. ``before_commit`` runs on
-    rank 0 just before the file is published (a debug fault's hook)."""
-    to_host = comm.backend.to_host
-    names = fields.present(state, fields.VECTOR)  # the same on every stage: one algorithm
-    numbers = _numbers(state)
-    header = np.array([block_slice.start, block_slice.stop, state.x.size, *numbers.values(),
-                       *window], dtype=np.float64)
-    mine = [np.ascontiguousarray(to_host(block)),
-            *(np.ascontiguousarray(to_host(getattr(state, n))) for n in names)]
-    if comm.rank != 0:
-        requests = [comm.isend(header, 0, _TAG, LABEL)]
-        requests += [comm.isend(v, 0, _TAG + 1 + i, LABEL) for i, v in enumerate(mine)]
-        comm.waitall(requests, LABEL)
-        agreed(lambda: None, comm, LABEL)
-        return
-    headers, stages = [header], [mine]
-    for source in range(1, comm.size):
-        h = np.empty_like(header)
-        comm.waitall([comm.irecv_(h, source, _TAG, LABEL)], LABEL)
-        sizes = [int(h[1] - h[0])] + [int(h[2])] * len(names)
-        vectors = [np.empty(n, dtype=mine[0].dtype) for n in sizes]
-        comm.waitall([comm.irecv_(v, source, _TAG + 1 + i, LABEL) for i, v in enumerate(vectors)],
-                     LABEL)
-        headers.append(h)
-        stages.append(vectors)
-    model = np.empty(layout.size, dtype=mine[0].dtype)
-    records = []
-    for h, vectors in zip(headers, stages):
-        start, stop = int(h[0]), int(h[1])
-        model[start:stop] = vectors[0]
-        records.append(StageRecord((start, stop), dict(zip(names, vectors[1:])),
-                                   {name: NUMBER_TYPES[name](v) for name, v in zip(numbers, h[3:])}))
-    ckpt = PipelineCheckpoint(config, comm.size, tick, run_id, trace_rows, wall_seconds, model,
-                              records, np.stack([h[3 + len(numbers):] for h in headers]))
-    agreed(lambda: _write(path, ckpt, layout, ckpt_io.with_agreement(comm.stats.stored_rows(), comm.in_node),
-                          before_commit), comm, LABEL)
-
-
-def _write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows: list,
-           before_commit: Callable[[], None] | None = None) -> None:
-    """Write ``ckpt`` to ``path`` atomically (HpcoptError, one line, when a write fails)."""
+def write(path: Path, ckpt: PipelineCheckpoint, layout: ParamLayout, comm_rows: list,
+          software: Mapping[str, str], before_commit: Callable[[], None] | None = None) -> None:
+    """Write ``ckpt`` to ``path`` atomically (HpcoptError, one line, when a write fails), its root
+    attributes naming the ``software`` that wrote it (``ckpt_io.header_attrs``); ``before_commit``
+    runs just before the file is published (a debug fault's hook)."""
     def fill(f: Any) -> None:
-        f.attrs.update(ckpt_io.header_attrs(FORMAT, VERSION, ckpt))
+        f.attrs.update(ckpt_io.header_attrs(FORMAT, VERSION, ckpt, software))
         ckpt_io.write_model(f, layout, ckpt.model)
         for s, record in enumerate(ckpt.stages):
             group = f.create_group(f"stages/{s}")
@@ -217,28 +169,3 @@ def _read(f: Any, path: Path, world_size: int) -> PipelineCheckpoint:
                               text_attr(attrs, "run_id", path),
                               int_attr(attrs, "trace_rows", path), wall, model, stages, window,
                               comm, path)
-
-
-def restore(ckpt: PipelineCheckpoint, rank: int, block: Any, block_slice: slice,
-            state: PipelineState, backend: Any) -> np.ndarray:
-    """Put stage ``rank``'s part of ``ckpt`` into a fresh run (its whole parameter block and
-    its optimizer state); returns this rank's trace window row. HpcoptError when it does not fit."""
-    record = ckpt.stages[rank]
-    if record.block != (block_slice.start, block_slice.stop):
-        raise HpcoptError(f"{ckpt.path}: stage {rank} holds parameters {list(record.block)}, this "
-                          f"run's stage {rank} holds [{block_slice.start}, {block_slice.stop}]")
-    names = fields.present(state, fields.VECTOR)
-    if sorted(record.vectors) != sorted(names):
-        raise HpcoptError(f"{ckpt.path}: stage {rank} holds {sorted(record.vectors)}, this "
-                          f"algorithm needs {sorted(names)}")
-    for name in names:
-        target = getattr(state, name)
-        if record.vectors[name].shape != target.shape:
-            raise HpcoptError(f"{ckpt.path}: stage {rank}'s {name} has shape "
-                              f"{record.vectors[name].shape}, expected {target.shape}")
-    block[...] = backend.asarray(ckpt.model[block_slice])
-    for name in names:
-        getattr(state, name)[...] = backend.asarray(record.vectors[name])
-    for kind in NUMBER_KINDS:
-        fields.load_numbers(state, kind, record.numbers)
-    return ckpt.window[rank].copy()

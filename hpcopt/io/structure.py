@@ -20,17 +20,24 @@ links without following any and refuses (HpcoptError, one line naming the file a
   genuine file's length, and none for its runs of zeros (a zero momentum buffer).
 
 The walk opens each object by its own hard link (never by a path through another link) and
-reads only object headers, so it costs time in proportion to the file's metadata.
+reads only object headers, so it costs time in proportion to the file's metadata. Every reader
+opens its file with ``open_for_reading``, which checks this first.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HpcoptError
-from . import human_size
+from . import READ_ERRORS, described, human_size
+from .safe_files import open_regular
+
+if TYPE_CHECKING:
+    import h5py
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 #: How much more data than its allocated blocks hold a file may declare, and the slack on top:
 #: room for a compressing file system and zero buffers, none for a sparse file's empty length.
@@ -38,6 +45,42 @@ ALLOCATED_RATIO, ALLOCATED_SLACK = 64, 64 * 2**20
 #: The filters hpcopt writes (HDF5's filter ids): Fletcher-32 checksums (``H5Z_FILTER_FLETCHER32``).
 FLETCHER32 = 3
 ALLOWED_FILTERS = {FLETCHER32: "Fletcher-32"}
+
+
+def open_for_reading(path: str | Path, what: str, ratio: float = 1.0, slack: int = 0) -> h5py.File:
+    """Open an HDF5 file read-only, or raise a HpcoptError saying why it cannot be a ``what``.
+
+    It must be a regular file (``safe_files.open_regular``), checked without blocking. Before
+    anything in it is opened by name, its links and datasets are checked
+    (``check_structure``, with ``ratio`` and ``slack`` bounding the data it may
+    declare): no link is ever followed out of the file, whoever opens it, vetted or not. File
+    locking is off so that a trace can be read while its run is still writing it.
+    """
+    import h5py
+
+    path = Path(path)
+    try:
+        with open_regular(path, what) as handle:  # a FIFO or a device: refused, never waited on
+            head = handle.read(len(HDF5_SIGNATURE))
+    except FileNotFoundError:
+        raise HpcoptError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise HpcoptError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if head != HDF5_SIGNATURE:
+        raise HpcoptError(f"{path} is not an HDF5 file (expected a {what})")
+    try:
+        f = h5py.File(path, "r", locking=False)
+    except READ_ERRORS:
+        raise HpcoptError(f"{path} is a damaged or truncated HDF5 file (expected a {what})") from None
+    try:
+        check_structure(f, path, what, ratio, slack)
+    except READ_ERRORS as exc:
+        f.close()
+        raise HpcoptError(f"{path} is a damaged {what} ({described(exc)})") from None
+    except HpcoptError:
+        f.close()
+        raise
+    return f
 
 
 def check_structure(f: Any, path: Path, what: str, ratio: float = 1.0, slack: int = 0) -> None:

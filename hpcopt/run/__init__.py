@@ -27,7 +27,7 @@ def train(config: Config | None = None, comm: Comm | None = None, verbose: bool 
     Files go to ``config.run.out`` (empty, the default here: none; the command line defaults
     to ``runs/{time}``). ``faults``: a debug fault to inject (hpcopt.run.faults).
     ``ranks_changed``: ``resume`` may be a data-parallel checkpoint of another number of ranks
-    (hpcopt.io.rescale); a pipeline run's stages are its ranks, so it refuses.
+    (hpcopt.run.rescale); a pipeline run's stages are its ranks, so it refuses.
 
     Data-parallel algorithms (PR-SGD, CELGC, the naive clipping baseline, SlowMo or any other
     registered one) return (``data_parallel.Summary``, the state); pipeline algorithms (PPRS,

@@ -32,7 +32,7 @@ from ..algorithms.data_parallel import DataParallelState
 from ..algorithms.streaming import PEAK_COLUMN
 from ..build import RunParts, build_run
 from ..comm import GROUP_LABEL, Comm
-from ..comm.core import agreed, node_indices, progress_mode
+from ..comm.core import agreed, node_indices, prepare_progress, progress_mode
 from ..comm.costmodel import (
     HIDDEN,
     SETUP_LABELS,
@@ -45,21 +45,22 @@ from ..comm.costmodel import (
     profile_attrs,
 )
 from ..comm.progress import HIDDEN_COLUMN
-from ..comm.progress import prepare as prepare_progress
 from ..comm.ulfm import unavailable
 from ..config import Config, check_resume
 from ..errors import HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
-from ..io.rescale import rescaled
 from ..workload import ModelEvaluation, Workload
+from . import checkpointing, directory
 from .fault_schedule import Schedule, check_ranks, check_reached, stop_received
 from .faults import FaultPlan
 from .nonfinite import StepGuard
 from .preflight import agree_ticks, estimate
-from .rank_loss import RankLoss, RankLossRecovery
+from .rank_loss import RankLossRecovery
+from .rescale import rescaled
 from .runner import RunFiles, Ticks, run, wall_text
 from .threads import ThreadChoice
+from .window import Row, Window, comm_totals
 
 State = DataParallelState
 #: The labels of the rounds, whose modelled seconds a call the summary shows (``--network``).
@@ -99,7 +100,7 @@ class Summary:
     group_rounds: int = 0
     group_bytes_per_rank: float = 0.0
     group_in_node_bytes_per_rank: float = 0.0
-    rank_losses: list[RankLoss] = field(default_factory=list)  # --on-rank-loss continue: survived
+    rank_losses: list[trace_io.RankLoss] = field(default_factory=list)  # --on-rank-loss continue: survived
     earlier_seconds: float = 0.0   # a resumed run: the wall seconds of its earlier jobs (in wall_seconds)
 
     def lines(self) -> list[str]:
@@ -191,7 +192,7 @@ def _evaluation_fields(evaluation: ModelEvaluation | None, lm: bool) -> dict[str
 class DataParallelSessionBuilder:
     """The runner's builder of a data-parallel run: ``workload`` (None: the config's) trained by
     the configured algorithm, with ``faults`` (hpcopt.run.faults) injected for tests; with
-    ``ranks_changed`` a checkpoint of another number of ranks is carried over (hpcopt.io.rescale:
+    ``ranks_changed`` a checkpoint of another number of ranks is carried over (hpcopt.run.rescale:
     every rank then reads every rank's part of it)."""
 
     noun = "step"
@@ -227,7 +228,7 @@ class DataParallelSession:
         comm.backend = parts.backend
         self.algorithm, self.workload = parts.algorithm, parts.workload
         workload = parts.workload
-        self.window = trace_io.Window(parts.backend, clipping=self.algorithm.clips)
+        self.window = Window(parts.backend, clipping=self.algorithm.clips)
         run = config.run
         self.ticks = Ticks(self.algorithm.clock_ticks(parts.total_steps), run.trace_every,
                            run.eval_every, run.checkpoint_every)
@@ -284,7 +285,7 @@ class DataParallelSession:
                                   in_flight=self.algorithm.in_flight)
             if self.comm.rank == 0:
                 print(line, flush=True)
-        self.window.restore(ckpt_io.restore(ckpt, self.comm.rank, self.state,
+        self.window.restore(checkpointing.restore(ckpt, self.comm.rank, self.state,
                                             self.workload.problem.sampler, self.comm.backend,
                                             carried[1] if carried else None))
         if self.algorithm.clock(self.state) != ckpt.tick:
@@ -330,7 +331,7 @@ class DataParallelSession:
         self.files, self.config = files, files.config
         self.tracing = files.config.run.trace and files.out is not None
         if ckpt is not None:
-            ckpt_io.restore_counters(ckpt.comm, self.comm)
+            checkpointing.restore_counters(ckpt.comm, self.comm)
         if ckpt is not None and ckpt.world_size != self.comm.size and files.out is not None:
             self._say_what_is_replaced(files.out, ckpt)
         resumed_tick = ckpt.tick if ckpt else None
@@ -343,7 +344,7 @@ class DataParallelSession:
     def _say_what_is_replaced(self, out: Path, ckpt: ckpt_io.Checkpoint) -> None:
         """Rank 0, resuming on another number of ranks: one line naming the old count's newer
         checkpoints in the run directory, which this run's replace (same step) and prune."""
-        newer = ckpt_io.checkpoints_after(out, ckpt.tick)
+        newer = directory.checkpoints_after(out, ckpt.tick)
         if self.comm.rank != 0 or not newer:
             return
         names = ", ".join(path.name for path in newer[:3]) + (", ..." if len(newer) > 3 else "")
@@ -375,7 +376,7 @@ class DataParallelSession:
         return evaluation
 
     def row(self, tick: int, evaluation: ModelEvaluation | None,
-            stop: float) -> list[trace_io.Row]:
+            stop: float) -> list[Row]:
         """Finish the previous row's reduction and start this tick's."""
         finished = self.window.complete(self.comm)
         state = self.state
@@ -384,16 +385,16 @@ class DataParallelSession:
                   **_evaluation_fields(evaluation, self.workload.language_model),
                   **self.algorithm.trace_row(state),
                   **{name: self.comm.stats.hidden_fraction() for name in self._hidden_column()}}
-        totals = trace_io.comm_totals(self.comm, self.network, self.layout, HIDDEN[self.comm_progress])
-        row = trace_io.Row(tick, fields, totals)
+        totals = comm_totals(self.comm, self.network, self.layout, HIDDEN[self.comm_progress])
+        row = Row(tick, fields, totals)
         self.window.post(self.comm, stop, row)
         self.guard.window_skips = 0
         return self._publish(finished)
 
-    def finish_rows(self) -> list[trace_io.Row]:
+    def finish_rows(self) -> list[Row]:
         return self._publish(self.window.complete(self.comm))
 
-    def _publish(self, rows: list[trace_io.Row]) -> list[trace_io.Row]:
+    def _publish(self, rows: list[Row]) -> list[Row]:
         writer = self._files().writer
         if writer is not None:
             if self.network is not None:
@@ -403,10 +404,10 @@ class DataParallelSession:
                 writer.append({**row.fields, **row.stats.columns(self.algorithm.clips)}, row.comm)
         return rows
 
-    def check_rows(self, rows: list[trace_io.Row], tick: int) -> None:
+    def check_rows(self, rows: list[Row], tick: int) -> None:
         self.guard.check_rows(rows, tick, self.checkpoint or self.resumed_from, self.finish_rows)
 
-    def note(self, row: trace_io.Row) -> str:
+    def note(self, row: Row) -> str:
         assert row.stats is not None
         return f"loss {row.stats.loss_mean:.4f} | rounds {row.fields['rounds']}"
 
@@ -419,22 +420,22 @@ class DataParallelSession:
         synchronized = self.algorithm.synchronized(state)
         if not synchronized:
             self.scratch[...] = state.x
-            model = comm.average_(self.scratch, label=ckpt_io.LABEL)
+            model = comm.average_(self.scratch, label=checkpointing.LABEL)
         assert files.out is not None
         self.guard.check_model(model, tick, self.checkpoint or self.resumed_from)
-        path = ckpt_io.checkpoint_path(files.out, tick)
-        at = ckpt_io.Position(files.config, self.workload.layout, tick, files.run_id,
+        path = directory.checkpoint_path(files.out, tick)
+        at = checkpointing.Position(files.config, self.workload.layout, tick, files.run_id,
                               files.writer.rows if files.writer else 0, files.wall())
         carried = self.workload.carried
-        ckpt_io.save(path, comm, at, state, synchronized=synchronized, model=model,
+        checkpointing.save(path, comm, at, state, synchronized=synchronized, model=model,
                      sampler=self.workload.problem.sampler, window=self.window.fold(),
                      hidden=carried[0]() if carried else None,
                      before_commit=self.guard.commit_hook(tick))
         if comm.rank == 0:
-            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
+            directory.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
         self.checkpoint = str(path)
 
-    def last_rows(self, tick: int) -> list[trace_io.Row]:
+    def last_rows(self, tick: int) -> list[Row]:
         window = self.window
         rows = self.row(tick, None, 0) if window.steps or window.losses or self.guard.window_skips else []
         return rows + self.finish_rows()
@@ -489,7 +490,7 @@ class DataParallelSession:
     def trace_summary(self, final: ModelEvaluation, summary: Summary) -> dict[str, Any]:
         state = self.state
         return {"step": state.step, "rounds": state.rounds, "wall": self._files().wall(),
-                "bytes": sum(c[1] for c in trace_io.comm_totals(self.comm).values()),
+                "bytes": sum(c[1] for c in comm_totals(self.comm).values()),
                 **final.final_fields(), "checkpoint": self.checkpoint}
 
     def _files(self) -> RunFiles:

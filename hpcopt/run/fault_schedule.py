@@ -14,8 +14,9 @@ steps from 1 (for the data-parallel algorithms a clock tick is a step).
   replay exactly; the seconds follow the machine. The sleep changes no number: losses and
   models are bitwise those of the run without it. F is bounded below (``MIN_FACTOR``: at most
   99 sleeps of a gradient's time each step), and the sleep ends at a stop signal (SIGTERM,
-  SIGINT, SIGUSR1: ``hpcopt.run.signals``), after which the rank sleeps no more: the run reaches
-  its next row and stops at a checkpoint as any other does.
+  SIGINT, SIGUSR1 on the command line; SIGTERM and Ctrl-C under the Python API:
+  ``hpcopt.run.signals``), after which the rank sleeps no more: the run reaches its next row and
+  stops at a checkpoint as any other does.
 - ``--fault R:K``: rank R is killed by SIGKILL (as ``kill -9`` would) at the start of its K-th
   step, before its gradient: the job ends as for any lost rank (docs/failures.md), and a
   requeue resumes it from its newest checkpoint (so a checkpoint must come before step K).
@@ -112,12 +113,15 @@ def parse_fault(text: str) -> tuple[int, int] | None:
 
 
 def stop_received() -> bool:
-    """Whether this rank received a stop signal (SIGTERM, SIGINT, SIGUSR1) under the command
-    line's ``JobSignals``: the runner stops at the next row, and a straggler sleeps no more."""
-    from .signals import SIGNALS, JobSignals
+    """Whether this rank received a stop signal: SIGTERM, SIGINT or SIGUSR1 under the command
+    line's ``JobSignals``, or the training loop's stop flag (the Python API's SIGTERM; its Ctrl-C
+    is a KeyboardInterrupt, which ends a sleep by itself). The runner stops at the next row, and
+    a straggler sleeps no more."""
+    from .signals import SIGNALS, JobSignals, StopSignal
 
-    job = JobSignals.active
-    return job is not None and any(signum in SIGNALS for signum in job.received)
+    job, loop = JobSignals.active, StopSignal.current
+    return (job is not None and any(signum in SIGNALS for signum in job.received)
+            or loop is not None and loop.raised != 0)
 
 
 def check_schedule(run: Any, pipeline: bool) -> None:

@@ -54,8 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcoptError
-from ..io.safe_files import open_regular
-from ..io.writing import write_failure
+from ..io.safe_files import open_regular, write_failure
 
 FILE_NAME = "hpcopt.lock"
 BREAK_SUFFIX = ".break"

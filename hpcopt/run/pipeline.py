@@ -41,7 +41,6 @@ from ..algorithms.pprs import PipelineState
 from ..comm import Comm
 from ..config import Config, check_resume
 from ..errors import HpcoptError
-from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import pipeline_checkpoint as pipe_ckpt
 from ..io import trace as trace_io
 from ..pipeline.executor import Pipeline
@@ -49,11 +48,14 @@ from ..pipeline.parts import Algorithm, build_algorithm, build_problem, describe
 from ..pipeline.schedules import ideal_bubble
 from ..pipeline.split import StagePlan
 from ..problems.staged import StagedProblem, setup_stage
+from . import checkpointing, directory
 from .faults import FaultPlan
 from .nonfinite import nonfinite_loss, nonfinite_parameters
 from .preflight import CHECKPOINT_OVERHEAD
 from .runner import RunFiles, Ticks, run, wall_text
 from .threads import ThreadChoice
+from .window import LABEL as TRACE_LABEL
+from .window import Row, WindowStats, comm_totals, read_stop
 
 EVAL_LABEL = "eval"
 #: Per-rank window values allgathered for a trace row (label "trace").
@@ -217,8 +219,8 @@ class PipelineSession:
         if ckpt.tick >= self.ticks.total:
             raise HpcoptError(f"{ckpt.path} is at iteration {ckpt.tick} of {self.ticks.total}: the "
                               "run is complete (pass --steps N with N larger to train further)")
-        self._restore_window(pipe_ckpt.restore(ckpt, self.comm.rank, self.pipe.params, self.block,
-                                               self.state, self.comm.backend))
+        self._restore_window(checkpointing.restore_pipeline(ckpt, self.comm.rank, self.pipe.params,
+                                                            self.block, self.state, self.comm.backend))
         self.resumed_from = str(ckpt.path)
 
     def trace_columns(self) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -245,7 +247,7 @@ class PipelineSession:
     def begin(self, files: RunFiles, ckpt: pipe_ckpt.PipelineCheckpoint | None) -> None:
         self.files, self.config = files, files.config
         if ckpt is not None:
-            ckpt_io.restore_counters(ckpt.comm, self.comm)
+            checkpointing.restore_counters(ckpt.comm, self.comm)
         self.sends_base = self._sends() - self.pending_sends
         self.pipe.timing.reset()
 
@@ -272,7 +274,7 @@ class PipelineSession:
         return sum(stats.totals(label=f"{self.label}.{kind}", op="send").calls
                    for kind in ("activation", "gradient"))
 
-    def row(self, tick: int, evaluation: float | None, stop: float) -> list[trace_io.Row]:
+    def row(self, tick: int, evaluation: float | None, stop: float) -> list[Row]:
         """One allgather (label "trace") of each stage's window; the row, finished at once."""
         comm, timing = self.comm, self.pipe.timing
         sends = self._sends()
@@ -280,11 +282,11 @@ class PipelineSession:
         mine = np.array([self.loss_sum, self.loss_max, self.iterations, grad_sq, timing.busy,
                          timing.idle, timing.samples, sends - self.sends_base, stop,
                          0.0 if evaluation is None else evaluation])
-        everyone = comm.allgather(mine, trace_io.LABEL)
+        everyone = comm.allgather(mine, TRACE_LABEL)
         col = {name: everyone[:, i] for i, name in enumerate(_FIELDS)}
         last = comm.size - 1
         iterations = int(col["iterations"][last])
-        signal, checkpoint = trace_io.read_stop(col["stop"])
+        signal, checkpoint = read_stop(col["stop"])
         busy, idle = col["busy"], col["idle"]
         spent = busy + idle
         bubbles = np.divide(idle, spent, out=np.zeros_like(idle), where=spent > 0)
@@ -295,7 +297,7 @@ class PipelineSession:
         self.messages += int(col["sends"].sum())
         self.busy_total += float(busy.sum())
         self.idle_total += float(idle.sum())
-        stats = trace_io.WindowStats(
+        stats = WindowStats(
             loss_mean=col["loss_sum"][last] / iterations if iterations else math.nan,
             loss_max=col["loss_max"][last] if iterations else math.nan,
             grad_norm=math.sqrt(col["grad_sq"].sum()), grad_norm_max=math.sqrt(col["grad_sq"].max()),
@@ -313,17 +315,17 @@ class PipelineSession:
         row = {**fields, **stats.columns()}
         writer = self._files().writer
         if writer is not None:
-            writer.append(row, trace_io.comm_totals(comm))
+            writer.append(row, comm_totals(comm))
         self.history.append(dict(row))  # the summary's own copy: the writer keeps row until a flush
         self.loss_sum, self.loss_max, self.iterations = 0.0, 0.0, 0
         self.sends_base = sends
         timing.reset()
-        return [trace_io.Row(tick, fields, {}, stats)]
+        return [Row(tick, fields, {}, stats)]
 
-    def finish_rows(self) -> list[trace_io.Row]:
+    def finish_rows(self) -> list[Row]:
         return []  # rows are finished as they are made
 
-    def check_rows(self, rows: list[trace_io.Row], tick: int) -> None:
+    def check_rows(self, rows: list[Row], tick: int) -> None:
         """The same rows on every stage: all stop at a non-finite loss."""
         for row in rows:
             assert row.stats is not None
@@ -331,7 +333,7 @@ class PipelineSession:
                 raise nonfinite_loss(f"iteration {row.tick} (mean loss {row.stats.loss_mean})",
                                      self.checkpoint or self.resumed_from, skip=False)
 
-    def note(self, row: trace_io.Row) -> str:
+    def note(self, row: Row) -> str:
         assert row.stats is not None
         return (f"loss {row.stats.loss_mean:.6g} | bubble {100 * row.fields['bubble']:.1f}% "
                 f"(ideal {100 * self.ideal:.1f}%)")
@@ -343,24 +345,24 @@ class PipelineSession:
             files.writer.flush()
         assert files.out is not None
         finite = bool(comm.backend.xp.isfinite(self.state.x).all())
-        if comm.allreduce_scalar(0.0 if finite else 1.0, label=pipe_ckpt.LABEL):
+        if comm.allreduce_scalar(0.0 if finite else 1.0, label=checkpointing.LABEL):
             raise nonfinite_parameters(f"iteration {tick}", self.checkpoint or self.resumed_from,
                                        skip=False)
-        path = ckpt_io.checkpoint_path(files.out, tick)
+        path = directory.checkpoint_path(files.out, tick)
         window = np.array([self.loss_sum, self.loss_max, self.iterations, self.messages,
                            self._sends() - self.sends_base, self.modelled])
         block = self.pipe.params.copy()  # with x_t, not the last point evaluated, in it
         block[self.pipe.trainable] = self.state.x
-        pipe_ckpt.save(path, comm, files.config, self.built.problem.model.layout,
-                       block, self.block, self.state, window, tick, files.run_id,
-                       files.writer.rows if files.writer else 0, files.wall(),
-                       before_commit=(self.faults.commit_hook(comm.rank, tick)
-                                      if self.faults else None))
+        checkpointing.save_pipeline(path, comm, files.config, self.built.problem.model.layout,
+                                    block, self.block, self.state, window, tick, files.run_id,
+                                    files.writer.rows if files.writer else 0, files.wall(),
+                                    before_commit=(self.faults.commit_hook(comm.rank, tick)
+                                                   if self.faults else None))
         if comm.rank == 0:
-            ckpt_io.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
+            directory.prune(path.parent, files.config.run.keep_checkpoints, files.run_id)
         self.checkpoint = str(path)
 
-    def last_rows(self, tick: int) -> list[trace_io.Row]:
+    def last_rows(self, tick: int) -> list[Row]:
         return self.row(self.state.step, None, 0) if self.iterations else []
 
     def final(self) -> float:

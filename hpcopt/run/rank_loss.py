@@ -10,7 +10,7 @@ rank was lost. When a collective reports a lost rank, the survivors:
 1. revoke and shrink the communicator (``ulfm.shrink``) and agree on the newest snapshot all
    of them hold (``ulfm.agree_min``): the last round every survivor completed;
 2. gather their snapshots of that round and carry them over to the survivors exactly as
-   ``resume --ranks-changed`` carries a checkpoint (``hpcopt.io.rescale.rescaled``): the
+   ``resume --ranks-changed`` carries a checkpoint (``hpcopt.run.rescale.rescaled``): the
    round's averaged model (where the ranks' models differ at the round's end, as CELGC's and a
    streaming run's: the survivors' models averaged, in float64, on
    every rank alike), per-rank state by each field's policy over the survivors (the lost
@@ -43,8 +43,10 @@ from ..build import build_run
 from ..comm import Comm, ulfm
 from ..errors import EXIT_NOT_CONTINUED, HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
-from ..io.rescale import rescaled
+from ..io.trace import RankLoss
+from . import checkpointing
 from .lock import release_lost
+from .rescale import rescaled
 
 if TYPE_CHECKING:
     from .data_parallel import DataParallelSession
@@ -65,18 +67,6 @@ class RankLossError(HpcoptError):
         self.reports = reports
 
 
-@dataclass(frozen=True)
-class RankLoss:
-    """One loss, as the trace records it (``/rank_losses``): the step (rank 0's, when the loss
-    was seen), the lost rank (of the job's original ranks), the seconds from detection to
-    training again, and the step of the round the survivors went on from."""
-
-    step: int
-    rank: int
-    recover_seconds: float
-    round_step: int
-
-
 @dataclass
 class Snapshot:
     """One rank's state at a round's end, in host memory (a checkpoint's part of this rank)."""
@@ -87,7 +77,7 @@ class Snapshot:
     model: np.ndarray                  # this rank's x (the round's average when synchronized)
     synchronized: bool                 # every rank holds the same x
     rows: dict[str, np.ndarray]        # per-rank vectors (not the reset ones)
-    numbers: ckpt_io.RankNumbers       # counters, sampler row, scalars and flags
+    numbers: checkpointing.RankNumbers       # counters, sampler row, scalars and flags
     window: np.ndarray
     shared: dict[str, np.ndarray]
 
@@ -120,7 +110,7 @@ class RankLossRecovery:
             tick=tick, step=state.step, trace_rows=writer.rows if writer else 0,
             model=to_host(state.x).copy(),
             synchronized=session.algorithm.synchronized(state), rows=rows,
-            numbers=ckpt_io.rank_numbers(state, session.workload.problem.sampler.state(), config),
+            numbers=checkpointing.rank_numbers(state, session.workload.problem.sampler.state(), config),
             window=session.window.fold(),
             shared={n: to_host(getattr(state, n)).copy() for n in fields.present(state, fields.SHARED)})]
 

@@ -3,7 +3,7 @@
 It owns what every run shares: threads and the GPU, reading the checkpoint to resume from,
 agreement across ranks on each set-up step (``hpcopt.comm.agreed``: a problem found on one
 rank ends every rank with the same message), the run directory (locked for the job, holding
-one run: ``hpcopt.run.files.claim``) and trace file, SIGTERM and SIGINT
+one run: ``hpcopt.run.directory.claim``) and trace file, SIGTERM and SIGINT
 (``hpcopt.run.signals``), the stall watchdog, progress lines and the summary. A session builder
 builds a :class:`Session` on each rank; the runner drives it through the ticks of the run (the points
 every rank passes in the same order), and at a tick t:
@@ -20,7 +20,7 @@ every rank passes in the same order), and at a tick t:
 After the last tick, ``session.last_rows`` and ``session.final`` (the partial last window,
 the end of a partial round, the final evaluation), then ``session.summarize``. With
 ``--timeline true`` the steps, evaluations, checkpoint writes and counted calls are recorded as
-spans (``hpcopt.io.timeline``), gathered every 64 finished rows, before each checkpoint and at
+spans (``hpcopt.run.recorder``), gathered every 64 finished rows, before each checkpoint and at
 the end. A resumed run
 restores the session at a checkpoint's tick and then performs exactly the operations the
 uninterrupted run performs after it, so its results are bitwise the same.
@@ -45,15 +45,17 @@ from ..comm.staging import prepare_gpu
 from ..comm.ulfm import is_rank_loss
 from ..config import Config
 from ..errors import HpcoptError
-from ..io import timeline as timeline_io
 from ..io import trace as trace_io
-from .files import claim, header_end, open_trace, run_directory, vet_resumed
+from .directory import claim, run_directory, vet_resumed
+from .files import header_end, open_trace
 from .lock import RunLock
 from .preflight import check_output
 from .progress import Progress
+from .recorder import Recorder, open_timeline
 from .signals import StopSignal, signal_name
 from .threads import ThreadChoice, configure_threads
 from .watchdog import watching
+from .window import Row, WindowStats, stop_value
 
 #: Bytes of a lock's token (``hpcopt.run.lock.Holder.token``: 32 hex digits).
 TOKEN_BYTES = 32
@@ -82,7 +84,7 @@ class Ticks:
 class CheckpointClock:
     """``checkpoint_minutes`` (docs/failures.md): rank 0 asks for a checkpoint once ``seconds``
     of wall time have passed since the segment started or since the last checkpoint. The ask
-    rides in its next trace row (``trace_io.stop_value``), so every rank checkpoints at the first
+    rides in its next trace row (``stop_value``), so every rank checkpoints at the first
     finished row that shows it, the same tick everywhere, with no byte or collective more."""
 
     seconds: float  # 0: never
@@ -107,7 +109,7 @@ class RunFiles:
     writer: trace_io.TraceWriter | None  # rank 0 only, when tracing
     wall_before: float                   # seconds of earlier segments (a resumed run)
     started: float = 0.0
-    timeline: timeline_io.Recorder | None = None  # with --timeline: this rank's spans
+    timeline: Recorder | None = None  # with --timeline: this rank's spans
     lock_token: str = ""  # --on-rank-loss continue: rank 0's lock (``hpcopt.run.lock.release_lost``)
 
     def wall(self) -> float:
@@ -185,23 +187,23 @@ class Session(Protocol):
     def evaluate(self, tick: int) -> Any:
         """Collective: evaluate the model at ``tick``."""
 
-    def row(self, tick: int, evaluation: Any, stop: float) -> list[trace_io.Row]:
-        """Collective: start the trace row of ``tick`` with this rank's ``trace_io.stop_value``
+    def row(self, tick: int, evaluation: Any, stop: float) -> list[Row]:
+        """Collective: start the trace row of ``tick`` with this rank's ``stop_value``
         (its stop signal, 0: none, and whether it asks for a checkpoint); the rows finished by now."""
 
-    def finish_rows(self) -> list[trace_io.Row]:
+    def finish_rows(self) -> list[Row]:
         """Collective: finish the rows in flight; they are returned."""
 
-    def check_rows(self, rows: list[trace_io.Row], tick: int) -> None:
+    def check_rows(self, rows: list[Row], tick: int) -> None:
         """Raise (on every rank alike) if a finished row shows divergence."""
 
-    def note(self, row: trace_io.Row) -> str:
+    def note(self, row: Row) -> str:
         """What a progress line says about a finished row (its loss first)."""
 
     def save(self, tick: int) -> None:
         """Collective: write the checkpoint of ``tick``."""
 
-    def last_rows(self, tick: int) -> list[trace_io.Row]:
+    def last_rows(self, tick: int) -> list[Row]:
         """Collective: the row of a partial last window, and the rows in flight."""
 
     def final(self) -> Any:
@@ -284,7 +286,7 @@ def _run(builder: SessionBuilder, config: Config, comm: Comm, verbose: bool,
         writer = agreed(lambda: open_trace(config, out, run_id, comm, session.parameters(),
                                            (ckpt.trace_rows, ckpt.tick) if ckpt else None,
                                            columns, attrs), comm)
-        timeline = agreed(lambda: timeline_io.open_timeline(config, writer, comm,
+        timeline = agreed(lambda: open_timeline(config, writer, comm,
                                                             ckpt.wall_seconds if ckpt else None), comm)
         agreed(lambda: check_output(out, session.checkpoint_bytes(), comm), comm)
         files = RunFiles(config, out, run_id, writer, ckpt.wall_seconds if ckpt else 0.0,
@@ -406,7 +408,7 @@ def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal
         evaluation = evaluate(tick) if ticks.evaluation_due(tick) else None
         rows = []
         if ticks.row_due(tick):
-            value = trace_io.stop_value(stop_signal.raised, clock.asks(comm.rank))
+            value = stop_value(stop_signal.raised, clock.asks(comm.rank))
             rows = session.row(tick, evaluation, value)
         due = files.out is not None and ticks.checkpoint_due(tick)
         snapshot = recovery is not None and recovery.due(session, tick)
@@ -437,16 +439,16 @@ def _ticks(session: Session, files: RunFiles, comm: Comm, tick: int, stop_signal
     return final_of(), 0, train_loss
 
 
-def _stop(rows: list[trace_io.Row]) -> int:
+def _stop(rows: list[Row]) -> int:
     """The stop signal the finished ``rows`` show (the same on every rank; 0: none)."""
     return max((_stats(row).stop for row in rows), default=0)
 
 
-def _asked(rows: list[trace_io.Row]) -> bool:
+def _asked(rows: list[Row]) -> bool:
     """Whether a finished row asks for a checkpoint (``checkpoint_minutes``; the same on every rank)."""
     return any(_stats(row).checkpoint for row in rows)
 
 
-def _stats(row: trace_io.Row) -> trace_io.WindowStats:
+def _stats(row: Row) -> WindowStats:
     assert row.stats is not None, "a finished row has its statistics"
     return row.stats

@@ -75,14 +75,19 @@ class StopSignal:
     """This rank's stop request in the training loop: ``raised`` is the signal it received (0:
     none), which the runner sends with its next trace row. Requests count only when ``enabled``
     (there is a run directory to checkpoint to). Under :class:`JobSignals` that thread watches
-    SIGTERM and SIGINT; otherwise (the Python API) a handler of its own watches SIGTERM."""
+    SIGTERM and SIGINT; otherwise (the Python API) a handler of its own watches SIGTERM.
+    ``current`` is the loop's while it runs (a straggler's sleep ends once it is raised)."""
+
+    current: ClassVar[StopSignal | None] = None
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.raised = 0
         self._previous: Any = None
+        self._outer: StopSignal | None = None
 
     def __enter__(self) -> StopSignal:
+        self._outer, StopSignal.current = StopSignal.current, self
         job = JobSignals.active
         if job is not None:
             job.enter_loop(self)
@@ -102,6 +107,7 @@ class StopSignal:
             JobSignals.active.settle()
 
     def __exit__(self, *_: Any) -> None:
+        StopSignal.current = self._outer
         if JobSignals.active is not None:
             JobSignals.active.leave_loop()
         if self._previous is not None:
@@ -266,8 +272,9 @@ class JobSignals:
         While MPI starts (the rest of hpcopt is being imported), first wait for it: under
         Hydra, a rank that exits before the others' MPI_Init completes leaves them waiting for
         ever, and under Open MPI a rank that exits without MPI_Abort while MPI connects its
-        ranks once left ``mpirun`` waiting for ever. Where it does not start within the grace,
-        the rank ends by SIGKILL, which the launcher answers by ending the job."""
+        ranks once left ``mpirun`` waiting for ever. Where it does not start within the grace
+        (imports slowed by the load), the rank ends by the signal its line's exit code names
+        (``_die_by``), which the launcher answers by ending the job."""
         running = _mpi_running(self.grace)
         if rank != 0:
             time.sleep(self.stagger)
@@ -279,7 +286,7 @@ class JobSignals:
         if not running:
             sys.stderr.write(line)
             sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die_by(exit_code(signum) - 128)
         abort_job(line, exit_code(signum))
 
 
@@ -315,6 +322,23 @@ def launcher_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+def _die_by(signum: int) -> None:
+    """End this process by ``signum``'s default action, from any thread. A launcher reports the
+    death as that signal's (Open MPI's ``mpirun`` exits 128 + ``signum``: 143 where the line
+    said 143, which a requeue-on-143 script requeues; MPICH's Hydra exits ``signum`` | 9, its
+    SIGKILL of the other ranks included) and ends the job; a SIGKILL read as a rank killed
+    (137). Python sets handlers only from the main thread, so C's ``signal`` restores the
+    default; SIGKILL follows should the process outlive it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p
+    libc.signal(signum, None)  # SIG_DFL
+    os.kill(os.getpid(), signum)
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _mpi_running(limit: float) -> bool:

@@ -14,6 +14,12 @@ within ``answer_within`` seconds was killed or is stuck outside Python. The lowe
 waiting rank prints one report, naming the ranks that have not arrived, and aborts the job
 (MPI_Abort, exit code 4); the other waiting ranks report only if it has not done so a little
 later. Needs MPI_THREAD_MULTIPLE (mpi4py asks for it by default).
+
+Its own start is collective too (its communicator, every rank's number), and no thread answers
+yet: a timer ends the job when that has not completed within S seconds, in one line from each
+rank that waits (rank 0 at once, the others ``STAGGER_SECONDS`` later, by when rank 0's
+MPI_Abort has ended them). A rank stopped or lost just as the loop began once left the others
+waiting there for ever.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from ..comm.ulfm import is_rank_loss
 from ..errors import EXIT_NOT_CONTINUED, HpcoptError, abort_job
 
 EXIT_CODE = 4
+#: Seconds a rank other than 0 waits before it ends the job whose watchdog did not start.
+STAGGER_SECONDS = 1.0
 #: ``Comm`` methods that block until other ranks take part.
 BLOCKING_CALLS = ("allreduce_", "average_", "bcast_", "allreduce_scalar", "allreduce_host_",
                   "allgather", "gather", "barrier", "agree", "agree_errors", "waitall")
@@ -66,14 +74,22 @@ class Watchdog:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise HpcoptError("--stall-timeout needs an MPI library with MPI_THREAD_MULTIPLE",
                               everywhere=True)
-        self.mpi = comm.mpi.Dup()
-        self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
-        self.job_ranks = gather_ints(self.mpi, self.rank if job_rank is None else job_rank)
+        self.silent_is_lost = silent_is_lost
+        starting = threading.Timer(timeout, self._not_started,
+                                   (comm.rank if job_rank is None else job_rank, timeout))
+        starting.daemon = True
+        starting.start()
+        try:
+            self.mpi = comm.mpi.Dup()
+            self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
+            self.job_ranks = gather_ints(self.mpi, self.rank if job_rank is None else job_rank)
+        finally:
+            starting.cancel()
         self.timeout = timeout
         self.poll = min(0.5, max(0.02, timeout / 10))
         self.answer_within = max(1.0, 4 * self.poll)
         self.steps = steps
-        self.silent_is_lost, self.setup_only = silent_is_lost, setup_only
+        self.setup_only = setup_only
         self._main = threading.get_ident()
         self._codes = _blocking_codes()
         self._seen: tuple[FrameType, float] | None = None  # (the call waited in, since when)
@@ -83,6 +99,17 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpcopt-watchdog", daemon=True)
         self._thread.start()
+
+    def _not_started(self, job_rank: int, timeout: float) -> None:
+        """The start has not completed within ``timeout``: one line, and the job ends (exit 6
+        under ``silent_is_lost``, else 4)."""
+        if job_rank != 0:
+            time.sleep(STAGGER_SECONDS)
+        code = EXIT_NOT_CONTINUED if self.silent_is_lost else EXIT_CODE
+        abort_job(f"hpcopt: stall: rank {job_rank} has waited {timeout:g} s (--stall-timeout) for "
+                  "the other ranks to start the stall watchdog with it as training begins: a rank "
+                  "did not arrive (killed, exited or stopped); aborting the job "
+                  f"(exit code {code})\n", code)
 
     def stop(self) -> None:
         """End the thread and free the watchdog's communicator."""

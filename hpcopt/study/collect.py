@@ -209,8 +209,8 @@ def gather(paths: Sequence[Path]) -> list[Row]:
     """Every run's row (the columns are made by ``columns``)."""
     from ..config import build_config
     from ..io.data_parallel_checkpoint import find_checkpoint
-    from ..io.report import read_each, settings
     from ..io.trace import FILE_NAME, Trace
+    from ..report import read_each, settings
     from ..run.progress import Ticker
 
     tick = Ticker("collect")
@@ -302,7 +302,7 @@ def _last(trace: Any, name: str) -> float | None:
 
 def options(rows: Sequence[Row]) -> list[str]:
     """The options whose values differ between the runs (world size included), in order."""
-    from ..io.report import differences
+    from ..report import differences
 
     return differences([row.settings for row in rows if row.settings])
 
@@ -361,7 +361,7 @@ def _shown(path: Path, out: Path) -> str:
 
 
 def _csv_value(value: Any) -> str:
-    from ..io.report import text
+    from ..report import text
 
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return ""

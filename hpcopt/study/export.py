@@ -42,7 +42,7 @@ from typing import Any
 
 from ..errors import HpcoptError
 from ..io import safe_files
-from ..io.writing import publish
+from ..io.safe_files import publish
 
 TRAIN = ("loss_mean", "loss_max", "grad_norm", "grad_norm_max", "lr", "clip_fraction")
 EVAL = {"eval_loss": "eval/loss", "eval_accuracy": "eval/accuracy", "eval_perplexity": "eval/perplexity"}
@@ -156,7 +156,7 @@ FORMATS: dict[str, Callable[[Any, Path], list[Path]]] = {"csv": write_csv, "tens
 
 def export(runs: list[str], kind: str, out: str | Path) -> list[Path]:
     """Export each run's trace as ``kind`` into ``out/<run name>/``; the files written."""
-    from ..io.report import load_traces
+    from ..report import load_traces
 
     traces = load_traces(runs)
     written: list[Path] = []

@@ -159,9 +159,11 @@ def _run(study: Path, pending: list[Entry], slots: Slots, stop: _Stop,
          launch: Callable[[Entry], list[str]]) -> tuple[list[str], int, float]:
     """Run the tasks until every one has ended, or a signal stopped the launching and the running
     ones have ended; the failed tasks, the number not started and the start time."""
+    from ..algorithms.registration import child_variables
     from ..child import child_environment
+    from ..comm.mpi_support import singleton_environment
 
-    env = child_environment()
+    env = child_environment(singleton_environment(), child_variables())  # tasks read configs
     running, failed = list[_Running](), list[str]()
     total, done, start = len(pending), 0, time.monotonic()
     while (pending and not stop.received) or running:

@@ -57,7 +57,8 @@ class Recovery:
 def rank_losses(trace: Path) -> Recovery | None:
     """``/rank_losses`` of the trace file ``trace`` (read by a child first, as every trace is);
     None when it has none; HpcoptError (one line) for a group that is not the layout above."""
-    from ..io import READ_ERRORS, open_for_reading
+    from ..io import READ_ERRORS
+    from ..io.structure import open_for_reading
     from ..io.trace import DECLARED_BOUND, FILE_KIND
 
     with open_for_reading(trace, FILE_KIND, *DECLARED_BOUND) as f:

@@ -23,7 +23,9 @@ SIGINT or SIGUSR1 of each kind on to it (``scancel --signal=USR1 --batch`` reach
 shell, which this process is; a group signal from ``sweep --local`` or a terminal reaches only
 this process, so a launcher never gets one twice): SIGINT as SIGTERM to ``srun`` (whose first
 SIGINT only reports status), SIGUSR1 for SIGTERM or SIGINT to Open MPI's ``mpirun``. A signal
-before the launcher starts stops the task before it starts (exit 143 or 130, nothing lost).
+before the launcher starts stops the task before it starts (exit 143 or 130, nothing lost), and
+so does one that the launcher reports killed a process (the launcher itself, or a rank that had
+not reached hpcopt's first line: ``_Forward.killed_before_start``).
 Slurm's own ``--signal=TERM@N`` and ``scancel --signal`` reach the ranks directly.
 
 ``--requeue N`` (the Slurm arrays): a run that stopped at a checkpoint (exit 143) or lost a rank
@@ -35,21 +37,32 @@ first line names it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import socket
-import subprocess
-import sys
-from collections.abc import Sequence
-from pathlib import Path
 
-from ..errors import EXIT_CONTINUED, HpcoptError
-from ..run.signals import SIGNALS, exit_code, signal_name
-from .layout import Entry, TaskRecord, read_manifest
+#: The stop signals that came before ``run_task`` took them over: ``python -m hpcopt.study.task``
+#: notes them from its first line, before its imports (half a second on a loaded node, in which
+#: a batch shell's SIGUSR1 once killed it), and ``run_task`` acts on them.
+EARLY: list[int] = []
+if __name__ == "__main__":
+    for _signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):  # run.signals.SIGNALS, not yet imported
+        signal.signal(_signum, lambda signum, _: EARLY.append(signum))
+
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from ..errors import EXIT_CONTINUED, HpcoptError  # noqa: E402
+from ..run.signals import SIGNALS, exit_code, signal_name  # noqa: E402
+from .layout import Entry, TaskRecord, read_manifest  # noqa: E402
 
 #: A run stopped at a checkpoint by SIGTERM (or SIGUSR1): hpcopt's exit status, and srun's.
 EXIT_STOPPED = exit_code(signal.SIGTERM)
+#: hpcopt's exits of a run stopped by a signal (SIGTERM or SIGUSR1, SIGINT).
+STOP_EXITS = (EXIT_STOPPED, exit_code(signal.SIGINT))
 #: What a study's run does unless its sweep file says otherwise (flag: value, and the flags that
 #: stand in for it): a collective stuck 300 s (a node lost without an MPI error: its link cut, its
 #: power gone) ends the job, with a line naming the ranks, instead of waiting minutes for the
@@ -69,8 +82,8 @@ UNFINISHED = 1
 
 def finished(run: Path) -> bool:
     """Whether ``run`` holds a trace with its end-of-run summary (read in a child first)."""
-    from ..io.report import read_each
     from ..io.trace import FILE_NAME, Trace
+    from ..report import read_each
 
     trace = run / FILE_NAME
     if not trace.is_file():
@@ -87,7 +100,7 @@ def command(study: Path, entry: Entry, launcher: Sequence[str]) -> list[str] | N
     train = [*hpcopt, "train", *task_defaults(entry.args), *entry.args, "--out", entry.run.as_posix()]
     if not run.exists():  # a first start: nothing to read (and no reader to import)
         return train
-    from ..io.data_parallel_checkpoint import has_checkpoints
+    from ..run.directory import has_checkpoints
 
     if finished(run):
         return None
@@ -138,13 +151,14 @@ def launched_ranks(launcher: Sequence[str]) -> int | None:
 def _ranks_changed(run: Path, launcher: Sequence[str]) -> bool:
     """Whether the newest checkpoint of ``run`` was written by another number of ranks than
     ``launcher`` starts (a task requeued onto fewer or more nodes): its resume then needs
-    ``--ranks-changed``. The checkpoint is read in a child first (hpcopt.io.vet); one that cannot
-    be read is left to ``hpcopt resume`` to report."""
+    ``--ranks-changed``. The checkpoint is read in a child first (hpcopt.run.vetting); one that
+    cannot be read is left to ``hpcopt resume`` to report."""
     from ..io.data_parallel_checkpoint import checkpoint_world_size
+    from ..run.vetting import vet_checkpoint
 
     ranks = launched_ranks(launcher)
     try:
-        return ranks is not None and checkpoint_world_size(run) != ranks
+        return ranks is not None and checkpoint_world_size(vet_checkpoint(run)) != ranks
     except HpcoptError:
         return False
 
@@ -169,6 +183,7 @@ class _Forward:
     def __init__(self, launcher: Sequence[str]) -> None:
         self.srun = bool(launcher) and Path(launcher[0]).name == "srun"
         self.received: list[int] = []
+        self.passed: list[tuple[int, int]] = []  # (received, the signal sent the launcher for it)
         self.process: subprocess.Popen | None = None
 
     def receive(self, signum: int, frame: object = None) -> None:
@@ -192,6 +207,21 @@ class _Forward:
             forwarded = launcher_stop_signal(signum)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, forwarded)
+            self.passed.append((signum, forwarded))
+
+    def killed_before_start(self, code: int) -> int | None:
+        """The stop signal received whose passing on ended the run before hpcopt took it over, as
+        the launcher's exit ``code`` says; None where it says otherwise. hpcopt takes the stop
+        signals over from the first line of ``python -m hpcopt``, so a process that died of one
+        had not reached it, and nothing of this attempt was written (docs/failures.md,
+        "Launchers"). A launcher reports that death as 128 + the signal (itself killed by it; a
+        rank under Open MPI's ``mpirun``) or as the signal | 9 (a rank under MPICH's Hydra, which
+        ORs its ranks' statuses, its SIGKILL of the others included); hpcopt's own stop codes
+        (143, 130) keep their meaning."""
+        for received, forwarded in self.passed:
+            if code in (128 + forwarded, forwarded | signal.SIGKILL) and code not in STOP_EXITS:
+                return received
+        return None
 
 
 def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0) -> int:
@@ -203,6 +233,8 @@ def run_task(study: Path, index: int, launcher: Sequence[str], requeue: int = 0)
         raise HpcoptError(f"task {index} is not in {study}/manifest.tsv (tasks 0 to {len(entries) - 1})")
     forward = _Forward(launcher)
     previous = {s: signal.signal(s, forward.receive) for s in SIGNALS}
+    for signum in tuple(EARLY):  # one that came while the handlers were being installed: noted twice
+        forward.receive(signum)
     try:
         record = TaskRecord(study, entries[index])
         record.start()
@@ -238,6 +270,11 @@ def _carry_on(study: Path, entry: Entry, launcher: Sequence[str], forward: _Forw
     forward.started(process)
     code = _wait(process)
     print(f"task {entry.index}: exit {code}", flush=True)
+    stopped = forward.killed_before_start(code)
+    if stopped is not None:
+        print(f"task {entry.index}: {signal_name(stopped)} killed a process of the run before hpcopt "
+              f"started; stopped, nothing lost (exit {exit_code(stopped)})", flush=True)
+        return exit_code(stopped)
     if code in (0, EXIT_CONTINUED) and not finished(study / entry.run):
         print(f"task {entry.index}: the run has no end-of-run record, so it did not finish whatever "
               f"its launcher says (exit {UNFINISHED})", flush=True)

@@ -16,9 +16,10 @@ except ImportError as exc:  # pragma: no cover - only where PyTorch is missing
                       "pip install 'hpcopt[torch]' (see docs/torch.md)") from exc
 
 from .adapter import TorchModel
-from .build import config_workload, load_factory, prepared_model, torch_workload
+from .build import prepared_model, torch_workload
 from .data import BatchFactory, IteratorSampler, TensorData
 from .export import load_state_dict, save_state_dict
+from .from_config import config_workload, load_factory
 from .problem import TorchProblem
 from .text import evaluate_tokens, language_workload
 

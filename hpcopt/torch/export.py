@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from ..errors import HpcoptError
-from ..io import READ_ERRORS, described, open_for_reading
+from ..io import READ_ERRORS, described
 from ..io.data_parallel_checkpoint import TMP_SUFFIX
-from ..io.safe_files import check_regular
-from ..io.writing import HDF5Writing, publish, write_failure
+from ..io.safe_files import HDF5Writing, check_regular, publish, write_failure
+from ..io.structure import open_for_reading
 
 SAFETENSORS = ".safetensors"
 STATE_DICT_KIND = "torch state_dict"  # the HDF5 file's "kind" attribute

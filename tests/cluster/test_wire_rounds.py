@@ -15,9 +15,18 @@ VALUES = 262_144  # 1 MB of float32: a round of a few tens of ms at 100 Mbit/s
 def test_the_hierarchical_round_sends_under_half_the_flat_rounds_bytes(nodes, tmp_path):
     out = tmp_path / "rounds.json"
     job = nodes.mpiexec([sys.executable, "-m", "benchmarks.cluster.wire_rounds", "--json", str(out),
-                         "--values", str(VALUES), "--rounds", "1"], "ofi", JOB_TIMEOUT, job_env(), ROOT)
+                         "--values", str(VALUES), "--rounds", "1", "--load", "0", "1"], "ofi", JOB_TIMEOUT,
+                        job_env(), ROOT)
     assert job.returncode == 0, job.describe()
-    results = json.loads(out.read_text())["results"]
+    data = json.loads(out.read_text())
+    idle, loaded = data["levels"]
+    assert idle["load"]["busy"] == 0 and loaded["load"]["busy"] == 1
+    assert data["results"] == idle["results"]
+    for level in data["levels"]:
+        _check_bytes(level["results"])
+
+
+def _check_bytes(results: dict) -> None:
     sent = {name: min(r["link_bytes"]) for name, r in results.items()}
     largest = {name: max(r["link_bytes"]) for name, r in results.items()}
     message = 4 * VALUES

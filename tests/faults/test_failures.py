@@ -13,7 +13,15 @@ import pytest
 from hpcopt.comm.mpi_support import launcher_stop_signal
 from hpcopt.io.data_parallel_checkpoint import find_checkpoint, read_checkpoint
 from tests.command_line import assert_one_line_error
-from tests.faults.jobs import SMALL, STEPS, Send, assert_fault_ended_the_job, assert_same_run, run_job
+from tests.faults.jobs import (
+    INJECTED,
+    SMALL,
+    STEPS,
+    Send,
+    assert_fault_ended_the_job,
+    assert_same_run,
+    run_job,
+)
 
 #: fault -> (flags, exit code (None: any non-zero), what stderr says, seconds from the fault to
 #: the end of the job at most, newest checkpoint left behind)
@@ -148,3 +156,36 @@ def test_an_mpi_call_failing_after_a_peer_died_is_one_line(tmp_path):
     assert line.startswith("hpcopt: MPI failed on rank 1: "), job.describe()
     assert f"error class {MPI.ERR_OTHER})" in line, job.describe()  # 15 in MPICH, 16 in Open MPI
     assert line.endswith("another rank has most likely died; ending the job"), job.describe()
+
+
+#: ``python -c``: training under --stall-timeout 2, where rank 1 stops as the loop's watchdog
+#: starts (its start is collective), as a rank stopped or lost at that moment would.
+LATE_WATCHDOG = """
+import os, sys, time
+import hpcopt.run.watchdog as watchdog
+
+start = watchdog.Watchdog.__init__
+
+def late(self, *args, **kwargs):
+    if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK")) == "1":
+        sys.stderr.write("{marker}: rank 1 stops as the watchdog starts\\n")
+        sys.stderr.flush()
+        time.sleep(120)
+    start(self, *args, **kwargs)
+
+watchdog.Watchdog.__init__ = late
+from hpcopt.cli import main
+sys.exit(main(["train", *{args!r}, "--stall-timeout", "2", "--out", {out!r}]))
+"""
+
+
+def test_a_rank_that_never_joins_the_watchdogs_start_ends_the_job_within_the_stall_timeout(tmp_path):
+    """The watchdog's own start is collective, and nothing watched it: rank 0 waited there for
+    ever for a rank stopped as training began (seen with SIGSTOP under MPICH)."""
+    job = run_job([], python_code=LATE_WATCHDOG.format(marker=INJECTED, args=[*SMALL, "--steps", str(STEPS)],
+                                                       out=str(tmp_path / "run")))
+    assert job.returncode == 4 and "Traceback" not in job.stderr, job.describe()
+    [line] = job.hpcopt_lines()
+    assert line.startswith("hpcopt: stall: rank 0 has waited 2 s (--stall-timeout) for the other ranks to "
+                           "start the stall watchdog"), job.describe()
+    assert job.after_fault is not None and job.after_fault < 2 + 4, job.describe()

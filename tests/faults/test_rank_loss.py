@@ -345,6 +345,7 @@ def test_checkpoints_by_wall_time_go_on_after_a_lost_rank(tmp_path: Path) -> Non
     the survivors' communicator), so checkpoints by wall time are written after the loss too,
     and the job finishes on the survivors."""
     from hpcopt.io import data_parallel_checkpoint as ckpt_io
+    from hpcopt.run.directory import checkpoints
 
     run = tmp_path / "run"
     argv = _continued(run, "--checkpoint-every", "0", "--checkpoint-minutes", "0.0005",
@@ -353,7 +354,7 @@ def test_checkpoints_by_wall_time_go_on_after_a_lost_rank(tmp_path: Path) -> Non
                   mpiexec_args=("--with-ft", "ulfm"))
     assert job.returncode == EXIT_CONTINUED, job.describe()
     assert f"going on at 3 ranks from step {ROUND}" in job.stdout, job.describe()
-    ticks = [int(ckpt_io.NAME_PATTERN.match(p.name).group(1)) for p in ckpt_io.checkpoints(run)]
+    ticks = [int(ckpt_io.NAME_PATTERN.match(p.name).group(1)) for p in checkpoints(run)]
     assert ticks[-1] == 32 and len([t for t in ticks if KILLED_AT + 2 < t < 32]) >= 2, ticks
 
 

@@ -167,9 +167,10 @@ def test_a_signal_at_a_random_moment_ends_the_job_with_one_line(seed, tmp_path):
 
 #: Put on the ranks' module path (as ``sitecustomize``, imported by Python's start-up, before
 #: ``-m hpcopt``): rank ``RANK`` (MPICH's PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK) sends itself
-#: ``SIGNUM`` just as it starts importing ``MODULE``.
+#: ``SIGNUM`` just as it starts importing ``MODULE``, whose import then takes ``PAUSE`` seconds
+#: more (a loaded machine's).
 SIGNAL_AT_IMPORT = """
-import os, signal, sys
+import os, signal, sys, time
 
 class SignalAtImport:
     def find_spec(self, name, path=None, target=None):
@@ -179,6 +180,7 @@ class SignalAtImport:
             sys.stderr.write("{marker} {signum} at the import of " + name + "\\n")
             sys.stderr.flush()
             os.kill(os.getpid(), {signum})
+            time.sleep({pause})
         return None
 
 sys.meta_path.insert(0, SignalAtImport())
@@ -194,11 +196,33 @@ def test_a_signal_in_a_ranks_first_moments_ends_the_job_with_one_line(module, si
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SIGNAL_AT_IMPORT.format(
-        module=module, rank=1, signum=int(signum), marker=INJECTED))
+        module=module, rank=1, signum=int(signum), marker=INJECTED, pause=0))
     job = run_job([*JOB, "--out", str(tmp_path / "run")], path=(hook,))
     assert INJECTED in job.stderr, job.describe()
     assert assert_signal_ended_the_job(job, signum) is None
     assert "on rank 1: outside the training loop" in job.hpcopt_lines()[0]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1],
+                         ids=["SIGTERM", "SIGINT", "SIGUSR1"])
+def test_a_signal_to_a_rank_slower_to_start_than_the_grace_ends_it_by_the_signal_named(signum, tmp_path):
+    """A rank whose start-up outlasts ``GRACE_SECONDS`` after the signal (imports slowed by the
+    load) cannot MPI_Abort: it ends by the signal its line's exit code names, so Open MPI's
+    ``mpirun`` exits that code (MPICH's Hydra: that signal | 9). It once ended by SIGKILL after
+    its line said 143 (137: a requeue-on-143 script dropped the run)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_AT_IMPORT.format(
+        module="numpy", rank=0, signum=int(signum), marker=INJECTED, pause=GRACE_SECONDS + 3))
+    job = run_job([*JOB, "--out", str(tmp_path / "run")], path=(hook,))
+    died_by = exit_code(signum) - 128
+    assert job.returncode == (128 + died_by if OPEN_MPI else died_by | signal.SIGKILL), job.describe()
+    lines = job.hpcopt_lines()
+    assert len(lines) == 1 and f"{signal.Signals(signum).name} on rank 0: outside the training loop" \
+        in lines[0] and f"(exit code {exit_code(signum)})" in lines[0], job.describe()
+    assert "Traceback" not in job.stdout + job.stderr, job.describe()
+    assert job.after_fault is not None and job.after_fault < GRACE_SECONDS + TERMINATE_SECONDS, job.describe()
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("rank", [0, 1])

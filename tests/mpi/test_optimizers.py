@@ -15,7 +15,8 @@ from hpcopt.algorithms import state as fields
 from hpcopt.build import build_run
 from hpcopt.config import build_config
 from hpcopt.io import data_parallel_checkpoint as ckpt_io
-from hpcopt.io.trace import Window
+from hpcopt.run import checkpointing
+from hpcopt.run.window import Window
 from tests.conftest import host, on_devices
 from tests.reference import celgc_reference, prsgd_reference, worker_parts
 from tests.runs import fresh_train
@@ -170,13 +171,13 @@ def run_in_process(config, comm, directory=None):
         synchronized = algorithm.synchronized(state)
         model = state.x if synchronized else comm.average_(state.x.copy(), label="checkpoint")
         path = directory / f"step-{tick}.h5"
-        at = ckpt_io.Position(config, workload.layout, tick, "every-tick", 0, 0.0)
-        ckpt_io.save(path, comm, at, state, synchronized=synchronized, model=model,
+        at = checkpointing.Position(config, workload.layout, tick, "every-tick", 0, 0.0)
+        checkpointing.save(path, comm, at, state, synchronized=synchronized, model=model,
                      sampler=sampler, window=Window(parts.backend, clipping=algorithm.clips).fold())
         comm.mpi.Barrier()
         fresh = algorithm.init(workload.x0.copy(), comm)
         ckpt = ckpt_io.read_checkpoint(path, comm.rank, comm.size, verify=False)
-        ckpt_io.restore(ckpt, comm.rank, fresh, sampler, parts.backend)
+        checkpointing.restore(ckpt, comm.rank, fresh, sampler, parts.backend)
         state = fresh
         ticks.append(tick)
     if not algorithm.synchronized(state):

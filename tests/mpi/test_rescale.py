@@ -30,13 +30,13 @@ from hpcopt.errors import HpcoptError
 from hpcopt.io.data_parallel_checkpoint import (
     SAMPLER_COLUMNS,
     Checkpoint,
-    checkpoint_path,
     read_checkpoint,
     write_checkpoint,
 )
 from hpcopt.io.trace import read_trace
 from hpcopt.run import train
 from hpcopt.run.data_parallel import DataParallelSessionBuilder
+from hpcopt.run.directory import checkpoint_path
 from tests.conftest import host
 from tests.runs import assert_same_state
 

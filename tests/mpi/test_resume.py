@@ -69,7 +69,8 @@ def heterogeneous(size):
 RESUME_CASES = ["momentum", "nesterov-average-eval", "heterogeneous", "shared-memory-averaging",
                 "celgc", "lstm", "batchnorm", "batchnorm-local", "batchnorm-celgc",
                 "batchnorm-naive-clip", "slowmo", "slowmo-heterogeneous", "celgc-diloco", "streaming",
-                "batchnorm-streaming", "two-level", "overlapped"]
+                "batchnorm-streaming", "two-level", "overlapped", "celgc-wire", "celgc-heterogeneous",
+                "celgc-streaming"]
 
 
 # on the GPU: device state written and read back, the clipping counters, the LSTM hidden state
@@ -141,7 +142,17 @@ def test_train_checkpoint_resume_is_bitwise_identical_to_one_run(comm, shared_di
              # seconds price group_average on the group's ranks from its first row
              "two-level": {"group_size": 2 if comm.size % 2 == 0 else 1, "group_interval": 2,
                            "network": "eth10", "wire": "int8", "outer_optimizer": "nesterov",
-                           "outer_lr": 0.7, "outer_momentum": 0.9}}[case]
+                           "outer_lr": 0.7, "outer_momentum": 0.9},
+             # CELGC with the pieces of PR-SGD's round it was refused before: int8 rounds over
+             # each round's participants (the others keep their error feedback), the round at
+             # a step's start with per-rank round lengths (the clock ticks at each rank's I_i),
+             # and streamed fragments with a reduction in flight at the checkpoint
+             "celgc-wire": {"algorithm": "celgc", "gamma": 0.2, "wire": "int8",
+                            "participation": 0.5, "outer_optimizer": "nesterov", "eval_every": 3},
+             "celgc-heterogeneous": {**heterogeneous(comm.size), "algorithm": "celgc",
+                                     "gamma": 0.14, "participation": 0.5},
+             "celgc-streaming": {"algorithm": "celgc", "gamma": 0.15, "fragments": 2,
+                                 "overlap": 1, "eval_every": 3}}[case]
     extra["device"] = device
     if case == "lstm" and comm.rank == 0:
         write_tiny_ptb(shared_dir / "ptb")

@@ -18,7 +18,13 @@ import pytest
 from mpi4py import MPI
 
 from hpcopt.comm import Comm
-from hpcopt.comm.shm import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
+from hpcopt.comm.shm import (
+    SHM_AVERAGE_MIN_BYTES,
+    SHM_CHUNK_BYTES,
+    SHM_CHUNK_BYTES_ACROSS_NODES,
+    ShmAverager,
+    shm_supported,
+)
 from tests.memory import peak_allocation
 
 pytestmark = pytest.mark.mpi
@@ -333,6 +339,26 @@ def test_slow_copy_back_then_another_size_does_not_mix_data(world, averagers, ra
         a.average_(buf2)
         np.testing.assert_array_equal(np.asarray(buf1), expected1)
         np.testing.assert_array_equal(buf2, expected2)
+
+
+@pytest.mark.parametrize("ranks_per_node", [None, 1, 2])
+def test_the_default_chunk_is_larger_across_nodes_and_the_bits_do_not_depend_on_it(world, ranks_per_node):
+    """Across nodes the inter-node step moves bigger pieces (``SHM_CHUNK_BYTES_ACROSS_NODES``); a
+    chunk only cuts the buffer, so any chunk size gives the same bits."""
+    default = ShmAverager(world, ranks_per_node=ranks_per_node)
+    small = ShmAverager(world, ranks_per_node=ranks_per_node, chunk_bytes=SHM_CHUNK_BYTES)
+    try:
+        spans = default.nodes > 1
+        assert default.chunk_bytes == (SHM_CHUNK_BYTES_ACROSS_NODES if spans else SHM_CHUNK_BYTES)
+        assert SHM_CHUNK_BYTES_ACROSS_NODES > SHM_CHUNK_BYTES
+        length = 3 * SHM_CHUNK_BYTES_ACROSS_NODES // 4 + 17  # several small chunks, ragged
+        a, b = (random_data(world.Get_rank(), length, np.float32) for _ in range(2))
+        default.average_(a)
+        small.average_(b)
+        np.testing.assert_array_equal(a, b)
+    finally:
+        default.free()
+        small.free()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

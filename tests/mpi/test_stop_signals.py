@@ -113,8 +113,8 @@ def test_every_signal_stops_within_two_rows_with_a_checkpoint_and_resumes_bitwis
         comm, shared_dir, pipeline, monkeypatch):
     # 170 runs: without the child process that vets each checkpoint before a resume, and
     # without fsync (neither is what this test is about: tests/faults test both)
-    monkeypatch.setattr("hpcopt.io.vet.vet_checkpoint", lambda path: None)
-    monkeypatch.setattr("hpcopt.io.writing._fsync", lambda path: None)
+    monkeypatch.setattr("hpcopt.run.vetting.vet_checkpoint", lambda path: None)
+    monkeypatch.setattr("hpcopt.io.safe_files._fsync", lambda path: None)
     train, base = (fresh_pipeline, PIPELINE) if pipeline else (fresh_train, DATA_PARALLEL)
     read = (lambda path: pipe_ckpt.read(path, comm.size)) if pipeline else read_checkpoint
     measured = (*PIPELINE_TIME_COLUMNS, "busy_", "idle_") if pipeline else ("wall",)

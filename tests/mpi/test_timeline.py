@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from hpcopt.config import build_config
-from hpcopt.io.timeline import GATHER_ROWS, read_timeline
+from hpcopt.io.timeline import read_timeline
+from hpcopt.run.recorder import GATHER_ROWS
 from hpcopt.study.export import export
 from tests.runs import fresh_pipeline, fresh_train
 from tests.trace_events import assert_nested, check_trace_event_format

@@ -12,6 +12,7 @@ import pytest
 
 from hpcopt.io import data_parallel_checkpoint as ckpt_io
 from hpcopt.io.trace import read_trace
+from hpcopt.run import checkpointing, directory
 from hpcopt.run.data_parallel import DataParallelSession
 from hpcopt.run.pipeline import PipelineSession
 from tests.mpi import test_pipeline_run as pipeline_tests
@@ -39,7 +40,7 @@ def slowed(monkeypatch, session_class) -> None:
 
 def checkpoint_ticks(comm, out) -> list[int]:
     """The ticks of the run directory's checkpoints, as rank 0 lists them."""
-    ticks = [int(ckpt_io.NAME_PATTERN.match(p.name).group(1)) for p in ckpt_io.checkpoints(out)] \
+    ticks = [int(ckpt_io.NAME_PATTERN.match(p.name).group(1)) for p in directory.checkpoints(out)] \
         if comm.rank == 0 else None
     return comm.mpi.bcast(ticks)
 
@@ -60,10 +61,10 @@ def test_data_parallel_checkpoints_by_wall_time_change_nothing_and_resume_bitwis
     monkeypatch.undo()
     ticks = checkpoint_ticks(comm, timed)
     assert_checkpointed_by_the_clock(ticks, steps)
-    assert_same_run(want, got, plain, timed, comm.rank, ignored_labels=(ckpt_io.LABEL,))
-    middle = ckpt_io.checkpoint_path(timed, ticks[len(ticks) // 2 - 1])
+    assert_same_run(want, got, plain, timed, comm.rank, ignored_labels=(checkpointing.LABEL,))
+    middle = directory.checkpoint_path(timed, ticks[len(ticks) // 2 - 1])
     _, resumed = fresh_train(config(timed, steps=steps, checkpoint_minutes=0), resume=middle)  # may change
-    assert_same_run(want, resumed, plain, timed, comm.rank, ignored_labels=(ckpt_io.LABEL,))
+    assert_same_run(want, resumed, plain, timed, comm.rank, ignored_labels=(checkpointing.LABEL,))
 
 
 def test_pipeline_checkpoints_by_wall_time_change_nothing_and_resume_bitwise(
@@ -86,8 +87,8 @@ def test_pipeline_checkpoints_by_wall_time_change_nothing_and_resume_bitwise(
         for name, column in a.columns.items():
             if name not in PIPELINE_TIME_COLUMNS and not name.startswith(("busy_", "idle_")):
                 np.testing.assert_array_equal(column, b.columns[name], err_msg=name)
-        labels = set(a.comm) - {ckpt_io.LABEL}
-        assert labels == set(b.comm) - {ckpt_io.LABEL}
+        labels = set(a.comm) - {checkpointing.LABEL}
+        assert labels == set(b.comm) - {checkpointing.LABEL}
         for label in labels:
             for field in ("calls", "bytes"):
                 np.testing.assert_array_equal(a.comm[label][field], b.comm[label][field],
@@ -101,6 +102,6 @@ def test_pipeline_checkpoints_by_wall_time_change_nothing_and_resume_bitwise(
     ticks = checkpoint_ticks(comm, timed)
     assert_checkpointed_by_the_clock(ticks, steps)
     assert_same(want, got)
-    middle = ckpt_io.checkpoint_path(timed, ticks[len(ticks) // 2 - 1])
+    middle = directory.checkpoint_path(timed, ticks[len(ticks) // 2 - 1])
     _, resumed = fresh_pipeline(settings(timed, checkpoint_minutes=MINUTES), resume=middle)
     assert_same(want, resumed)

@@ -22,13 +22,13 @@ from hpcopt.flat import ParamLayout
 from hpcopt.io.data_parallel_checkpoint import (
     Checkpoint,
     find_checkpoint,
-    prune,
     read_checkpoint,
-    restore,
     write_checkpoint,
 )
 from hpcopt.io.digest import ATTRIBUTE, seal
 from hpcopt.io.trace import read_trace
+from hpcopt.run.checkpointing import restore
+from hpcopt.run.directory import prune
 from tests import crafted
 from tests.command_line import ROOT
 from tests.stored import assert_near_stored
@@ -409,30 +409,46 @@ def test_a_slowmo_checkpoint_from_before_the_outer_optimizers_resumes_bit_for_bi
     assert "slow_momentum = 0.6" in stored and "outer_optimizer" not in stored
 
 
-def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str):
-    """Resume tests/data/DIRECTORY/ALGORITHM-step-6.h5, a file of an older format, to step 10 and
-    hold it to two references. Bitwise, its whole state (``assert_same_state``): the resume to
-    step 10, on this machine, of the same state in today's format (``with_state_of``: moved by
-    hand, without hpcopt's reader of old formats, into the step-6 checkpoint of a new run, whose
+def test_a_celgc_checkpoint_from_before_celgc_was_pieces_resumes_bit_for_bit(tmp_path):
+    """CELGC, written when it was its own round (LocalClip with its own step, average, finish:
+    before the clipping rule, the round at a step's start and participation were pieces of
+    PR-SGD's round), resumes exactly (digits, MLP 64-12-10, I = 4, gamma 0.1 on the global
+    norm, momentum 0.9 averaged at the rounds, weight decay, Nesterov outer step, lr halved at
+    step 5; checkpoint at step 8: the end of a round whose average comes before step 9, after
+    one outer step): to step 12, where the run ends on a complete round (its outer step in the
+    final average), as ``_resume_old_checkpoint`` holds it."""
+    old, today = _resume_old_checkpoint(tmp_path, "checkpoint-v3", "celgc", at=8, to=12)
+    assert old.counters["steps_in_round"].tolist() == [4] and old.counters["rounds"].tolist() == [2]
+    assert sorted(old.shared) == ["anchor", "outer_buffer"] and "clip_count" in old.counters
+    assert 0 < old.counters["clip_count"][0] < 8
+
+
+def _resume_old_checkpoint(tmp_path, directory: str, algorithm: str, at: int = 6, to: int = 10):
+    """Resume tests/data/DIRECTORY/ALGORITHM-step-AT.h5 (AT: 6 unless given), a file of an older
+    format or an older version's, to step TO (10) and hold it to two references. Bitwise, its
+    whole state (``assert_same_state``): the resume to step TO, on this machine, of the same
+    state in today's format (``with_state_of``: moved by hand, without hpcopt's reader of old
+    formats, into the step-AT checkpoint of a new run, whose
     counters and sampler equal the old file's) -- and such a resume is the uninterrupted run
     (tests/mpi/test_resume.py). The model within a few ulp (``tests.stored``):
-    ALGORITHM-step-10-x.npy, the old version's uninterrupted run, computed on the machine that
+    ALGORITHM-step-TO-x.npy, the old version's uninterrupted run, computed on the machine that
     wrote the files (another CPU's BLAS kernels round differently). Returns (the old
-    checkpoint, the new run's state at step 6)."""
+    checkpoint, the new run's state at step AT)."""
     from tests.checkpoints import with_state_of
     from tests.runs import assert_same_state, fresh_train
 
     data = ROOT / "tests" / "data" / directory
-    old = read_checkpoint(data / f"{algorithm}-step-6.h5")
-    old_path = tmp_path / "old" / "checkpoints" / "step-000000006.h5"
+    old = read_checkpoint(data / f"{algorithm}-step-{at}.h5")
+    name = f"step-{at:09d}.h5"
+    old_path = tmp_path / "old" / "checkpoints" / name
     old_path.parent.mkdir(parents=True)
-    shutil.copy(data / f"{algorithm}-step-6.h5", old_path)
-    _, today = fresh_train(_ending_at(old.config, 6, tmp_path / "today"))  # today's format
-    today_path = with_state_of(old_path, tmp_path / "today" / "checkpoints" / "step-000000006.h5")
-    _, from_old = fresh_train(_ending_at(old.config, 10, tmp_path / "old"), resume=old_path)
-    _, from_today = fresh_train(_ending_at(old.config, 10, tmp_path / "today"), resume=today_path)
+    shutil.copy(data / f"{algorithm}-step-{at}.h5", old_path)
+    _, today = fresh_train(_ending_at(old.config, at, tmp_path / "today"))  # today's format
+    today_path = with_state_of(old_path, tmp_path / "today" / "checkpoints" / name)
+    _, from_old = fresh_train(_ending_at(old.config, to, tmp_path / "old"), resume=old_path)
+    _, from_today = fresh_train(_ending_at(old.config, to, tmp_path / "today"), resume=today_path)
     assert_same_state(from_old, from_today)
-    assert_near_stored(from_old.x, np.load(data / f"{algorithm}-step-10-x.npy"), "x")
+    assert_near_stored(from_old.x, np.load(data / f"{algorithm}-step-{to}-x.npy"), "x")
     return old, today
 
 
@@ -445,12 +461,12 @@ def _ending_at(config, steps: int, out: Path):
 def test_a_checkpoints_run_directory_is_written_as_the_user_gave_it(tmp_path, monkeypatch):
     """A resumed run prints and uses the run directory as the user wrote it (relative stays
     relative); a checkpoints/ folder that is a link to another run's is that run's directory."""
-    from hpcopt.io.data_parallel_checkpoint import run_directory
+    from hpcopt.run.directory import home_of
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "a" / "checkpoints").mkdir(parents=True)
-    assert run_directory(Path("runs/a/checkpoints/step-000000008.h5")) == Path("runs/a")
+    assert home_of(Path("runs/a/checkpoints/step-000000008.h5")) == Path("runs/a")
     (tmp_path / "runs" / "b").mkdir()
     (tmp_path / "runs" / "b" / "checkpoints").symlink_to(tmp_path / "runs" / "a" / "checkpoints")
-    assert run_directory(Path("runs/b/checkpoints/step-000000008.h5")) == tmp_path / "runs" / "a"
-    assert run_directory(Path("loose.h5")) is None
+    assert home_of(Path("runs/b/checkpoints/step-000000008.h5")) == tmp_path / "runs" / "a"
+    assert home_of(Path("loose.h5")) is None

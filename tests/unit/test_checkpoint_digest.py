@@ -1,6 +1,6 @@
 """The content digest of checkpoints (hpcopt.io.digest): canonical, sensitive to every part of
 the content, verified once per read, and the same for both checkpoint formats; and the vetting
-of a checkpoint in a child process before a resumed job reads it (hpcopt.io.vet)."""
+of a checkpoint in a child process before a resumed job reads it (hpcopt.run.vetting)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hpcopt.errors import HpcoptError
 from hpcopt.io import digest
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint, stored_config, write_checkpoint
 from hpcopt.io.digest import ATTRIBUTE, BLOCK_BYTES, content_digest
-from hpcopt.io.vet import vet_checkpoint
+from hpcopt.run.vetting import vet_checkpoint
 
 from test_checkpoint import synthetic  # noqa: E402  (tests/unit is on the path: no package)
 
@@ -113,6 +113,7 @@ def pipeline_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
     from hpcopt.config import build_config
     from hpcopt.flat import ParamLayout
     from hpcopt.io import pipeline_checkpoint as pipe
+    from hpcopt.io import versions
 
     model = np.linspace(0, 1, 6)
     ckpt = pipe.PipelineCheckpoint(
@@ -121,7 +122,7 @@ def pipeline_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
          pipe.StageRecord((4, 6), {"x": model[4:].copy()}, {"step": 7, "alpha": 0.1})],
         np.zeros((2, len(pipe.WINDOW_COLUMNS))))
     path = directory / "step-000000007.h5"
-    pipe._write(path, ckpt, ParamLayout.of(w=(4,), b=(2,)), [])
+    pipe.write(path, ckpt, ParamLayout.of(w=(4,), b=(2,)), [], versions())
     return path, model
 
 
@@ -136,7 +137,7 @@ def test_the_pipeline_format_is_sealed_and_verified_the_same_way(tmp_path):
         pipe.read(path, 2)
 
 
-# -- vetting in a child process (hpcopt.io.vet) -------------------------------------------------
+# -- vetting in a child process (hpcopt.run.vetting) --------------------------------------------
 
 def test_a_child_reads_either_kind_whole_and_each_file_once(written, tmp_path, monkeypatch):
     from hpcopt import child

@@ -15,8 +15,8 @@ import pytest
 
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
-from hpcopt.io.report import read_each
 from hpcopt.io.trace import Trace
+from hpcopt.report import read_each
 from hpcopt.run import progress
 from hpcopt.study import collect, layout
 from tests.command_line import assert_one_line_error, launch
@@ -245,7 +245,7 @@ def test_collect_command_line_errors_are_one_line(runs, tmp_path):
 
 
 def test_report_of_a_study_takes_its_readable_runs_and_says_what_it_left_out(runs, tmp_path, capsys):
-    from hpcopt.io.report import write_report
+    from hpcopt.report import write_report
 
     study = make_study(tmp_path, runs, 4)
     shutil.copytree(runs["I2"], study / "runs" / "t0")

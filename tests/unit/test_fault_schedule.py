@@ -133,6 +133,47 @@ def test_a_stop_signal_ends_a_stragglers_sleep_and_those_after_it():
     assert time.perf_counter() - start < 0.5  # no sleep once stopping
 
 
+def test_sigterm_ends_a_stragglers_sleep_under_the_python_api(tmp_path, monkeypatch):
+    """``hpcopt.train`` keeps SIGTERM a flag (no JobSignals): the straggler's sleep ends at it as
+    on the command line, and the run stops at a checkpoint. Counted, not timed: the sleep's
+    slices (``SLEEP_SLICE``) that begin once the signal is sent, at most the one under way as
+    it is handled (the sleep once went on for every step up to the next row, 99 times each
+    gradient's time)."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    import hpcopt
+    from hpcopt.run import fault_schedule
+
+    sent = threading.Event()
+    slices = {False: 0, True: 0}  # slices of the straggler's sleep begun before and after the signal
+
+    def sleep(seconds: float) -> None:
+        slices[sent.is_set()] += 1
+        time.sleep(seconds)
+
+    monkeypatch.setattr(fault_schedule, "time", SimpleNamespace(
+        sleep=sleep, monotonic=time.monotonic, perf_counter=time.perf_counter, time=time.time))
+
+    def send() -> None:  # once the loop takes SIGTERM over and the straggler sleeps
+        while signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or not slices[False]:
+            time.sleep(0.01)
+        sent.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    config = build_config(None, {"dataset": "digits", "hidden": "256,256", "batch_size": "256",
+                                 "steps": "400", "trace_every": "8", "straggler": "0:0.01",
+                                 "out": str(tmp_path / "run"), "progress": "false"})
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    summary, _ = hpcopt.train(config, verbose=False)
+    sender.join()
+    assert summary.stopped and summary.stop_signal == "SIGTERM" and Path(summary.checkpoint).is_file()
+    assert slices[True] <= 1, slices
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_a_fault_record_is_data_checked_field_by_field(tmp_path):
     assert read_record(tmp_path) is None
     record = FaultRecord("r", 1, 13, 100.0, 102.5, 8)

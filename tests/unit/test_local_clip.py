@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from hpcopt.algorithms.local_clip import LocalClip, NaiveParallelClip
+from hpcopt.algorithms.participation import Participating, participants
+from hpcopt.algorithms.reducers import PLAIN, WireMean
 from hpcopt.errors import HpcoptError
 
 LR = {"lr": 0.5}
@@ -65,11 +67,56 @@ def test_a_device_norm_gives_the_same_step_size_without_leaving_the_device(xp, n
 @pytest.mark.parametrize("fraction, size, count", [(0.5, 4, 2), (0.5, 3, 2), (0.7, 10, 7),
                                                    (0.01, 5, 1), (1.0, 6, 6), (0.99, 6, 6)])
 def test_participants_are_ceil_fraction_n_distinct_ranks(fraction, size, count):
-    algorithm = LocalClip(**LR, gamma=1.0, participation=fraction, seed=3)
-    draws = [algorithm.reducer.participants(r, size) for r in range(20)]
+    draws = [participants(fraction, 3, r, size) for r in range(20)]
     assert all(d.size == count and np.unique(d).size == count for d in draws)
     assert all(0 <= d.min() and d.max() < size and np.all(np.diff(d) > 0) for d in draws)
-    again = LocalClip(**LR, gamma=1.0, participation=fraction, seed=3)
-    assert all(np.array_equal(d, again.reducer.participants(r, size)) for r, d in enumerate(draws))
+    assert all(np.array_equal(d, participants(fraction, 3, r, size)) for r, d in enumerate(draws))
     if 0 < count < size:
         assert len({tuple(d) for d in draws}) > 1  # a new subset each round
+
+
+@pytest.mark.parametrize("algorithm", ["celgc", "prsgd", "diloco", "slowmo"])
+def test_participation_is_an_option_of_every_rounds_reducer(algorithm):
+    """The reducer of a round over a subset wraps the plain mean or the wire; at participation 1
+    it is the reducer itself (nothing changes)."""
+    from hpcopt.algorithms.registration import registry
+
+    def reducer(**options):
+        return registry()[algorithm](lr=0.5, seed=3, **options).reducer
+
+    assert reducer() is PLAIN
+    assert reducer(participation=0.5) == Participating(PLAIN, 0.5, 3)
+    assert reducer(participation=0.5, wire="int8") == Participating(WireMean("int8"), 0.5, 3)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"clip_norm": "global", "local_steps": (2, 3)}, "clip_norm global applies only when every rank"),
+    ({"participation": 0.5, "fragments": 2, "overlap": 1}, "participation is not built with fragments"),
+])
+def test_the_pairs_that_cannot_make_sense_stay_refused(options, message):
+    with pytest.raises(HpcoptError, match=message):
+        LocalClip(**LR, gamma=1.0, **options)
+
+
+def test_participation_is_refused_with_a_registered_reducer_of_ones_own():
+    """A reducer of one's own takes its mean over every rank: a subset is built for the plain
+    mean and the wires only."""
+    from hpcopt.algorithms import Piece, reducers
+
+    class Everyone:
+        declared = ()
+        in_flight = False
+
+        def new_state(self, x):
+            return {}
+
+        def mean_(self, x, state, part, comm, label):
+            comm.average_(x, label=label)
+
+    reducers.register("everyone", Piece(lambda options: Everyone()))
+    try:
+        assert isinstance(LocalClip(**LR, gamma=1.0, wire="everyone").reducer, Everyone)
+        with pytest.raises(HpcoptError, match="participation applies only to the plain mean and the wires"):
+            LocalClip(**LR, gamma=1.0, wire="everyone", participation=0.5)
+    finally:
+        reducers.unregister("everyone")

@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcopt.comm.mpi_support import mpi_library
-from hpcopt.io import versions
+from hpcopt.run.checkpointing import written_by
 
 OPEN_MPI = ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, "
             "repo rev: v5.0.11rc1, Sep 16, 2026\x00")
@@ -25,6 +25,6 @@ def test_open_mpi_s_nul_byte_does_not_reach_hdf5(monkeypatch, tmp_path):
     # h5py refuses a string attribute with an embedded NUL: this killed every run on Open MPI
     monkeypatch.setattr(MPI, "Get_library_version", lambda: OPEN_MPI)
     with h5py.File(tmp_path / "f.h5", "w") as f:
-        f.attrs.update(versions())
+        f.attrs.update(written_by())
     with h5py.File(tmp_path / "f.h5", "r") as f:
         assert f.attrs["mpi_library"] == OPEN_MPI[:-1]

@@ -246,7 +246,7 @@ def test_report_replaces_planted_links_and_fifos_instead_of_writing_through_them
     """``hpcopt report --out DIR`` wrote its PNGs and report.md through a link planted at their
     names (and a FIFO there blocked it for good)."""
     pytest.importorskip("matplotlib")
-    from hpcopt.io.report import write_report
+    from hpcopt.report import write_report
 
     precious, out = plant_links(tmp_path, "report", "steps.png", "report.md")
     os.mkfifo(out / "wall.png")

@@ -16,9 +16,8 @@ import pytest
 
 from hpcopt.algorithms import ENTRY_POINT_GROUP, LocalSGD, option, register, registration, registry
 from hpcopt.cli import make_parser
-from hpcopt.config import algorithm_options, build_config, to_toml
+from hpcopt.config import algorithm_options, build_config, config_from_toml, to_toml
 from hpcopt.errors import HpcoptError
-from hpcopt.io import config_from_toml
 from tests.timeouts import scaled
 
 
@@ -210,6 +209,7 @@ except HpcoptError as exc:
 def test_a_process_hpcopt_starts_imports_the_modules_of_algorithms_registered_by_call(tmp_path,
                                                                                       monkeypatch):
     from hpcopt.child import child_environment
+    from hpcopt.comm.mpi_support import singleton_environment
 
     assert registration.child_variables() == {}
     (tmp_path / "user_algorithms.py").write_text(USER_MODULE)
@@ -218,7 +218,7 @@ def test_a_process_hpcopt_starts_imports_the_modules_of_algorithms_registered_by
     importlib.import_module("user_algorithms")
     register(dataclass(frozen=True, kw_only=True)(
         type("InScript", (LocalSGD,), {"name": "in_script", "__module__": "__main__"})))
-    env = child_environment()
+    env = child_environment(singleton_environment(), registration.child_variables())  # as hpcopt's callers
     assert env[registration.MODULES_VARIABLE] == "user_algorithms,__main__:in_script"
     assert env["PYTHONPATH"].split(os.pathsep)[-1] == str(tmp_path.resolve())
     elsewhere = tmp_path / "elsewhere"

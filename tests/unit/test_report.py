@@ -9,7 +9,8 @@ import pytest
 
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
-from hpcopt.io.report import (
+from hpcopt.io.trace import read_trace
+from hpcopt.report import (
     AXES,
     ONE_POINT_NOTE,
     PIPELINE_AXES,
@@ -19,7 +20,6 @@ from hpcopt.io.report import (
     run_style,
     write_report,
 )
-from hpcopt.io.trace import read_trace
 from tests.command_line import assert_one_line_error, launch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
 """Rescale policies are declared with every per-rank state field, and a checkpoint that cannot be
-carried over to another number of ranks is refused in one line (hpcopt.io.rescale)."""
+carried over to another number of ranks is refused in one line (hpcopt.run.rescale)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hpcopt.algorithms.data_parallel import DataParallelState
 from hpcopt.algorithms.inner import Sgd, declared
 from hpcopt.errors import HpcoptError
 from hpcopt.io.data_parallel_checkpoint import HIDDEN, read_checkpoint
-from hpcopt.io.rescale import rescaled
+from hpcopt.run.rescale import rescaled
 from tests.checkpoints import small_checkpoint
 
 

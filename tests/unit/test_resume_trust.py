@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from hpcopt.io.data_parallel_checkpoint import prune, write_checkpoint
+from hpcopt.io.data_parallel_checkpoint import write_checkpoint
+from hpcopt.run.directory import prune
 from tests.unit.test_checkpoint import synthetic
 
 

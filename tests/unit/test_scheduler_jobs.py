@@ -8,6 +8,7 @@ input, NaN, a finished run or ``scancel``, at most ``[job] requeue`` times. Stan
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -128,9 +129,11 @@ def stand_ins(tmp_path: Path, code: int) -> tuple[Path, Path]:
 
 
 def start_task(study: Path, bin_dir: Path, record: Path, restarts: int = 0,
-               requeue: int = 2, state: str = "RUNNING") -> subprocess.Popen:
+               requeue: int = 2, state: str = "RUNNING", hook: Path | None = None) -> subprocess.Popen:
+    """The task's runner under the stand-ins (``hook``: a folder put on its module path too)."""
+    path = os.pathsep.join(map(str, (ROOT, *([hook] if hook else []))))
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", RECORD=str(record),
-               JOB_STATE=state, PYTHONPATH=str(ROOT), SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="0",
+               JOB_STATE=state, PYTHONPATH=path, SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="0",
                SLURM_JOB_ID="78", SLURM_RESTART_COUNT=str(restarts))
     return subprocess.Popen([sys.executable, "-m", "hpcopt.study.task", "0", "--requeue", str(requeue),
                              str(bin_dir / "srun")], cwd=study, env=env, stdout=subprocess.PIPE,
@@ -206,6 +209,63 @@ def test_a_signal_before_the_launcher_starts_stops_the_task_before_it_starts(tmp
     entry = task_module.read_manifest(study)[0]
     assert task_module._carry_on(study, entry, [str(bin_dir / "srun")], forward) == 143
     assert not record.exists()  # the launcher never started
+
+
+#: A ``sitecustomize`` by which a process sends itself SIGUSR1 as it starts importing the module
+#: the task's runner reads the study with.
+SIGUSR1_AT_IMPORT = """
+import os, signal, sys
+
+class SignalAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hpcopt.study.layout":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return None
+
+sys.meta_path.insert(0, SignalAtImport())
+"""
+
+
+def test_a_signal_while_the_task_runner_imports_stops_the_task_before_it_starts(tmp_path):
+    """``python -m hpcopt.study.task`` notes the stop signals from its first line: a batch
+    shell's SIGUSR1 (``scancel --signal=USR1 --batch``) while it imports once killed it (no
+    requeue, no record of its end)."""
+    study = make_study(tmp_path)
+    bin_dir, record = stand_ins(tmp_path, code=143)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGUSR1_AT_IMPORT)
+    task = start_task(study, bin_dir, record, hook=hook)
+    out, _ = task.communicate(timeout=scaled(30))
+    assert task.returncode == 143, out
+    assert "task 0: SIGUSR1 before the run started; stopped, nothing lost" in out
+    assert record.read_text().splitlines() == ["scontrol requeue 77_0"], out  # srun never started
+    assert json.loads((study / "logs/task-0.json").read_text())["exit_code"] == 143
+
+
+@pytest.mark.parametrize("sent, code, stopped", [
+    (signal.SIGUSR1, 138, 143),  # Open MPI's mpirun: a rank (or mpirun itself) died of SIGUSR1
+    (signal.SIGTERM, 15, 143),  # MPICH's Hydra: a rank died of SIGTERM (15 | its SIGKILL of the rest)
+    (signal.SIGINT, 15, 130),  # srun gets SIGTERM for SIGINT
+])
+def test_a_stop_that_killed_a_process_before_hpcopt_started_is_a_stop_before_the_start(
+        tmp_path, sent, code, stopped):
+    """A stop signal passed on to the launcher in a rank's first moments, before its
+    ``python -m hpcopt`` takes it over, kills that rank (or the launcher): the launcher's own
+    code says so, and the task is stopped before it started, as 143 or 130, and requeued as a
+    stop (it once counted as failed with the launcher's code)."""
+    study = make_study(tmp_path)
+    bin_dir, record = stand_ins(tmp_path, code=code)
+    task = start_task(study, bin_dir, record)
+    wait_for(record, "started")
+    task.send_signal(sent)
+    out, _ = task.communicate(timeout=scaled(30))
+    assert task.returncode == stopped, out
+    assert f"task 0: exit {code}\ntask 0: {signal.Signals(sent).name} killed a process of the run before " \
+        f"hpcopt started; stopped, nothing lost (exit {stopped})" in out
+    assert "scontrol requeue 77_0" in record.read_text(), out
+    assert json.loads((study / "logs/task-0.json").read_text())["exit_code"] == stopped
 
 
 @pytest.mark.parametrize("args, added", [

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from hpcopt.config import Config
-from hpcopt.io.trace import Row, WindowStats, read_stop, stop_value
 from hpcopt.run.runner import CheckpointClock, RunFiles, Ticks, _loop
 from hpcopt.run.signals import StopSignal
 from hpcopt.run.threads import ThreadChoice
+from hpcopt.run.window import Row, WindowStats, read_stop, stop_value
 
 TOTAL = 40
 

@@ -16,7 +16,7 @@ from hpcopt.comm.costmodel import PROFILES, comm_modelled
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
 from tests.reference import fragment_cuts
-from tests.registered import refused, users
+from tests.registered import users
 
 DIGITS_MLP = (768, 12, 120, 10)  # the digits MLP with hidden 12
 
@@ -86,7 +86,8 @@ def small(**overrides):
     ({"overlap": 1, "momentum": 0.9, "momentum_policy": "average"}, "momentum_policy is not built"),
     ({"algorithm": "diloco", "fragment_mix": 0.5, "second_moment_policy": "reset"},
      "second_moment_policy is not built"),
-    ({"algorithm": "celgc", "fragments": 2}, refused("fragments", "celgc")),
+    ({"algorithm": "celgc", "participation": 0.5, "fragments": 2, "overlap": 1},
+     "participation is not built with fragments, overlap or fragment_mix: only with overlap 0"),
     ({"device": "gpu", "overlap": 1}, "fragments, overlap and fragment_mix are built for device cpu only"),
 ])
 def test_streaming_options_out_of_range_or_not_built_are_refused(overrides, message):
@@ -123,7 +124,7 @@ def test_node_rounds_that_are_built_build(overrides, rails):
 
 
 def test_every_algorithm_with_fragments_builds_streamed():
-    assert {"prsgd", "diloco", "slowmo"} <= set(users("fragments"))
+    assert {"prsgd", "diloco", "slowmo", "celgc"} <= set(users("fragments"))
     for algorithm in users("fragments"):
         assert small(algorithm=algorithm, fragments=2, overlap=1, fragment_mix=0.5).algorithm.fragments == 2
 

@@ -15,11 +15,11 @@ import pytest
 
 from hpcopt.config import build_config
 from hpcopt.errors import HpcoptError
-from hpcopt.io import timeline as timeline_io
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint
 from hpcopt.io.timeline import read_timeline
 from hpcopt.io.trace import read_trace
-from hpcopt.io.vet import vet_traces
+from hpcopt.run import recorder
+from hpcopt.run.vetting import vet_traces
 from hpcopt.study.export import export
 from tests import crafted
 from tests.command_line import assert_one_line_error, launch
@@ -92,7 +92,7 @@ def test_off_the_run_is_todays_and_on_it_computes_the_same(run, tmp_path):
 
 
 def test_the_cap_bounds_the_spans_and_counts_those_dropped(run, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(timeline_io, "_FIRST_CAPACITY", 4)  # the columns grow 4, 8, 16, 30
+    monkeypatch.setattr(recorder, "_FIRST_CAPACITY", 4)  # the columns grow 4, 8, 16, 30
     out = tmp_path / "capped"
     fresh_train(config(out, timeline_max_spans="30"))
     capped, whole = read_timeline(out / "trace.h5"), read_timeline(run / "trace.h5")

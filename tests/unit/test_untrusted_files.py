@@ -1,7 +1,7 @@
 """Untrusted checkpoints, traces and state_dicts (hpcopt.io.structure): nothing in them is
 followed out of the file, no virtual, externally stored or oddly filtered dataset is read, and
 declared data beyond what the file holds is refused before it is allocated; and writes that
-fail (a full disk, hpcopt.io.writing) end in one error line with the previous file intact."""
+fail (a full disk, hpcopt.io.safe_files) end in one error line with the previous file intact."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hpcopt.config import build_config, to_toml
 from hpcopt.errors import HpcoptError
 from hpcopt.io.data_parallel_checkpoint import read_checkpoint, stored_config, write_checkpoint
 from hpcopt.io.trace import COLUMNS, TraceWriter, read_trace
-from hpcopt.io.vet import vet_traces
+from hpcopt.run.vetting import vet_traces
 from tests import crafted
 from tests.memory import peak_allocation
 
@@ -252,9 +252,9 @@ class _FullDisk:
 
 def full_disk(monkeypatch, room: int) -> None:
     """Every file hpcopt writes from now on fails with ENOSPC after ``room`` bytes."""
-    from hpcopt.io import writing
+    from hpcopt.io import safe_files
 
-    monkeypatch.setattr(writing, "open", lambda *a, **k: _FullDisk(open(*a, **k), room), raising=False)
+    monkeypatch.setattr(safe_files, "open", lambda *a, **k: _FullDisk(open(*a, **k), room), raising=False)
 
 
 def test_a_disk_full_mid_checkpoint_is_one_error_and_the_previous_one_stays(tmp_path, monkeypatch,

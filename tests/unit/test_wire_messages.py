@@ -20,7 +20,7 @@ from tests.registered import refused
 
 @pytest.mark.parametrize("options, message", [
     ({"wire": "int4"}, "unknown wire 'int4' \\(choose from float32, bfloat16, float16, int8\\)"),
-    ({"wire": "int8", "algorithm": "celgc"}, refused("wire", "celgc")),
+    ({"wire": "int8", "algorithm": "naive_clip"}, refused("wire", "naive_clip")),
     ({"wire": "int8", "device": "gpu"}, "wire applies only to --device cpu"),
 ])
 def test_a_wire_that_cannot_be_used_is_refused(options, message):

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..algorithms import state as fields
 from ..errors import HpcoptError
-from .data_parallel_checkpoint import HIDDEN, SAMPLER_COLUMNS, Checkpoint
+from ..io.data_parallel_checkpoint import HIDDEN, SAMPLER_COLUMNS, Checkpoint
 
 #: The policies in the order the resume's line names them, with the word it uses.
 _SAID = ((fields.AVERAGE, "averaged"), (fields.RESET, "reset"), (fields.SAME, "kept"))

@@ -35,13 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config, applies
-from ..errors import HpcoptError
-from ..run.progress import Ticker
-from ..study.layout import is_study, read_manifest, study_traces
-from .safe_files import replacing, write_replacing
-from .trace import FILE_NAME, Trace, read_trace
-from .vet import vet_traces
+from .config import Config, applies
+from .errors import HpcoptError
+from .io.safe_files import replacing, write_replacing
+from .io.trace import FILE_NAME, Trace, read_trace
+from .run.progress import Ticker
+from .run.vetting import vet_traces
+from .study.layout import is_study, read_manifest, study_traces
 
 #: Options that do not change what a run computes; never used to tell runs apart.
 NOT_DIFFERENCES = ("out", "progress", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "trace",
@@ -88,7 +88,7 @@ def _final(trace: Trace, key: str) -> float:
 
 def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
     """Read each trace (a trace file, or a run directory holding ``trace.h5``), after a child
-    process has read them all (hpcopt.io.vet: a trace HDF5 crashes on becomes one line). A
+    process has read them all (hpcopt.run.vetting: a trace HDF5 crashes on becomes one line). A
     study directory (``hpcopt sweep``) stands for the traces of its runs that could be read."""
     given = [Path(p) for p in paths]
     files = {path: path / FILE_NAME if path.is_dir() else path for path in given
@@ -111,7 +111,7 @@ def load_traces(paths: Sequence[str | Path]) -> list[Trace]:
 
 def read_each(files: Sequence[Path]) -> list[Trace | HpcoptError]:
     """Each trace, or the error that refuses it, after one child process has read them all
-    (hpcopt.io.vet); the child is run again past each trace it refuses."""
+    (hpcopt.run.vetting); the child is run again past each trace it refuses."""
     refused: dict[int, HpcoptError] = {}
     start = 0
     while start < len(files):
