@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..comm.node_reduce import RailsSum
 from ..errors import HpcoptError
 from .base import context, option
 from .reducers import PLAIN, Reducer
@@ -322,7 +323,7 @@ class FragmentSchedule:
         reductions = state.reductions
         reductions.pending[p] = comm.iallreduce(state.in_flight[start:stop],
                                                 reductions.received[start:stop], FRAGMENT_LABEL,
-                                                rails=self.rails)
+                                                stages=RailsSum if self.rails else None)
 
     def _apply(self, p: int, sent: int, state: Any, comm: Comm, rounds: RoundCalls) -> None:
         """Complete fragment p's reduction (posted again from ``in_flight`` after a resume),

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -27,9 +27,6 @@ from .progress import MPICH_ASYNC, CommThread, Posted, hidden_fraction
 from .progress import describe as describe_progress
 from .shm import SHM_AVERAGE_MIN_BYTES, ShmAverager, shm_supported
 from .staging import DeviceTransport, transport_for
-
-if TYPE_CHECKING:
-    from .node_reduce import RailsSum
 
 T = TypeVar("T")
 
@@ -179,11 +176,26 @@ class CommStats:
         self.counters.clear()
 
 
+class Stages(Protocol):
+    """A reduction made of several MPI calls, one in flight at a time (``node_reduce.RailsSum``):
+    ``advance`` completes the call in flight and posts the next, ``Wait`` the rest."""
+
+    nbytes: int
+
+    def advance(self) -> None: ...
+
+    def Wait(self) -> None: ...  # noqa: N802 - as MPI.Request's, which ``Comm.complete`` calls
+
+
+#: Makes the ``Stages`` of a sum over ranks: (comm, send, recv, label) -> Stages.
+StagesMaker = Callable[["Comm", np.ndarray, np.ndarray, str], Stages]
+
+
 @dataclass
 class Reduction:
     """A non-blocking allreduce in flight (``Comm.iallreduce``), to finish with ``Comm.complete``."""
 
-    request: MPI.Request | Posted | RailsSum  # Posted: handed to the communication thread
+    request: MPI.Request | Posted | Stages  # Posted: handed to the communication thread
     label: str
     nbytes: int
     posted: float        # time.perf_counter() when it was posted
@@ -498,23 +510,21 @@ class Comm:
         return request, everyone
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, label: str,
-                   op: MPI.Op = MPI.SUM, rails: bool = False) -> Reduction:
+                   op: MPI.Op = MPI.SUM, stages: StagesMaker | None = None) -> Reduction:
         """Start ``recv <- sum_i send_i`` over ranks (host arrays of one size; neither may be
-        written, nor ``recv`` read, until ``complete``). Counted when completed. With ``rails``
-        (a sum) on several nodes, the node-aware path of hpcopt/comm/node_reduce.py, moved on
-        by ``advance``."""
+        written, nor ``recv`` read, until ``complete``). Counted when completed. With ``stages``
+        (a sum) on several nodes, the reduction by stages it makes (the node-aware path of
+        hpcopt/comm/node_reduce.py), moved on by ``advance``."""
         start = time.perf_counter()
-        if rails and not self.in_node:
-            from .node_reduce import RailsSum
-
-            stages = RailsSum(self, send, recv, label)
-            return Reduction(stages, label, stages.nbytes, start, time.perf_counter() - start)
+        if stages is not None and not self.in_node:
+            made = stages(self, send, recv, label)
+            return Reduction(made, label, made.nbytes, start, time.perf_counter() - start)
         request = (self.mpi.Iallreduce(send, recv, op=op) if self.comm_thread is None
                    else self.comm_thread.post(send, recv, op))
         return Reduction(request, label, send.nbytes, start, time.perf_counter() - start)
 
     def advance(self, reduction: Reduction) -> None:
-        """Complete the stage in flight of a reduction by stages (``iallreduce``'s ``rails``)
+        """Complete the stage in flight of a reduction by stages (``iallreduce``'s ``stages``)
         and post its next one (collective: in the same order on every rank); nothing for one
         MPI call."""
         advance = getattr(reduction.request, "advance", None)
