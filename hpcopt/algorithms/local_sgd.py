@@ -142,7 +142,7 @@ class RestartedSGD(FragmentOptions, GroupRounds, Rounds):
         crosses nodes as ``node_round`` says; over each round's participants with
         ``participation`` < 1 (``hpcopt.algorithms.participation``)."""
         reducer = reducers.make(self.wire, {}, self.run_context()) if self.wire else PLAIN
-        if isinstance(reducer, WireMean):
+        if isinstance(reducer, WireMean) and self.node_round:  # '': the wire's own, leader
             reducer = replace(reducer, node_round=self.node_round)
         return participating(reducer, self.participation, self.seed)
 

@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 Array = Any
 
 FRAGMENT_LABEL = "fragments"
+#: The trace column of the most bytes in flight (hpcopt.io.trace.PEAK_COLUMN: the file format's
+#: name; io imports nothing of the algorithms, nor they of it)
+PEAK_COLUMN = "peak_bytes_in_flight"
 #: The state a streaming run keeps: what this rank sent of each fragment (read only to post again
 #: a reduction in flight at a checkpoint: reset on another number of ranks, where a checkpoint
 #: with one in flight is refused, hpcopt.run.rescale), and the reductions in flight (run-time
@@ -79,7 +82,6 @@ FRAGMENT_LABEL = "fragments"
 FRAGMENT_FIELDS = (("in_flight", VECTOR, RESET), ("reductions", SCRATCH, None))
 #: The trace column of a streaming run: the most bytes a rank had in flight at once over the
 #: round up to the row's step.
-PEAK_COLUMN = "peak_bytes_in_flight"
 #: How a reduction that overlapped tau > 0 inner steps lands (``overlap_rule``): ``replace``, the
 #: local fragment mixed towards the new global one (Streaming DiLoCo: the tau steps' local
 #: progress on it is dropped at alpha = 1); ``delayed``, the round's correction x0_p - send_i,p

@@ -49,6 +49,8 @@ COLUMNS = {"step": "int64", "rounds": "int64", "loss_mean": "float64", "loss_max
 ROW_DTYPE = np.dtype(list(COLUMNS.items()))
 #: Columns only some runs have: ``clip_fraction`` with a clipping algorithm (celgc, naive_clip),
 #: ``eval_perplexity`` with a language model (whose ``eval_accuracy`` is NaN).
+#: The most bytes a rank had in flight at once (streaming fragments): an optional column.
+PEAK_COLUMN = "peak_bytes_in_flight"
 OPTIONAL_COLUMNS = {"clip_fraction": "float64", "eval_perplexity": "float64",
                     # pipeline runs (hpcopt.run.pipeline): measured and ideal bubble, seconds per
                     # op tau, modelled pipeline time, point-to-point messages so far (all stages)
@@ -56,7 +58,7 @@ OPTIONAL_COLUMNS = {"clip_fraction": "float64", "eval_perplexity": "float64",
                     "modelled_time": "float64", "messages": "int64",
                     # streaming fragments (hpcopt.algorithms.streaming): the most bytes a rank had
                     # in flight at once over the round (interval steps) up to the row's step
-                    "peak_bytes_in_flight": "int64",
+                    PEAK_COLUMN: "int64",
                     # reductions in flight moved on by the communication thread
                     # (hpcopt.comm.progress): the fraction of their own seconds hidden, so far
                     "hidden_fraction": "float64"}

@@ -29,7 +29,6 @@ from mpi4py import MPI
 
 from ..algorithms.buffers import sync_buffers
 from ..algorithms.data_parallel import DataParallelState
-from ..algorithms.streaming import PEAK_COLUMN
 from ..build import RunParts, build_run
 from ..comm import GROUP_LABEL, Comm
 from ..comm.core import agreed, node_indices, prepare_progress, progress_mode
@@ -50,6 +49,7 @@ from ..config import Config, check_resume
 from ..errors import HpcoptError
 from ..io import data_parallel_checkpoint as ckpt_io
 from ..io import trace as trace_io
+from ..io.trace import PEAK_COLUMN
 from ..workload import ModelEvaluation, Workload
 from . import checkpointing, directory
 from .fault_schedule import Schedule, check_ranks, check_reached, stop_received

@@ -49,9 +49,9 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
-from ..algorithms.streaming import PEAK_COLUMN as PEAK
 from ..errors import HpcoptError
 from ..io.safe_files import open_regular, write_replacing
+from ..io.trace import PEAK_COLUMN as PEAK
 from .layout import Entry, is_study, lock_held, log_path, logs_folder, read_manifest, read_record, record_path
 from .outcome import FAILED, FINISHED, INTERRUPTED, NO_END_RECORD, WRONG, ended
 from .recovery import COLUMNS as RECOVERY

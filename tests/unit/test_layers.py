@@ -125,3 +125,13 @@ def test_the_pipeline_format_names_what_its_state_declares():
     kinds = (fields.COUNTER, fields.SCALAR, fields.FLAG)
     assert pipeline_checkpoint.NUMBER_TYPES == {name: fields.NUMBER_TYPES[kind] for kind in kinds
                                                 for name in fields.fields_of(PipelineState, kind)}
+
+
+def test_the_trace_column_an_algorithm_writes_is_the_formats():
+    """Streaming DiLoCo names its trace column itself (io imports nothing of the algorithms, nor
+    they of io): the same name as the trace format's."""
+    from hpcopt.algorithms.streaming import PEAK_COLUMN
+    from hpcopt.io.trace import OPTIONAL_COLUMNS
+    from hpcopt.io.trace import PEAK_COLUMN as FORMATS
+
+    assert PEAK_COLUMN == FORMATS and FORMATS in OPTIONAL_COLUMNS
