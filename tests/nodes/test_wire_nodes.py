@@ -12,7 +12,9 @@ import pytest
 
 from tests.nodes.launch import run_on_nodes
 
-ROUNDS = """
+#: Three rounds through ``node_round``'s path, each the reference's bits on every rank; a check
+#: of the bytes follows (ROUNDS, RAILS)
+ROUND_LOOP = """
 import numpy as np
 from hpcopt.comm import Comm
 from hpcopt.comm.core import node_indices
@@ -27,10 +29,15 @@ errors = [np.zeros(d) for _ in range(comm.size)]
 error = np.zeros(d)
 for r in range(3):
     messages = [np.random.default_rng([r, i]).standard_normal(d) * (1 + i) for i in range(comm.size)]
-    mean = compressed_mean(messages[comm.rank].copy(), error, wire, comm, "average")
-    expected = hierarchical_wire_mean(messages, errors, wire, nodes)
+    mean = compressed_mean(messages[comm.rank].copy(), error, wire, comm, "average", "{node_round}")
+    expected = hierarchical_wire_mean(messages, errors, wire, nodes, "{node_round}")
     np.testing.assert_array_equal(mean, expected)  # the reference's bits, on every rank
     np.testing.assert_array_equal(error, errors[comm.rank])
+    everyone = comm.mpi.allgather(mean)
+    assert all(np.array_equal(m, mean) for m in everyone)
+"""
+
+ROUNDS = """
 leader, size = nodes.index(nodes[comm.rank]) == comm.rank, len(set(nodes))
 sizes = [message_bytes(wire, hi - lo) for lo, hi in chunk_bounds(d, size)]
 across = comm.stats.totals("average").across_bytes
@@ -53,7 +60,8 @@ def across_per_round(stdout: str) -> dict[int, tuple[int, int]]:
 @pytest.mark.parametrize("wire", ["bfloat16", "int8"])
 @pytest.mark.parametrize("hosts, per_node, ranks", [(2, 2, 4), (2, 1, 4), (3, 1, 3), (4, 1, 4)])
 def test_every_rank_gets_the_references_bits_and_cross_node_bytes_stay_flat(wire, hosts, per_node, ranks):
-    job = run_on_nodes(ranks, hosts=hosts, per_node=per_node, code=ROUNDS.format(wire=wire))
+    code = ROUND_LOOP.format(wire=wire, node_round="leader") + ROUNDS
+    job = run_on_nodes(ranks, hosts=hosts, per_node=per_node, code=code)
     assert job.returncode == 0, job.describe()
     sent = across_per_round(job.stdout)
     assert sorted(sent) == list(range(ranks)), job.describe()
@@ -65,26 +73,6 @@ def test_every_rank_gets_the_references_bits_and_cross_node_bytes_stay_flat(wire
 
 
 RAILS = """
-import numpy as np
-from hpcopt.comm import Comm
-from hpcopt.comm.core import node_indices
-from hpcopt.comm.codec import message_bytes
-from hpcopt.comm.wire import compressed_mean
-from hpcopt.comm.wire_nodes import NODE_LABEL, chunk_bounds
-from tests.reference import hierarchical_wire_mean
-
-comm = Comm()
-nodes, d, wire = node_indices(comm.mpi), 3001, "{wire}"
-errors = [np.zeros(d) for _ in range(comm.size)]
-error = np.zeros(d)
-for r in range(3):
-    messages = [np.random.default_rng([r, i]).standard_normal(d) * (1 + i) for i in range(comm.size)]
-    mean = compressed_mean(messages[comm.rank].copy(), error, wire, comm, "average", "rails")
-    expected = hierarchical_wire_mean(messages, errors, wire, nodes, "rails")
-    np.testing.assert_array_equal(mean, expected)  # the reference's bits, on every rank
-    np.testing.assert_array_equal(error, errors[comm.rank])
-    everyone = comm.mpi.allgather(mean)
-    assert all(np.array_equal(m, mean) for m in everyone)
 rails, hosts = comm.rails(), len(set(nodes))
 s = [i for i in range(comm.size) if nodes[i] == nodes[comm.rank]].index(comm.rank)
 lo, hi = chunk_bounds(d, rails)[s] if s < rails else (0, 0)
@@ -106,7 +94,8 @@ def test_the_rails_give_every_rank_the_references_bits_and_share_the_bytes(wire,
                                                                           ranks, rails):
     """Block and round-robin placement, a node with a rank more than the rails (it owns none),
     3 nodes and 3 rails."""
-    job = run_on_nodes(ranks, hosts=hosts, per_node=per_node, code=RAILS.format(wire=wire))
+    code = ROUND_LOOP.format(wire=wire, node_round="rails") + RAILS
+    job = run_on_nodes(ranks, hosts=hosts, per_node=per_node, code=code)
     assert job.returncode == 0, job.describe()
     assert f"rails {rails}" in job.stdout, job.describe()
 
