@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from ..comm.codec import codec_for, message_bytes
+from ..comm.wire import wire_average_
 from ..errors import HpcoptError
 from ..rng import stream
 from .reducers import PlainMean, Reducer, WireMean
@@ -83,13 +83,8 @@ class Participating:
             self.reducer.mean_(x, state, part, comm, label)
         elif isinstance(self.reducer, WireMean):
             anchor = None if state.anchor is None else state.anchor[part]
-            message = x.copy() if anchor is None else anchor - x
-            mean = _subset_wire_mean(message, state.wire_error[part], self.reducer.wire, comm,
-                                     label, members)
-            if anchor is None:
-                x[...] = mean
-            else:
-                np.subtract(anchor, mean, out=x)
+            wire_average_(x, anchor, state.wire_error[part], self.reducer.wire, comm, label,
+                          members=members)
         else:
             _subset_sum_(x, comm, label, members)
 
@@ -108,28 +103,6 @@ def _subset_sum_(x: Array, comm: Comm, label: str, members: np.ndarray) -> None:
         x[...] = 0
     comm.allreduce_(x, MPI.SUM, label=label)
     x /= members.size
-
-
-def _subset_wire_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: Comm, label: str,
-                      members: np.ndarray) -> np.ndarray:
-    """The members' mean of their messages through ``wire``, in float32: a member's ``message``
-    becomes m + e and ``error`` its new e; the others' are left as they are."""
-    member = comm.rank in members
-    codec = codec_for(wire, message.size)
-    if member:
-        message += error
-        payload = codec.encode_(message, error)
-    if wire == "float32":
-        values = payload.view(np.float32) if member else np.zeros(message.size, dtype=np.float32)
-        return comm.allreduce_(values, MPI.SUM, label=label) / np.float32(members.size)
-    size = message_bytes(wire, message.size)
-    counts = [size if rank in members else 0 for rank in range(comm.size)]
-    everyone = comm.allgatherv(payload if member else np.zeros(0, dtype=np.uint8), counts, label=label)
-    total = np.zeros(message.size, dtype=np.float32)
-    for row in everyone.reshape(members.size, size):
-        codec.add_decoded_(row, total)
-    total /= np.float32(members.size)
-    return total
 
 
 def participating(reducer: Reducer, participation: float, seed: int) -> Reducer:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from mpi4py import MPI
 
-from .codec import codec_for
+from .codec import codec_for, message_bytes
 from .wire_nodes import hierarchical_mean, rails_mean
 
 if TYPE_CHECKING:
@@ -38,34 +38,49 @@ if TYPE_CHECKING:
 
 
 def compressed_mean(message: np.ndarray, error: np.ndarray, wire: str, comm: Comm,
-                    label: str, node_round: str = "leader") -> np.ndarray:
+                    label: str, node_round: str = "leader",
+                    members: np.ndarray | None = None) -> np.ndarray:
     """The mean over ranks of the messages as ``wire`` sends them (module docstring), in
     float32; ``message`` (this rank's, flat) is overwritten with m + e and ``error`` with the
     new e. On several nodes a compressing wire takes ``wire_nodes.hierarchical_mean``, or
-    ``wire_nodes.rails_mean`` (``node_round``: ``wire_nodes.NODE_ROUNDS``; "flat" this round)."""
-    if wire != "float32" and not comm.in_node and node_round != "flat":  # hpcopt/comm/wire_nodes.py
+    ``wire_nodes.rails_mean`` (``node_round``: ``wire_nodes.NODE_ROUNDS``; "flat" this round).
+    With ``members`` (a subset of the ranks: ``hpcopt.algorithms.participation``) the members'
+    mean, on the flat path: the others send nothing (zeros in float32's sum) and keep their
+    message and error as they are."""
+    everybody = members is None
+    if everybody and wire != "float32" and not comm.in_node and node_round != "flat":
         mean = rails_mean if node_round == "rails" else hierarchical_mean
         return mean(message, error, wire, comm, label)
-    message += error
+    member, count = (True, comm.size) if members is None else (comm.rank in members, members.size)
     codec = codec_for(wire, message.size)
-    payload = codec.encode_(message, error)
+    if member:
+        message += error
+        payload = codec.encode_(message, error)
     if wire == "float32":
-        return comm.allreduce_(payload.view(np.float32), MPI.SUM, label=label) / np.float32(comm.size)
-    everyone = comm.allgather(payload, label=label)
+        values = payload.view(np.float32) if member else np.zeros(message.size, dtype=np.float32)
+        return comm.allreduce_(values, MPI.SUM, label=label) / np.float32(count)
+    if members is None:
+        everyone = comm.allgather(payload, label=label)
+    else:
+        size = message_bytes(wire, message.size)
+        counts = [size if rank in members else 0 for rank in range(comm.size)]
+        sent = payload if member else np.zeros(0, dtype=np.uint8)
+        everyone = comm.allgatherv(sent, counts, label=label).reshape(count, size)
     total = np.zeros(message.size, dtype=np.float32)
     for row in everyone:
         codec.add_decoded_(row, total)
-    total /= np.float32(comm.size)
+    total /= np.float32(count)
     return total
 
 
 def wire_average_(x: np.ndarray, anchor: np.ndarray | None, error: np.ndarray, wire: str,
-                  comm: Comm, label: str, node_round: str = "leader") -> np.ndarray:
+                  comm: Comm, label: str, node_round: str = "leader",
+                  members: np.ndarray | None = None) -> np.ndarray:
     """x <- the ranks' mean through the wire: of the pseudo-gradients anchor - x_i (x =
-    anchor - their mean), or without an anchor of the models x_i (``node_round``: as
-    ``compressed_mean``'s)."""
+    anchor - their mean), or without an anchor of the models x_i (``node_round`` and
+    ``members``: as ``compressed_mean``'s)."""
     message = x.copy() if anchor is None else anchor - x
-    mean = compressed_mean(message, error, wire, comm, label, node_round)
+    mean = compressed_mean(message, error, wire, comm, label, node_round, members)
     if anchor is None:
         x[...] = mean
     else:
